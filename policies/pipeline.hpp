@@ -1,0 +1,114 @@
+// Per-model policies: request transforms and response transforms (whole bodies and streamed
+// chunks), configured per model in models.toml ([models.X.policies]). One file per policy under
+// policies/; this header is the interface the gateway calls. See docs/policies.md.
+//
+// Order on a chat completion (the gateway calls these in this order):
+//   request:  RequestPipeline::apply()            (client body → engine body)
+//   response: ResponsePipeline::apply_body()      (non-streaming engine body → client body)
+//             StreamPipeline::on_chunk()/finish() (each streamed chunk → zero or more chunks)
+// The gateway's own stream normalisation (one finish chunk, [DONE], ids) runs after the
+// policies, so policies may emit chunks in any OpenAI-valid shape.
+//
+// Thread-safety: pipelines are built per request and used from one thread at a time. The
+// reasoning store (restore_reasoning) is shared and internally synchronised.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "registry/model_entry.hpp"
+
+namespace servedeck::policies {
+
+/// Called once per repair: policy name ("sanitize_tool_tags", ...) and the base model name.
+/// The gateway exports these as servedeck_policy_repairs_total{policy,model}.
+using RepairCounter = std::function<void(std::string_view policy, std::string_view model)>;
+
+class ReasoningStore;  // policies/restore_reasoning.hpp
+
+/// What a request pipeline knows about the request it transforms.
+struct RequestContext {
+  const registry::ModelEntry* model = nullptr;    // resolved base model (never null)
+  std::string requested_id;                       // the `model` the client sent (served name or alias)
+  const registry::EffortPreset* preset = nullptr; // non-null when requested_id is a preset alias
+  std::optional<int64_t> prompt_tokens;           // set by the gateway when wants_prompt_tokens()
+  bool prompt_tokens_estimated = false;           // true when prompt_tokens is an estimate, not /tokenize
+  RepairCounter count_repair;
+  ReasoningStore* reasoning_store = nullptr;      // shared, may be null when restore_reasoning is off
+  std::vector<std::string> log;                   // notes the gateway writes to its log ("min_output_tokens: 200 → 8192")
+};
+
+/// The request side. Construct per request.
+class RequestPipeline {
+ public:
+  explicit RequestPipeline(RequestContext& ctx);
+
+  /// True when a configured policy needs the prompt's token count (min_output_tokens with a
+  /// budget present in `body`). The gateway then fills ctx.prompt_tokens before apply().
+  bool wants_prompt_tokens(const nlohmann::json& body) const;
+
+  /// Applies every configured request policy to a /v1/chat/completions body in place.
+  /// Returns an error message (client's fault, HTTP 400) or nullopt.
+  std::optional<std::string> apply(nlohmann::json& body);
+
+ private:
+  RequestContext& ctx_;
+};
+
+/// What a response pipeline knows: the (transformed) request it answers.
+struct ResponseContext {
+  const registry::ModelEntry* model = nullptr;
+  std::string requested_id;          // echoed as the response's `model`
+  nlohmann::json request;            // the body sent to the engine (tools, tool_choice, ...)
+  RepairCounter count_repair;
+  ReasoningStore* reasoning_store = nullptr;
+};
+
+/// A policy verdict that the response must not reach the client as is (e.g. a tool call with
+/// required parameters and `{}` arguments that could not be recovered, G03).
+struct PolicyError {
+  std::string message;
+  std::string code;                  // e.g. "tool_call_unrecoverable"
+};
+
+/// Non-streaming responses.
+class ResponsePipeline {
+ public:
+  explicit ResponsePipeline(ResponseContext& ctx);
+  /// Transforms a chat.completion body in place. Returns an error when the response cannot
+  /// be repaired into something valid (the gateway answers 502 with it).
+  std::optional<PolicyError> apply_body(nlohmann::json& body);
+
+ private:
+  ResponseContext& ctx_;
+};
+
+/// Streaming responses: stateful per stream.
+class StreamPipeline {
+ public:
+  explicit StreamPipeline(ResponseContext& ctx);
+  ~StreamPipeline();
+  StreamPipeline(StreamPipeline&&) noexcept;
+
+  /// One upstream chat.completion.chunk in; the chunks to send on (possibly none while a
+  /// fragment is held back, possibly several).
+  std::vector<nlohmann::json> on_chunk(const nlohmann::json& chunk);
+
+  /// Upstream ended properly ([DONE] or finish seen). Returns chunks still held back, or an
+  /// error when the stream cannot be completed validly (G05: finish tool_calls with no call).
+  std::vector<nlohmann::json> finish(std::optional<PolicyError>& error);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  ResponseContext* ctx_;
+};
+
+}  // namespace servedeck::policies

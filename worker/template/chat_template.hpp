@@ -1,0 +1,52 @@
+// Chat templates: the Jinja template a checkpoint ships (tokenizer_config.json "chat_template",
+// or chat_template.jinja) rendered by our Jinja-subset interpreter, exactly as transformers'
+// apply_chat_template / @huggingface/jinja render it.
+//
+// Thread-safety: a parsed ChatTemplate is immutable; render() may run concurrently.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace servedeck::worker {
+
+/// A parse or render error. what() names line and column in the template source and the
+/// construct: "chat template 12:5: unsupported filter 'wordwrap'".
+struct TemplateError : std::runtime_error {
+  TemplateError(const std::string& msg, int line, int column);
+  int line;
+  int column;
+};
+
+/// raise_exception() called by the template: the message is the template's own (a client
+/// error: the conversation breaks a rule of the template, e.g. roles not alternating).
+struct TemplateRaised : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class ChatTemplate {
+ public:
+  /// Parses `source`. Throws TemplateError for syntax the interpreter does not support.
+  static ChatTemplate parse(std::string_view source);
+
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ~ChatTemplate();
+
+  /// Renders with `context` as the global variables: typically
+  ///   {"messages": [...], "tools": [...]?, "add_generation_prompt": bool,
+  ///    "bos_token": "...", "eos_token": "...", ...chat_template_kwargs}
+  /// Throws TemplateError (with line/column) or TemplateRaised.
+  std::string render(const nlohmann::json& context) const;
+
+ private:
+  struct Impl;
+  explicit ChatTemplate(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace servedeck::worker
