@@ -1,0 +1,115 @@
+// A small asynchronous HTTP/1.1 server on Boost.Beast, shared by the daemon (gateway, admin API)
+// and the worker. Keep-alive, chunked streaming responses (SSE), a body size limit (413), a
+// timeout on every read and write, a bound on connections, and client-disconnect notification
+// so a streaming producer can cancel its upstream work at once.
+//
+// Threading: I/O runs on `threads` io_context threads. The Handler is called on an I/O thread
+// and must return quickly: it either answers at once or keeps the Responder and answers later
+// from any thread (Responder is thread-safe). Blocking work goes to post_blocking().
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace servedeck::http {
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+struct Request {
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // path + query as sent
+  std::string path;                            // target without the query string
+  std::string query;                           // after '?', undecoded; empty when none
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+  std::string remote_address;                  // "127.0.0.1:53122"
+
+  /// Header value or "" (name is matched case-insensitively).
+  std::string header(std::string_view name) const;
+};
+
+/// The answer to one request. Exactly one of send() or start_stream()…end() is used.
+/// Thread-safe: all methods may be called from any thread; writes are serialised in order.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+
+  /// A complete response with Content-Length.
+  virtual void send(int status, std::string content_type, std::string body,
+                    Headers extra_headers = {}) = 0;
+
+  /// Starts a chunked response (text/event-stream by default; Cache-Control: no-cache).
+  /// Returns false when the client is already gone.
+  virtual bool start_stream(int status, std::string content_type = "text/event-stream",
+                            Headers extra_headers = {}) = 0;
+
+  /// Queues bytes as one chunk, flushed as soon as the socket takes it (no coalescing delay).
+  /// Returns false when the client is gone: the producer should stop and cancel its work.
+  /// Bounded: when more than the server's max_pending_write_bytes are queued, the connection is
+  /// considered stuck and closed (the call returns false).
+  virtual bool write(std::string_view bytes) = 0;
+
+  /// Ends a stream (final zero chunk). Idempotent.
+  virtual void end() = 0;
+
+  /// True once the client disconnected (or a write failed / timed out).
+  virtual bool client_gone() const = 0;
+
+  /// `cb` runs once, on an I/O thread, when the client disconnects before end() (immediately if
+  /// it already has). Used to cancel upstream requests and generation.
+  virtual void on_disconnect(std::function<void()> cb) = 0;
+};
+
+using Handler = std::function<void(Request, std::shared_ptr<Responder>)>;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                                // 0 = ephemeral; see Server::port()
+  int threads = 2;                             // I/O threads
+  int blocking_threads = 4;                    // pool behind post_blocking()
+  std::size_t max_body_bytes = 32 * 1024 * 1024;  // larger → 413 with the OpenAI envelope
+  int header_timeout_ms = 30000;               // reading a request's headers and body
+  int idle_timeout_ms = 120000;                // keep-alive idle
+  int write_timeout_ms = 60000;                // one write stuck longer → connection closed
+  std::size_t max_connections = 4096;          // above → 503 and close
+  std::size_t max_pending_write_bytes = 8 * 1024 * 1024;
+};
+
+struct ServerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Server {
+ public:
+  Server(ServerOptions options, Handler handler);
+  ~Server();  // stops
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Binds, listens and starts the threads. Throws ServerError naming host:port and the
+  /// system error when binding fails.
+  void start();
+  /// The bound port (after start()).
+  int port() const;
+  /// Closes the listener and every connection; joins the threads. Idempotent.
+  void stop();
+  /// Runs `fn` on the blocking pool (bounded queue; returns false when the queue is full).
+  bool post_blocking(std::function<void()> fn);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Sends `{"error":{...}}` (common/openai_error.hpp) with `status`.
+void send_error(Responder& res, int status, std::string_view message, std::string_view type,
+                std::string_view code, bool from_engine = false, Headers extra_headers = {});
+
+}  // namespace servedeck::http

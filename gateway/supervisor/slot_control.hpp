@@ -1,0 +1,49 @@
+// What the gateway needs from the slot supervisor: where the running engine is, in-flight
+// accounting (so a switch can drain), and asking for a model to be brought up.
+// Implemented by gateway/supervisor/supervisor.{hpp,cpp}; tests may fake it.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace servedeck::gateway {
+
+/// Slot states. See the diagram in gateway/supervisor/slot.hpp.
+enum class SlotState { stopped, preflight, starting, ready, stopping, failed };
+std::string_view to_string(SlotState s);
+
+struct SlotSnapshot {
+  SlotState state = SlotState::stopped;
+  std::string model;          // registry key of the model starting/running/last run; "" when none
+  std::string host;           // engine address when ready
+  int port = 0;
+  int64_t pid = 0;
+  int64_t launch_id = 0;      // state-store launch id
+  int64_t since_ms = 0;       // when the slot entered `state` (epoch ms)
+  std::string last_error;     // failed start/stop reason with the log tail
+  std::string switching_to;   // target of a switch in progress, "" otherwise
+  int in_flight = 0;          // requests holding a lease
+};
+
+/// Held by the gateway for the life of a proxied request. While any lease on the running model
+/// exists, a switch waits (up to the model's drain_timeout_s) before stopping it.
+using Lease = std::shared_ptr<void>;
+
+class SlotControl {
+ public:
+  virtual ~SlotControl() = default;
+  virtual SlotSnapshot snapshot() const = 0;
+  /// A lease on `model` when it is the ready model; nullptr otherwise.
+  virtual Lease acquire(const std::string& model) = 0;
+  /// Asks for `model` to be running (switching if needed). Returns at once; `done(ok, error)`
+  /// runs on another thread when the model is ready or the attempt failed. Concurrent calls
+  /// for the same model share one switch.
+  virtual void ensure_running(const std::string& model,
+                              std::function<void(bool ok, std::string error)> done) = 0;
+};
+
+}  // namespace servedeck::gateway

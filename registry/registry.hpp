@@ -1,0 +1,55 @@
+// Loading, validating and linting models.toml (toml++), and rendering an entry's launch.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "registry/model_entry.hpp"
+
+namespace servedeck::registry {
+
+/// One problem found in models.toml: `models.toml:41 models.glm53.ctx = 400000 exceeds
+/// validated_ctx = 327680`. Severity "error" makes the file unusable; "warning" does not.
+struct Diagnostic {
+  std::string severity;  // "error" | "warning"
+  SourceLocation location;
+  std::string key;       // dotted path, e.g. "models.glm53.ctx"
+  std::string message;   // names the value read and what is valid
+  std::string to_string() const;  // "file:line: severity: key: message"
+};
+
+/// Thrown by load_registry when any error-severity diagnostic exists; carries all of them.
+struct RegistryError : std::runtime_error {
+  explicit RegistryError(std::vector<Diagnostic> diagnostics);
+  std::vector<Diagnostic> diagnostics;
+};
+
+/// Parses and validates `path`; fills defaults; discovers model_max_ctx from
+/// `<checkpoint>/config.json` (max_position_embeddings, through text_config when nested) when
+/// not declared. Throws RegistryError with every problem found (not only the first).
+Registry load_registry(const std::string& path);
+
+/// Same, from text (tests). `path` names the text in diagnostics.
+Registry parse_registry(std::string_view text, const std::string& path);
+
+/// Every diagnostic for `path`: parse/validation errors, then the [[rules]] evaluated against
+/// every entry (preflight/rules), then warnings. Never throws for content problems.
+std::vector<Diagnostic> lint_registry(const std::string& path);
+
+/// A launch with placeholders filled in. Placeholders: {port} {host} {ctx} {model} (checkpoint)
+/// {served_name} {gpu} {kv_cache_bytes} {util} {cpu_offload_gib} {name} {state_dir}.
+/// An unknown placeholder is an error at load time, not here.
+struct LaunchSpec {
+  std::string program;
+  std::vector<std::string> argv;             // argv[0] == program
+  std::map<std::string, std::string> env;    // only the registry's variables (+ CUDA_VISIBLE_DEVICES)
+  std::string host;
+  int port = 0;
+};
+
+/// Renders `m`'s launch for `port` (the actual port when m.port == 0 was resolved by the caller).
+LaunchSpec render_launch(const ModelEntry& m, int port, const ServerConfig& server);
+
+}  // namespace servedeck::registry
