@@ -21,6 +21,8 @@ enum class EngineKind { native, vllm, llama_cpp, command };
 
 /// "native" | "vllm" | "llama.cpp" | "command"
 std::string_view to_string(EngineKind k);
+/// Inverse of to_string; nullopt for any other text.
+std::optional<EngineKind> engine_kind_from_string(std::string_view s);
 
 /// Where a value came from in models.toml, for error messages ("models.toml:41").
 struct SourceLocation {
@@ -73,10 +75,12 @@ struct ModelEntry {
   std::string host = "127.0.0.1";   // where the engine listens
   int port = 0;                     // engine port; 0 = pick a free port at launch
   int gpu = 0;                      // GPU index (CUDA_VISIBLE_DEVICES for the engine)
+  std::optional<bool> requires_gpu; // declared; when unset see needs_gpu()
 
   // Context and memory.
   int64_t ctx = 0;                  // context served, tokens
-  std::optional<int64_t> validated_ctx;   // largest context actually prefilled, tokens
+  std::optional<int64_t> validated_ctx;   // largest context the launch was validated at, tokens
+  std::optional<int64_t> prefilled_ctx;   // largest prompt actually prefilled, tokens (informational)
   std::optional<int64_t> model_max_ctx;   // checkpoint limit, tokens (declared, or discovered)
   bool model_max_ctx_discovered = false;  // true when read from config.json max_position_embeddings
   std::optional<int64_t> kv_cache_bytes_per_token;  // bytes per token of context
@@ -119,6 +123,11 @@ struct ModelEntry {
 
   /// Every id that reaches this model: served_name, aliases, preset aliases.
   std::vector<std::string> all_ids() const;
+
+  /// Whether a launch needs a GPU: `requires_gpu` when declared; otherwise true for vllm, true for
+  /// llama.cpp when args offload layers (-ngl/--n-gpu-layers/--gpu-layers > 0), false for native
+  /// (the CPU reference engine) and command.
+  bool needs_gpu() const;
 };
 
 /// Global settings ([server] table).
@@ -146,6 +155,7 @@ struct Rule {
 /// The whole file.
 struct Registry {
   std::string path;                 // the models.toml read
+  std::string config_dir;           // absolute directory of `path`; relative paths resolve here
   ServerConfig server;
   std::vector<ModelEntry> models;   // in file order
   std::vector<Rule> rules;
