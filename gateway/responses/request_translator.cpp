@@ -1,0 +1,312 @@
+#include "gateway/responses/request_translator.hpp"
+
+#include <cstdint>
+#include <cstdio>
+
+namespace servedeck::gateway::responses {
+
+using nlohmann::json;
+
+namespace {
+
+// FNV-1a 32-bit: a stable short hash for long flattened names.
+uint32_t fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    out.push_back(ok ? static_cast<char>(c) : '_');
+  }
+  return out;
+}
+
+/// Text of a content value: a string, or an array of parts whose text-bearing parts
+/// (input_text, output_text, text, refusal) are joined.
+std::string parts_text(const json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string out;
+  if (!content.is_array()) return out;
+  for (const auto& p : content) {
+    if (p.is_string()) {
+      out += p.get<std::string>();
+    } else if (p.is_object()) {
+      for (const char* key : {"text", "refusal"}) {
+        if (auto it = p.find(key); it != p.end() && it->is_string()) {
+          out += it->get<std::string>();
+          break;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/// Chat content for a message: a string when every part is text, else an array of chat parts
+/// (text and image_url).
+json chat_content(const json& content) {
+  if (content.is_string()) return content;
+  if (!content.is_array()) return "";
+  bool has_image = false;
+  for (const auto& p : content)
+    if (p.is_object() && p.value("type", "") == "input_image") has_image = true;
+  if (!has_image) return parts_text(content);
+  json parts = json::array();
+  for (const auto& p : content) {
+    if (!p.is_object()) continue;
+    std::string type = p.value("type", "");
+    if (type == "input_image") {
+      json url = p.contains("image_url") ? p["image_url"] : json(p.value("file_id", ""));
+      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
+    } else if (p.contains("text") && p["text"].is_string()) {
+      parts.push_back({{"type", "text"}, {"text", p["text"]}});
+    }
+  }
+  return parts;
+}
+
+std::string reasoning_text(const json& item) {
+  std::string out;
+  for (const char* key : {"content", "summary"}) {
+    auto it = item.find(key);
+    if (it == item.end() || !it->is_array()) continue;
+    for (const auto& p : *it) {
+      if (p.is_object() && p.contains("text") && p["text"].is_string()) {
+        if (!out.empty()) out += "\n";
+        out += p["text"].get<std::string>();
+      }
+    }
+    if (!out.empty()) break;  // prefer full reasoning content over the summary
+  }
+  return out;
+}
+
+json function_tool(const json& t, const std::string& flat_name) {
+  json fn = {{"name", flat_name}};
+  if (t.contains("description") && t["description"].is_string()) fn["description"] = t["description"];
+  if (t.contains("parameters") && t["parameters"].is_object()) {
+    fn["parameters"] = t["parameters"];
+  } else {
+    fn["parameters"] = {{"type", "object"}, {"properties", json::object()}};
+  }
+  if (t.contains("strict") && t["strict"].is_boolean()) fn["strict"] = t["strict"];
+  return {{"type", "function"}, {"function", fn}};
+}
+
+void translate_tools(const json& tools, TranslatedRequest& out) {
+  json chat_tools = json::array();
+  for (const auto& t : tools) {
+    if (!t.is_object()) {
+      out.warnings.push_back("dropped a tool that is not an object");
+      continue;
+    }
+    std::string type = t.value("type", "");
+    if (type == "function" && t.contains("name") && t["name"].is_string()) {
+      std::string name = t["name"].get<std::string>();
+      std::string flat = flatten_tool_name("", name);
+      out.tool_names[flat] = ToolOrigin{"", name};
+      chat_tools.push_back(function_tool(t, flat));
+    } else if (type == "namespace" && t.contains("tools") && t["tools"].is_array()) {
+      std::string ns = t.value("name", "");
+      for (const auto& inner : t["tools"]) {
+        if (!inner.is_object() || !inner.contains("name") || !inner["name"].is_string()) {
+          out.warnings.push_back("dropped a tool without a name in namespace '" + ns + "'");
+          continue;
+        }
+        std::string name = inner["name"].get<std::string>();
+        std::string flat = flatten_tool_name(ns, name);
+        out.tool_names[flat] = ToolOrigin{ns, name};
+        chat_tools.push_back(function_tool(inner, flat));
+      }
+    } else {
+      out.warnings.push_back("dropped tool of type '" + (type.empty() ? std::string("?") : type) +
+                             "' (the engine cannot run it)");
+    }
+  }
+  if (!chat_tools.empty()) out.chat["tools"] = std::move(chat_tools);
+}
+
+/// The engine-side name of a function the client named `name` (maybe namespaced in `ns`).
+std::string engine_name_for(const TranslatedRequest& out, const std::string& ns, const std::string& name) {
+  std::string flat = flatten_tool_name(ns, name);
+  if (out.tool_names.count(flat)) return flat;
+  return ns.empty() ? name : flat;
+}
+
+/// Builds the chat messages from `input` items. Returns an error for a wrong `input` type.
+std::optional<std::string> translate_input(const json& input, TranslatedRequest& out, json& messages) {
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+    return std::nullopt;
+  }
+  if (!input.is_array()) {
+    return "'input' must be a string or an array of items, got " + std::string(input.type_name());
+  }
+  std::string pending_reasoning;
+  std::map<std::string, bool> call_ids;  // call_id → seen as function_call
+  json* open_assistant = nullptr;        // assistant message collecting tool_calls
+  auto attach_reasoning = [&](json& msg) {
+    if (!pending_reasoning.empty()) {
+      msg["reasoning_content"] = pending_reasoning;
+      pending_reasoning.clear();
+    }
+  };
+  for (std::size_t i = 0; i < input.size(); ++i) {
+    const json& item = input[i];
+    if (!item.is_object()) {
+      out.warnings.push_back("dropped input item " + std::to_string(i) + ": not an object");
+      continue;
+    }
+    std::string type = item.value("type", item.contains("role") ? "message" : "");
+    if (type == "message") {
+      std::string role = item.value("role", "user");
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant") {
+        out.warnings.push_back("dropped input item " + std::to_string(i) + ": unknown role '" + role + "'");
+        continue;
+      }
+      json msg = {{"role", role}, {"content", chat_content(item.value("content", json(""))) }};
+      if (role == "assistant") {
+        msg["content"] = parts_text(item.value("content", json("")));
+        attach_reasoning(msg);
+        messages.push_back(std::move(msg));
+        open_assistant = &messages.back();
+      } else {
+        messages.push_back(std::move(msg));
+        open_assistant = nullptr;
+      }
+    } else if (type == "function_call") {
+      std::string call_id = item.value("call_id", item.value("id", ""));
+      std::string name = engine_name_for(out, item.value("namespace", ""), item.value("name", ""));
+      json args = item.contains("arguments") ? item["arguments"] : json("{}");
+      if (!args.is_string()) args = args.dump();
+      if (call_id.empty()) {
+        call_id = "call_" + std::to_string(i);
+        out.warnings.push_back("function_call item " + std::to_string(i) + " had no call_id; named it " + call_id);
+      }
+      call_ids[call_id] = true;
+      if (open_assistant == nullptr) {
+        messages.push_back({{"role", "assistant"}, {"content", ""}});
+        open_assistant = &messages.back();
+      }
+      attach_reasoning(*open_assistant);
+      json& calls = (*open_assistant)["tool_calls"];
+      if (!calls.is_array()) calls = json::array();
+      calls.push_back({{"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", args}}}});
+    } else if (type == "function_call_output") {
+      std::string call_id = item.value("call_id", "");
+      if (!call_ids.count(call_id)) {
+        out.warnings.push_back("dropped function_call_output for unknown call_id '" + call_id + "'");
+        continue;
+      }
+      const json output = item.contains("output") ? item["output"] : json("");
+      std::string text = output.is_string() ? output.get<std::string>() : parts_text(output);
+      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}});
+      open_assistant = nullptr;
+    } else if (type == "reasoning") {
+      std::string text = reasoning_text(item);
+      if (!text.empty()) {
+        if (!pending_reasoning.empty()) pending_reasoning += "\n";
+        pending_reasoning += text;
+      }
+    } else {
+      out.warnings.push_back("dropped input item " + std::to_string(i) + " of type '" + type + "'");
+    }
+  }
+  if (!pending_reasoning.empty()) out.warnings.push_back("dropped reasoning not followed by an assistant turn");
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string flatten_tool_name(const std::string& ns, const std::string& name) {
+  std::string flat = ns.empty() ? sanitize(name) : sanitize(ns) + "__" + sanitize(name);
+  constexpr std::size_t k_max = 64;  // OpenAI function names: ^[a-zA-Z0-9_-]{1,64}$
+  if (flat.size() <= k_max) return flat;
+  char suffix[10];
+  std::snprintf(suffix, sizeof suffix, "_%08x", fnv1a(ns + "\n" + name));
+  return flat.substr(0, k_max - 9) + suffix;
+}
+
+std::optional<std::string> translate_request(const json& body, const json* previous_messages,
+                                             TranslatedRequest& out) {
+  if (!body.is_object()) return "request body must be a JSON object";
+  if (!body.contains("model") || !body["model"].is_string()) return "'model' (string) is required";
+  out = TranslatedRequest{};
+  out.chat["model"] = body["model"];
+  out.stream = body.value("stream", false);
+  out.store = body.value("store", true);
+  out.previous_response_id = body.value("previous_response_id", "");
+
+  if (body.contains("tools") && body["tools"].is_array()) translate_tools(body["tools"], out);
+
+  json messages = json::array();
+  if (previous_messages && previous_messages->is_array()) {
+    for (const auto& m : *previous_messages) messages.push_back(m);
+  }
+  if (body.contains("instructions") && body["instructions"].is_string() &&
+      !body["instructions"].get<std::string>().empty()) {
+    // Instructions of this request replace any earlier system message (Responses semantics:
+    // instructions do not carry over through previous_response_id).
+    json kept = json::array();
+    for (auto& m : messages)
+      if (m.value("role", "") != "system") kept.push_back(std::move(m));
+    messages = json::array({{{"role", "system"}, {"content", body["instructions"]}}});
+    for (auto& m : kept) messages.push_back(std::move(m));
+  }
+  if (body.contains("input")) {
+    if (auto err = translate_input(body["input"], out, messages)) return err;
+  }
+  if (messages.empty()) return "'input' is required";
+  out.chat["messages"] = std::move(messages);
+
+  if (body.contains("max_output_tokens") && body["max_output_tokens"].is_number_integer())
+    out.chat["max_tokens"] = body["max_output_tokens"];
+  for (const char* key : {"temperature", "top_p", "parallel_tool_calls", "user", "seed"}) {
+    if (body.contains(key) && !body[key].is_null()) out.chat[key] = body[key];
+  }
+  if (body.contains("reasoning") && body["reasoning"].is_object() && body["reasoning"].contains("effort") &&
+      body["reasoning"]["effort"].is_string()) {
+    out.chat["reasoning_effort"] = body["reasoning"]["effort"];
+  }
+  if (body.contains("tool_choice")) {
+    const json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      out.chat["tool_choice"] = tc;
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name")) {
+      std::string name = engine_name_for(out, tc.value("namespace", ""), tc.value("name", ""));
+      out.chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
+    } else {
+      out.warnings.push_back("ignored tool_choice of an unsupported shape");
+    }
+  }
+  if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
+    const json& f = body["text"]["format"];
+    if (f.is_object() && f.value("type", "") == "json_schema") {
+      json schema = {{"name", f.value("name", "response")}, {"schema", f.value("schema", json::object())}};
+      if (f.contains("strict")) schema["strict"] = f["strict"];
+      out.chat["response_format"] = {{"type", "json_schema"}, {"json_schema", schema}};
+    } else if (f.is_object() && f.value("type", "") == "json_object") {
+      out.chat["response_format"] = {{"type", "json_object"}};
+    }
+  }
+  if (out.stream) {
+    out.chat["stream"] = true;
+    out.chat["stream_options"] = {{"include_usage", true}};
+  }
+  for (const char* key : {"instructions", "tools", "tool_choice", "temperature", "top_p", "max_output_tokens",
+                          "parallel_tool_calls", "reasoning", "metadata", "text", "truncation", "user"}) {
+    if (body.contains(key)) out.echo[key] = body[key];
+  }
+  return std::nullopt;
+}
+
+}  // namespace servedeck::gateway::responses

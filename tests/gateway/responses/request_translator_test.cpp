@@ -1,0 +1,71 @@
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "gateway/responses/request_translator.hpp"
+
+using namespace servedeck::gateway::responses;
+using nlohmann::json;
+
+static json load_fixture(const std::string& name) {
+  std::ifstream in(std::string(SERVEDECK_SOURCE_DIR) + "/tests/gateway/responses/fixtures/" + name);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+TEST_CASE("G33: a Codex multi-turn request becomes chat messages, tools flattened, unknown output dropped") {
+  json body = load_fixture("codex_multi_turn_request.json");
+  TranslatedRequest t;
+  REQUIRE_FALSE(translate_request(body, nullptr, t).has_value());
+  const json& chat = t.chat;
+  CHECK(chat["model"] == "tiny-high");
+  CHECK(chat["stream"] == true);
+  CHECK(chat["stream_options"]["include_usage"] == true);
+  CHECK(chat["reasoning_effort"] == "high");
+  CHECK(chat["parallel_tool_calls"] == false);
+  CHECK(t.store == false);
+
+  const json& m = chat["messages"];
+  REQUIRE(m.size() == 10);
+  CHECK(m[0] == json{{"role", "system"}, {"content", "You are a coding agent running in a terminal."}});
+  CHECK(m[1] == json{{"role", "system"}, {"content", "<permissions>workspace-write</permissions>"}});
+  CHECK(m[2]["role"] == "user");
+  CHECK(m[3] == json{{"role", "user"}, {"content", "list the files"}});
+  // The reasoning item lands on the assistant turn it belongs to, never in content.
+  CHECK(m[4]["role"] == "assistant");
+  CHECK(m[4]["content"] == "");
+  CHECK(m[4]["reasoning_content"] == "I should run ls.");
+  REQUIRE(m[4]["tool_calls"].size() == 1);
+  CHECK(m[4]["tool_calls"][0]["id"] == "call_abc");
+  CHECK(m[4]["tool_calls"][0]["function"]["name"] == "shell");
+  CHECK(m[4]["tool_calls"][0]["function"]["arguments"] == "{\"command\":[\"ls\"]}");
+  CHECK(m[5] == json{{"role", "tool"}, {"tool_call_id", "call_abc"}, {"content", "a.txt\nb.txt"}});
+  // Namespaced call: flattened name; array output joined.
+  CHECK(m[6]["tool_calls"][0]["function"]["name"] == "mcp_fs__read");
+  CHECK(m[7] == json{{"role", "tool"}, {"tool_call_id", "call_def"}, {"content", "hello world"}});
+  CHECK(m[8]["role"] == "assistant");
+  CHECK(m[8]["content"] == "a.txt says hello world.");
+  CHECK(m[9] == json{{"role", "user"}, {"content", "thanks"}});
+}
+
+TEST_CASE("translated tools: functions kept, namespace flattened with a map back, others dropped and logged") {
+  json body = load_fixture("codex_multi_turn_request.json");
+  TranslatedRequest t;
+  REQUIRE_FALSE(translate_request(body, nullptr, t).has_value());
+  const json& tools = t.chat["tools"];
+  REQUIRE(tools.size() == 2);
+  CHECK(tools[0]["function"]["name"] == "shell");
+  CHECK(tools[0]["function"]["parameters"]["required"][0] == "command");
+  CHECK(tools[1]["function"]["name"] == "mcp_fs__read");
+  REQUIRE(t.tool_names.count("mcp_fs__read") == 1);
+  CHECK(t.tool_names["mcp_fs__read"].ns == "mcp_fs");
+  CHECK(t.tool_names["mcp_fs__read"].name == "read");
+  std::string all;
+  for (const auto& w : t.warnings) all += w + "\n";
+  CHECK(all.find("dropped tool of type 'web_search'") != std::string::npos);
+  CHECK(all.find("dropped tool of type 'custom'") != std::string::npos);
+  CHECK(all.find("unknown call_id 'call_unknown'") != std::string::npos);
+}

@@ -1,0 +1,129 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "gateway/responses/stream_translator.hpp"
+
+using namespace servedeck::gateway::responses;
+using nlohmann::json;
+
+namespace {
+
+json chunk(json delta, json finish = nullptr) {
+  return {{"object", "chat.completion.chunk"},
+          {"choices", json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}};
+}
+
+std::vector<std::string> types(const std::vector<StreamEvent>& events) {
+  std::vector<std::string> out;
+  for (const auto& e : events) out.push_back(e.type);
+  return out;
+}
+
+void append(std::vector<StreamEvent>& all, std::vector<StreamEvent> more) {
+  for (auto& e : more) all.push_back(std::move(e));
+}
+
+TranslatedRequest namespaced_request() {
+  TranslatedRequest req;
+  req.tool_names["mcp_fs__read"] = ToolOrigin{"mcp_fs", "read"};
+  req.echo["tools"] = json::array();
+  return req;
+}
+
+}  // namespace
+
+TEST_CASE("a recorded stream (reasoning, text, namespaced tool call) gives the exact Responses event sequence") {
+  TranslatedRequest req = namespaced_request();
+  StreamTranslator t("resp_1", "tiny-high", 1700000000, req);
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"role", "assistant"}, {"content", ""}})));
+  append(all, t.on_chunk(chunk({{"reasoning_content", "Let me "}})));
+  append(all, t.on_chunk(chunk({{"reasoning", "look."}})));  // the other dialect (G20)
+  append(all, t.on_chunk(chunk({{"content", "Reading "}})));
+  append(all, t.on_chunk(chunk({{"content", "a.txt"}})));
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_9"}, {"type", "function"},
+                                                              {"function", {{"name", "mcp_fs__read"}, {"arguments", "{\"pa"}}}}})}})));
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"function", {{"arguments", "th\":\"a.txt\"}"}}}}})}})));
+  append(all, t.on_chunk(chunk(json::object(), "tool_calls")));
+  append(all, t.on_chunk({{"choices", json::array()}, {"usage", {{"prompt_tokens", 40}, {"completion_tokens", 12}, {"total_tokens", 52}}}}));
+  append(all, t.finish());
+
+  const std::vector<std::string> expected = {
+      "response.created", "response.in_progress",
+      "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+      "response.reasoning_text.done", "response.output_item.done",
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+      "response.function_call_arguments.done", "response.output_item.done",
+      "response.completed"};
+  CHECK(types(all) == expected);
+  for (std::size_t i = 0; i < all.size(); ++i) CHECK(all[i].data["sequence_number"] == static_cast<int64_t>(i));
+
+  const json& done = all.back().data["response"];
+  CHECK(done["status"] == "completed");
+  CHECK(done["model"] == "tiny-high");
+  REQUIRE(done["output"].size() == 3);
+  CHECK(done["output"][0]["type"] == "reasoning");
+  CHECK(done["output"][0]["content"][0]["text"] == "Let me look.");
+  CHECK(done["output"][1]["content"][0]["text"] == "Reading a.txt");
+  CHECK(done["output"][2]["type"] == "function_call");
+  CHECK(done["output"][2]["name"] == "read");        // mapped back from the flattened name
+  CHECK(done["output"][2]["namespace"] == "mcp_fs");
+  CHECK(done["output"][2]["call_id"] == "call_9");
+  CHECK(done["output"][2]["arguments"] == "{\"path\":\"a.txt\"}");
+  CHECK(done["usage"]["input_tokens"] == 40);
+  CHECK(done["usage"]["output_tokens"] == 12);
+  CHECK(done["usage"]["total_tokens"] == 52);
+
+  // Stored history keeps the engine-side name and the reasoning.
+  json history = t.assistant_messages();
+  CHECK(history[0]["reasoning_content"] == "Let me look.");
+  CHECK(history[0]["tool_calls"][0]["function"]["name"] == "mcp_fs__read");
+}
+
+TEST_CASE("G32: an upstream failure after output_item.added ends with response.failed") {
+  TranslatedRequest req = namespaced_request();
+  StreamTranslator t("resp_2", "tiny", 1, req);
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_1"},
+                                                              {"function", {{"name", "mcp_fs__read"}, {"arguments", "{"}}}}})}})));
+  append(all, t.fail("upstream_closed", "the engine closed the stream before its finish chunk"));
+  REQUIRE(all.size() == 5);
+  CHECK(all[2].type == "response.output_item.added");
+  CHECK(all.back().type == "response.failed");
+  CHECK(all.back().data["response"]["status"] == "failed");
+  CHECK(all.back().data["response"]["error"]["code"] == "upstream_closed");
+  CHECK(t.ended());
+  CHECK(t.finish().empty());  // nothing after a terminal event
+  CHECK(all.back().to_sse().rfind("event: response.failed\ndata: {", 0) == 0);
+}
+
+TEST_CASE("finish length gives response.incomplete with the reason") {
+  TranslatedRequest req;
+  StreamTranslator t("resp_3", "tiny", 1, req);
+  (void)t.start();
+  (void)t.on_chunk(chunk({{"content", "partial"}}, "length"));
+  auto end = t.finish();
+  CHECK(end.back().type == "response.incomplete");
+  CHECK(end.back().data["response"]["incomplete_details"]["reason"] == "max_output_tokens");
+}
+
+TEST_CASE("a non-streaming chat.completion translates to the same output items") {
+  TranslatedRequest req = namespaced_request();
+  json completion = {{"object", "chat.completion"},
+                     {"choices", json::array({{{"index", 0}, {"finish_reason", "stop"},
+                                                {"message", {{"role", "assistant"}, {"content", "hello"},
+                                                             {"reasoning_content", "think"}}}}})},
+                     {"usage", {{"prompt_tokens", 3}, {"completion_tokens", 2}, {"total_tokens", 5}}}};
+  json r = translate_completion(completion, "resp_4", "tiny", 5, req);
+  CHECK(r["status"] == "completed");
+  REQUIRE(r["output"].size() == 2);
+  CHECK(r["output"][0]["type"] == "reasoning");
+  CHECK(r["output"][1]["content"][0]["text"] == "hello");
+  CHECK(r["output"][1]["status"] == "completed");
+  CHECK(r["usage"]["total_tokens"] == 5);
+}
