@@ -1,0 +1,277 @@
+// The scheduler with a FakeBackend: greedy and seeded generation, stop strings across token
+// boundaries, EOS, max_tokens, logprobs and prompt_logprobs, thinking_token_budget forcing,
+// the KV cap refusal message, cancellation freeing the cache, FIFO order.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "tests/worker/engine/fake_backend.hpp"
+#include "worker/engine/engine.hpp"
+
+using namespace servedeck::worker;
+using namespace servedeck::worker::testing;
+
+namespace {
+
+struct Collected {
+  std::mutex m;
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<GenerationEvent> events;
+  std::promise<GenerationResult> done;
+};
+
+GenerationResult run(Engine& engine, GenerationRequest req, Collected& c) {
+  auto fut = c.done.get_future();
+  engine.submit(
+      std::move(req),
+      [&c](const GenerationEvent& e) {
+        std::lock_guard lock(c.m);
+        c.text += e.text;
+        c.tokens.push_back(e.token);
+        c.events.push_back(e);
+      },
+      [&c](const GenerationResult& r) { c.done.set_value(r); });
+  REQUIRE(fut.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  return fut.get();
+}
+
+EngineOptions options(std::size_t kv_bytes = 1 << 20) {
+  EngineOptions o;
+  o.kv_cache_bytes = kv_bytes;
+  o.max_model_len = 4096;
+  o.eos_ids = {k_eos};
+  o.think_start_id = k_think;
+  o.think_end_id = k_think_end;
+  return o;
+}
+
+std::vector<int32_t> chat_prompt(FakeVocab& v, std::string_view user) {
+  std::vector<int32_t> p = {k_im_start};
+  auto u = v.encode(std::string("user ") + std::string(user));
+  p.insert(p.end(), u.begin(), u.end());
+  p.push_back(k_eos);
+  p.push_back(k_im_start);
+  auto a = v.encode("assistant\n");
+  p.insert(p.end(), a.begin(), a.end());
+  return p;
+}
+
+GenerationRequest greedy(std::vector<int32_t> prompt, std::size_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("greedy generation follows the logits and stops at EOS without emitting it") {
+  FakeVocab vocab;
+  FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
+  Engine engine(backend, vocab, options());
+  Collected c;
+  const auto r = run(engine, greedy(chat_prompt(vocab, "hello"), 100), c);
+  CHECK(r.finish == FinishReason::stop);
+  CHECK(c.text == "Hi there");
+  REQUIRE(r.stop_token.has_value());
+  CHECK(*r.stop_token == k_eos);
+  CHECK(r.completion_tokens == 9);  // 8 bytes + EOS
+  CHECK(r.prompt_tokens == chat_prompt(vocab, "hello").size());
+  CHECK(backend.live_caches == 0);
+}
+
+TEST_CASE("max_tokens ends with length; seeded sampling reproduces") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  Engine engine(backend, vocab, options());
+  auto sampled = [&](uint64_t seed) {
+    GenerationRequest r = greedy(chat_prompt(vocab, "x"), 12);
+    r.sampling = SamplingParams{0.9, 50, 0.9, seed};
+    r.ignore_eos = true;
+    Collected c;
+    const auto res = run(engine, r, c);
+    CHECK(res.finish == FinishReason::length);
+    CHECK(res.completion_tokens == 12);
+    return c.tokens;
+  };
+  const auto a = sampled(7), b = sampled(7), d = sampled(8);
+  CHECK(a.size() == 12);
+  CHECK(a == b);
+  CHECK(a != d);
+}
+
+TEST_CASE("a stop string spanning token boundaries is not emitted") {
+  FakeVocab vocab;
+  // Tokens "He" + "llo ST" + "OP!": the stop string "STOP" spans the last two.
+  FakeBackend backend(scripted_answer({k_piece_he, k_piece_llo_st, k_piece_op, 'x', 'y'}));
+  Engine engine(backend, vocab, options());
+  GenerationRequest req = greedy(chat_prompt(vocab, "q"), 50);
+  req.stop = {"STOP"};
+  Collected c;
+  const auto r = run(engine, req, c);
+  CHECK(r.finish == FinishReason::stop);
+  CHECK(r.stop_string == "STOP");
+  CHECK(c.text == "Hello ");
+  CHECK(r.completion_tokens == 3);
+  // The text of the token that began the stop string was held, not emitted with it.
+  REQUIRE(c.events.size() == 3);
+  CHECK(c.events[1].text == "llo ");
+}
+
+TEST_CASE("logprobs and prompt_logprobs match the log-softmax of the backend's logits") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  Engine engine(backend, vocab, options());
+  GenerationRequest req = greedy(chat_prompt(vocab, "lp"), 3);
+  req.ignore_eos = true;
+  req.logprobs = 3;
+  req.prompt_logprobs = 1;
+  Collected c;
+  const auto r = run(engine, req, c);
+  REQUIRE(c.events.size() == 3);
+  std::vector<int32_t> ctx = req.prompt;
+  for (const auto& e : c.events) {
+    REQUIRE(e.logprob.has_value());
+    const auto row = backend.logits_for(ctx);
+    double lse = 0;
+    const float mx = *std::max_element(row.begin(), row.end());
+    for (float x : row) lse += std::exp(static_cast<double>(x) - mx);
+    lse = std::log(lse) + mx;
+    CHECK(e.logprob->logprob == doctest::Approx(row[static_cast<std::size_t>(e.token)] - lse).epsilon(1e-5));
+    REQUIRE(e.logprob->top.size() == 3);
+    CHECK(e.logprob->top[0].first == e.token);  // greedy: the chosen token is the most likely
+    CHECK(e.logprob->top[0].second >= e.logprob->top[1].second);
+    ctx.push_back(e.token);
+  }
+  REQUIRE(r.prompt_logprobs.size() == req.prompt.size());
+  CHECK(!r.prompt_logprobs[0].has_value());
+  for (std::size_t i = 1; i < req.prompt.size(); ++i) {
+    REQUIRE(r.prompt_logprobs[i].has_value());
+    CHECK(r.prompt_logprobs[i]->id == req.prompt[i]);
+    const auto row = backend.logits_for(std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + static_cast<std::ptrdiff_t>(i)));
+    const auto expect = token_logprob(row, req.prompt[i], 1);
+    CHECK(r.prompt_logprobs[i]->logprob == doctest::Approx(expect.logprob).epsilon(1e-6));
+    CHECK(r.prompt_logprobs[i]->top.size() == 1);
+  }
+}
+
+TEST_CASE("thinking_token_budget forces </think> once the reasoning block has used the budget") {
+  FakeVocab vocab;
+  // The model would think forever ('a' after 'a').
+  FakeBackend backend([](const std::vector<int32_t>&) { return static_cast<int32_t>('a'); });
+  Engine engine(backend, vocab, options());
+  auto prompt = chat_prompt(vocab, "think");
+  prompt.push_back(k_think);  // the template opened the block
+  GenerationRequest req = greedy(prompt, 10);
+  req.thinking_token_budget = 4;
+  Collected c;
+  const auto r = run(engine, req, c);
+  REQUIRE(c.tokens.size() == 10);
+  for (int i = 0; i < 4; ++i) CHECK(c.tokens[static_cast<std::size_t>(i)] == 'a');
+  CHECK(c.tokens[4] == k_think_end);
+  CHECK(c.tokens[5] == 'a');
+  CHECK(r.reasoning_tokens == 4);
+  CHECK(c.text == "aaaa</think>aaaaa");
+
+  // Model opens the block itself: the budget counts from its <think>.
+  FakeBackend opener([](const std::vector<int32_t>& ctx) {
+    return ctx.back() == '\n' ? k_think : static_cast<int32_t>('b');
+  });
+  Engine engine2(opener, vocab, options());
+  GenerationRequest req2 = greedy(chat_prompt(vocab, "t"), 6);
+  req2.thinking_token_budget = 2;
+  Collected c2;
+  run(engine2, req2, c2);
+  CHECK(c2.tokens == std::vector<int32_t>{k_think, 'b', 'b', k_think_end, 'b', 'b'});
+}
+
+TEST_CASE("KV cap refusal names both numbers") {
+  CHECK(kv_cap_error(812, 4096, 1048576, 256).value() ==
+        "prompt 812 tokens + max_tokens 4096 = 4908 tokens exceeds the KV cache capacity of 4096 "
+        "tokens (--kv-cache-bytes 1048576 / 256 bytes per token)");
+  CHECK(!kv_cap_error(100, 3996, 1048576, 256).has_value());
+
+  FakeVocab vocab;
+  FakeBackend backend({}, 256);
+  Engine engine(backend, vocab, options(64 * 256));  // 64 tokens
+  CHECK(engine.kv_capacity_tokens() == 64);
+  const auto msg = engine.check(20, 50);
+  REQUIRE(msg.has_value());
+  CHECK(msg->find("prompt 20 tokens + max_tokens 50 = 70 tokens exceeds the KV cache capacity of 64 tokens") == 0);
+  CHECK(!engine.check(20, 44).has_value());
+  auto len = engine.check(4000, 200);  // over max_model_len 4096 first
+  REQUIRE(len.has_value());
+  CHECK(len->find("maximum context length is 4096") != std::string::npos);
+
+  Collected c;
+  const auto r = run(engine, greedy(std::vector<int32_t>(20, 'a'), 50), c);
+  CHECK(r.finish == FinishReason::error);
+  CHECK(r.error.find("70 tokens") != std::string::npos);
+  CHECK(backend.forward_calls == 0);
+}
+
+TEST_CASE("cancellation stops generation between tokens and frees the cache") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  backend.delay_ms = 2;
+  Engine engine(backend, vocab, options());
+  GenerationRequest req = greedy(chat_prompt(vocab, "long"), 3000);
+  req.ignore_eos = true;
+  std::promise<GenerationResult> done;
+  auto fut = done.get_future();
+  std::atomic<int> events{0};
+  auto handle = engine.submit(
+      req, [&](const GenerationEvent&) { ++events; }, [&](const GenerationResult& r) { done.set_value(r); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (events < 5 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(events >= 5);
+  handle->cancel();
+  REQUIRE(fut.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  const auto r = fut.get();
+  CHECK(r.finish == FinishReason::cancelled);
+  CHECK(r.completion_tokens < 3000);
+  CHECK(backend.live_caches == 0);
+  const auto calls = backend.forward_calls.load();
+  CHECK(calls < 3000);
+  CHECK(!engine.stats().running);
+}
+
+TEST_CASE("requests run FIFO; a request cancelled while queued finishes without running") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  backend.delay_ms = 1;
+  Engine engine(backend, vocab, options());
+  std::mutex m;
+  std::vector<int> order;
+  std::vector<std::promise<GenerationResult>> done(3);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest req = greedy(chat_prompt(vocab, "r"), 5);
+    req.ignore_eos = true;
+    handles.push_back(engine.submit(req, nullptr, [&, i](const GenerationResult& r) {
+      {
+        std::lock_guard lock(m);
+        order.push_back(i);
+      }
+      done[static_cast<std::size_t>(i)].set_value(r);
+    }));
+  }
+  handles[2]->cancel();
+  std::vector<GenerationResult> results;
+  for (auto& d : done) {
+    auto f = d.get_future();
+    REQUIRE(f.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    results.push_back(f.get());
+  }
+  CHECK(order == std::vector<int>{0, 1, 2});
+  CHECK(results[0].completion_tokens == 5);
+  CHECK(results[1].completion_tokens == 5);
+  CHECK(results[2].finish == FinishReason::cancelled);
+  CHECK(results[2].completion_tokens == 0);
+}

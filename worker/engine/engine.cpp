@@ -1,0 +1,254 @@
+#include "worker/engine/engine.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "worker/engine/stop_matcher.hpp"
+
+namespace servedeck::worker {
+
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+std::string_view to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
+  }
+  return "unknown";
+}
+
+bool prompt_opens_reasoning(std::span<const int32_t> prompt, std::optional<int32_t> think_start,
+                            std::optional<int32_t> think_end) {
+  if (!think_start || !think_end) return false;
+  for (auto it = prompt.rbegin(); it != prompt.rend(); ++it) {
+    if (*it == *think_end) return false;
+    if (*it == *think_start) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> kv_cap_error(std::size_t prompt_tokens, std::size_t max_tokens,
+                                        std::size_t kv_cache_bytes, std::size_t kv_bytes_per_token) {
+  const std::size_t capacity = kv_bytes_per_token == 0 ? 0 : kv_cache_bytes / kv_bytes_per_token;
+  const std::size_t need = prompt_tokens + max_tokens;
+  if (need <= capacity) return std::nullopt;
+  return "prompt " + std::to_string(prompt_tokens) + " tokens + max_tokens " + std::to_string(max_tokens) +
+         " = " + std::to_string(need) + " tokens exceeds the KV cache capacity of " + std::to_string(capacity) +
+         " tokens (--kv-cache-bytes " + std::to_string(kv_cache_bytes) + " / " +
+         std::to_string(kv_bytes_per_token) + " bytes per token)";
+}
+
+Engine::Engine(Backend& backend, const Vocab& vocab, EngineOptions options)
+    : backend_(backend), vocab_(vocab), options_(std::move(options)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    if (current_) current_->cancel();
+    for (auto& j : queue_) j.handle->cancel();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::size_t Engine::kv_capacity_tokens() const {
+  const std::size_t per = backend_.kv_bytes_per_token();
+  return per == 0 ? 0 : options_.kv_cache_bytes / per;
+}
+
+std::optional<std::string> Engine::check(std::size_t prompt_tokens, std::size_t max_tokens) const {
+  if (prompt_tokens == 0) return "the prompt is empty (0 tokens); expected at least 1 token";
+  if (max_tokens == 0) return "max_tokens is 0; expected at least 1";
+  const std::size_t need = prompt_tokens + max_tokens;
+  if (options_.max_model_len > 0 && need > options_.max_model_len) {
+    return "This model's maximum context length is " + std::to_string(options_.max_model_len) +
+           " tokens. However, you requested " + std::to_string(need) + " tokens (" +
+           std::to_string(prompt_tokens) + " in the prompt, " + std::to_string(max_tokens) +
+           " in the completion). Please reduce the length of the prompt or max_tokens.";
+  }
+  return kv_cap_error(prompt_tokens, max_tokens, options_.kv_cache_bytes, backend_.kv_bytes_per_token());
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, EventCallback on_event,
+                                              DoneCallback on_done) {
+  auto handle = std::make_shared<RequestHandle>();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) handle->cancel();
+    queue_.push_back(Job{std::move(request), std::move(on_event), std::move(on_done), handle, clock_type::now()});
+  }
+  cv_.notify_all();
+  return handle;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  EngineStats s = stats_;
+  s.queued = queue_.size();
+  s.running = current_ != nullptr;
+  return s;
+}
+
+void Engine::run() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      if (stopping_) job.handle->cancel();
+      current_ = job.handle;
+    }
+    generate(job);
+    std::lock_guard lock(mutex_);
+    current_.reset();
+  }
+}
+
+void Engine::generate(Job& job) {
+  const auto started = clock_type::now();
+  GenerationRequest& req = job.request;
+  GenerationResult result;
+  result.prompt_tokens = req.prompt.size();
+  result.queue_s = seconds_between(job.submitted, started);
+  std::size_t forwards = 0;
+  std::unique_ptr<KvCache> cache;
+
+  auto finish = [&](FinishReason reason, std::string error = {}) {
+    cache.reset();  // free the request's KV cache before anyone hears it finished
+    result.finish = reason;
+    result.error = std::move(error);
+    {
+      std::lock_guard lock(mutex_);
+      stats_.requests_finished++;
+      stats_.prompt_tokens += result.prompt_tokens;
+      stats_.generation_tokens += result.completion_tokens;
+      stats_.forward_calls += forwards;
+      stats_.ttft_sum_s += result.ttft_s;
+      stats_.decode_sum_s += result.decode_s;
+    }
+    if (job.on_done) job.on_done(result);
+  };
+
+  if (job.handle->cancelled()) return finish(FinishReason::cancelled);
+  if (auto err = check(req.prompt.size(), req.max_tokens)) return finish(FinishReason::error, *err);
+
+  const std::size_t vocab = backend_.vocab_size();
+  std::vector<float> logits;
+  try {
+    cache = backend_.new_cache(req.prompt.size() + req.max_tokens);
+    const bool all = req.prompt_logprobs >= 0;
+    logits = backend_.forward(*cache, req.prompt, all);
+    ++forwards;
+    if (logits.size() < vocab || (all && logits.size() < vocab * req.prompt.size())) {
+      return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
+                                             " logits for a prefill of " + std::to_string(req.prompt.size()) +
+                                             " tokens; expected rows of " + std::to_string(vocab));
+    }
+    if (all) {
+      result.prompt_logprobs.emplace_back(std::nullopt);
+      for (std::size_t i = 1; i < req.prompt.size(); ++i) {
+        std::span<const float> row(logits.data() + (i - 1) * vocab, vocab);
+        result.prompt_logprobs.emplace_back(token_logprob(row, req.prompt[i], req.prompt_logprobs));
+      }
+      logits.erase(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>((req.prompt.size() - 1) * vocab));
+    }
+  } catch (const std::exception& e) {
+    return finish(FinishReason::error, std::string("prefill failed: ") + e.what());
+  }
+
+  Sampler sampler(req.sampling);
+  StopMatcher stops(req.stop);
+  Utf8Holdback utf8;
+  bool in_reasoning = prompt_opens_reasoning(req.prompt, options_.think_start_id, options_.think_end_id);
+  std::size_t reasoning_count = 0;
+  clock_type::time_point first_token{};
+
+  for (;;) {
+    if (job.handle->cancelled()) {
+      result.decode_s = result.completion_tokens ? seconds_between(first_token, clock_type::now()) : 0;
+      return finish(FinishReason::cancelled);
+    }
+    std::span<const float> row(logits.data(), vocab);
+    int32_t token;
+    const bool force_end = in_reasoning && req.thinking_token_budget && options_.think_end_id &&
+                           reasoning_count >= *req.thinking_token_budget;
+    token = force_end ? *options_.think_end_id : sampler.sample(row);
+    if (result.completion_tokens == 0) {
+      first_token = clock_type::now();
+      result.ttft_s = seconds_between(job.submitted, first_token);
+    }
+    result.completion_tokens++;
+    // The budget counts tokens inside the block: not the opening or closing tag itself.
+    if (options_.think_end_id && token == *options_.think_end_id) {
+      in_reasoning = false;
+    } else if (in_reasoning) {
+      ++reasoning_count;
+      result.reasoning_tokens++;
+    } else if (options_.think_start_id && token == *options_.think_start_id) {
+      in_reasoning = true;
+    }
+
+    GenerationEvent ev;
+    ev.token = token;
+    if (req.logprobs >= 0) ev.logprob = token_logprob(row, token, req.logprobs);
+
+    const bool is_eos = !req.ignore_eos &&
+                        std::find(options_.eos_ids.begin(), options_.eos_ids.end(), token) != options_.eos_ids.end();
+    const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end();
+    const bool limit = result.completion_tokens >= req.max_tokens;
+    if (is_eos || is_stop_id) {
+      ev.text = stops.push(utf8.flush());
+      ev.text += stops.flush();
+      result.stop_token = token;
+      if (stops.stopped()) result.stop_string = stops.matched();
+    } else {
+      const std::string bytes = vocab_.is_special(token) ? std::string() : vocab_.token_bytes(token);
+      ev.text = stops.push(utf8.push(bytes));
+      if (!stops.stopped() && limit) {
+        ev.text += stops.push(utf8.flush());
+        ev.text += stops.flush();
+      }
+    }
+    if (job.on_event) job.on_event(ev);
+    const auto now = clock_type::now();
+    if (is_eos || is_stop_id || stops.stopped()) {
+      result.decode_s = seconds_between(first_token, now);
+      if (stops.stopped()) result.stop_string = stops.matched();
+      return finish(FinishReason::stop);
+    }
+    if (limit) {
+      result.decode_s = seconds_between(first_token, now);
+      return finish(FinishReason::length);
+    }
+    try {
+      const int32_t one[1] = {token};
+      logits = backend_.forward(*cache, one, false);
+      ++forwards;
+      if (logits.size() < vocab) {
+        return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
+                                               " logits for one token; expected " + std::to_string(vocab));
+      }
+    } catch (const std::exception& e) {
+      result.decode_s = seconds_between(first_token, clock_type::now());
+      return finish(FinishReason::error, std::string("decode failed at token ") +
+                                             std::to_string(result.completion_tokens) + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace servedeck::worker
