@@ -1,0 +1,129 @@
+#include "worker/model/checkpoint.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace servedeck::worker {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Resolves tensors by name, checking their shapes; collects the directory for messages.
+struct Resolver {
+  const TensorSet& set;
+  const std::string& dir;
+
+  TensorRef get(const std::string& name, std::vector<std::int64_t> shape) const {
+    TensorRef t = set.find(name);
+    if (!t.info)
+      throw CheckpointError(dir + ": missing tensor '" + name + "' (expected shape " + shape_to_string(shape) + ")");
+    if (t.info->shape != shape)
+      throw CheckpointError(dir + ": tensor '" + name + "': expected shape " + shape_to_string(shape) + ", got " +
+                            shape_to_string(t.info->shape));
+    return t;
+  }
+};
+
+void add_ids(const json& v, std::vector<std::int32_t>& out, const std::string& origin, const char* key) {
+  auto bad = [&] { throw CheckpointError(origin + ": '" + key + "': expected a token id or a list of token ids, got " + v.dump()); };
+  if (v.is_number_integer()) {
+    if (v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > INT32_MAX) bad();
+    out.push_back(static_cast<std::int32_t>(v.get<std::int64_t>()));
+  } else if (v.is_array()) {
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() > INT32_MAX) bad();
+      out.push_back(static_cast<std::int32_t>(x.get<std::int64_t>()));
+    }
+  } else if (!v.is_null()) {
+    bad();
+  }
+}
+
+GenerationConfig generation_from(const json& j, const std::string& origin) {
+  GenerationConfig g;
+  if (!j.is_object()) throw CheckpointError(origin + ": expected a JSON object");
+  if (auto it = j.find("eos_token_id"); it != j.end()) add_ids(*it, g.eos_token_ids, origin, "eos_token_id");
+  if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) {
+    std::vector<std::int32_t> b;
+    add_ids(*it, b, origin, "bos_token_id");
+    if (b.size() != 1) throw CheckpointError(origin + ": 'bos_token_id': expected one token id, got " + it->dump());
+    g.bos_token_id = b[0];
+  }
+  return g;
+}
+
+}  // namespace
+
+GenerationConfig parse_generation_config(const std::string& json_text, const std::string& origin) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded()) throw CheckpointError(origin + ": not valid JSON");
+  return generation_from(j, origin);
+}
+
+Checkpoint Checkpoint::open(const std::string& dir) {
+  namespace fs = std::filesystem;
+  Checkpoint c;
+  c.dir_ = dir;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw CheckpointError(dir + ": no config.json");
+  c.description_ = load_model_config(config_path);
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen_path)) {
+    c.generation_ = parse_generation_config(read_file(gen_path), gen_path);
+  } else {
+    c.generation_ = parse_generation_config(read_file(config_path), config_path);
+  }
+  c.tensors_ = TensorSet::open_dir(dir);
+
+  const auto& d = c.description_;
+  const Resolver r{c.tensors_, dir};
+  const std::int64_t h = d.hidden_size;
+  c.embed_ = r.get("model.embed_tokens.weight", {d.vocab_size, h});
+  c.final_norm_ = r.get("model.norm.weight", {h});
+  c.lm_head_ = d.tie_word_embeddings ? c.embed_ : r.get("lm_head.weight", {d.vocab_size, h});
+  c.layers_.resize(static_cast<std::size_t>(d.num_layers));
+  for (std::int64_t i = 0; i < d.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    auto& L = c.layers_[static_cast<std::size_t>(i)];
+    const auto& desc = d.layers[static_cast<std::size_t>(i)];
+    L.input_norm = r.get(p + "input_layernorm.weight", {h});
+    L.post_attn_norm = r.get(p + "post_attention_layernorm.weight", {h});
+    L.q_proj = r.get(p + "self_attn.q_proj.weight", {d.num_heads * d.head_dim, h});
+    L.k_proj = r.get(p + "self_attn.k_proj.weight", {d.num_kv_heads * d.head_dim, h});
+    L.v_proj = r.get(p + "self_attn.v_proj.weight", {d.num_kv_heads * d.head_dim, h});
+    L.o_proj = r.get(p + "self_attn.o_proj.weight", {h, d.num_heads * d.head_dim});
+    if (d.qk_norm) {
+      L.q_norm = r.get(p + "self_attn.q_norm.weight", {d.head_dim});
+      L.k_norm = r.get(p + "self_attn.k_norm.weight", {d.head_dim});
+    }
+    if (desc.mlp == MlpKind::dense) {
+      L.mlp_gate = r.get(p + "mlp.gate_proj.weight", {d.intermediate_size, h});
+      L.mlp_up = r.get(p + "mlp.up_proj.weight", {d.intermediate_size, h});
+      L.mlp_down = r.get(p + "mlp.down_proj.weight", {h, d.intermediate_size});
+    } else {
+      const std::int64_t m = d.moe.intermediate_size;
+      L.router = r.get(p + "mlp.gate.weight", {d.moe.num_experts, h});
+      L.experts.resize(static_cast<std::size_t>(d.moe.num_experts));
+      for (std::int64_t e = 0; e < d.moe.num_experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        auto& E = L.experts[static_cast<std::size_t>(e)];
+        E.gate = r.get(q + "gate_proj.weight", {m, h});
+        E.up = r.get(q + "up_proj.weight", {m, h});
+        E.down = r.get(q + "down_proj.weight", {h, m});
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace servedeck::worker

@@ -1,0 +1,104 @@
+// A Hugging Face checkpoint directory opened for inference: config.json -> ModelDescription,
+// generation_config.json -> EOS/BOS ids, *.safetensors -> every weight resolved by its Hugging
+// Face name and checked against the description's shapes before anything runs.
+//
+// Weights stay in the read-only mmap of the safetensors files (BF16/F16/F32 as stored); the
+// backends read or upload them from there. Tensor names (Qwen3 / Qwen3-MoE layout):
+//   model.embed_tokens.weight                               (vocab, hidden)
+//   model.layers.N.input_layernorm.weight                   (hidden)
+//   model.layers.N.self_attn.{q,k,v,o}_proj.weight          q (heads*head_dim, hidden),
+//                                                           k/v (kv_heads*head_dim, hidden),
+//                                                           o (hidden, heads*head_dim)
+//   model.layers.N.self_attn.{q,k}_norm.weight              (head_dim)
+//   model.layers.N.post_attention_layernorm.weight          (hidden)
+//   model.layers.N.mlp.{gate,up}_proj.weight                (intermediate, hidden)   dense layers
+//   model.layers.N.mlp.down_proj.weight                     (hidden, intermediate)   dense layers
+//   model.layers.N.mlp.gate.weight                          (num_experts, hidden)    MoE router
+//   model.layers.N.mlp.experts.E.{gate,up}_proj.weight      (moe_inter, hidden)
+//   model.layers.N.mlp.experts.E.down_proj.weight           (hidden, moe_inter)
+//   model.norm.weight                                       (hidden)
+//   lm_head.weight                                          (vocab, hidden), absent when tied
+//
+// Thread-safety: immutable after open(); safe to read from several threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/model/config.hpp"
+#include "worker/model/safetensors.hpp"
+
+namespace servedeck::worker {
+
+/// Thrown for a checkpoint that cannot be used: missing file or tensor, wrong shape.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// From generation_config.json (falling back to config.json's fields when absent).
+struct GenerationConfig {
+  std::vector<std::int32_t> eos_token_ids;   // "eos_token_id": an int or a list of ints
+  std::optional<std::int32_t> bos_token_id;  // "bos_token_id"
+};
+
+struct ExpertWeights {
+  TensorRef gate;  // (moe_inter, hidden)
+  TensorRef up;    // (moe_inter, hidden)
+  TensorRef down;  // (hidden, moe_inter)
+};
+
+struct LayerWeights {
+  TensorRef input_norm;      // (hidden)
+  TensorRef q_proj;          // (heads*head_dim, hidden)
+  TensorRef k_proj;          // (kv_heads*head_dim, hidden)
+  TensorRef v_proj;          // (kv_heads*head_dim, hidden)
+  TensorRef o_proj;          // (hidden, heads*head_dim)
+  TensorRef q_norm;          // (head_dim), absent unless description.qk_norm
+  TensorRef k_norm;          // (head_dim)
+  TensorRef post_attn_norm;  // (hidden)
+  // MlpKind::dense
+  TensorRef mlp_gate;        // (intermediate, hidden)
+  TensorRef mlp_up;          // (intermediate, hidden)
+  TensorRef mlp_down;        // (hidden, intermediate)
+  // MlpKind::moe
+  TensorRef router;          // (num_experts, hidden)
+  std::vector<ExpertWeights> experts;  // num_experts entries
+};
+
+class Checkpoint {
+ public:
+  /// Opens the checkpoint in `dir`. Throws ConfigError (config.json), SafetensorsError
+  /// (a safetensors file or index) or CheckpointError (missing tensor, wrong shape:
+  /// "tensor 'model.layers.3.mlp.gate.weight': expected shape [8, 64], got [4, 64]").
+  static Checkpoint open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelDescription& description() const { return description_; }
+  const GenerationConfig& generation() const { return generation_; }
+  const TensorSet& tensors() const { return tensors_; }
+
+  const TensorRef& embed_tokens() const { return embed_; }  // (vocab, hidden)
+  const TensorRef& final_norm() const { return final_norm_; }  // (hidden)
+  /// (vocab, hidden): lm_head.weight, or the embedding when tie_word_embeddings.
+  const TensorRef& lm_head() const { return lm_head_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+
+ private:
+  std::string dir_;
+  ModelDescription description_;
+  GenerationConfig generation_;
+  TensorSet tensors_;
+  TensorRef embed_;
+  TensorRef final_norm_;
+  TensorRef lm_head_;
+  std::vector<LayerWeights> layers_;
+};
+
+/// Parses a generation_config.json object (eos_token_id int or list, bos_token_id int).
+/// `origin` names the file in errors. Throws CheckpointError on a mistyped field.
+GenerationConfig parse_generation_config(const std::string& json_text, const std::string& origin);
+
+}  // namespace servedeck::worker

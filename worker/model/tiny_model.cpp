@@ -1,0 +1,202 @@
+#include "worker/model/tiny_model.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "worker/model/safetensors_writer.hpp"
+
+namespace servedeck::worker {
+
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+/// `count` BF16 values: mean + std * u, u uniform with unit variance (u in [-sqrt 3, sqrt 3]).
+TensorToWrite random_tensor(const std::string& name, std::vector<std::int64_t> shape, double mean, double stddev,
+                            std::uint64_t seed) {
+  TensorToWrite t;
+  t.name = name;
+  t.dtype = Dtype::bf16;
+  t.shape = std::move(shape);
+  std::uint64_t count = 1;
+  for (auto d : t.shape) count *= static_cast<std::uint64_t>(d);
+  t.data.resize(count * 2);
+  std::uint64_t state = seed ^ fnv1a(name);
+  const double a = std::sqrt(3.0) * stddev;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    // 53 random bits -> [0, 1).
+    const double r = static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+    const auto v = static_cast<float>(mean + a * (2.0 * r - 1.0));
+    const std::uint16_t b = float_to_bf16(v);
+    t.data[2 * i] = static_cast<std::byte>(b & 0xff);
+    t.data[2 * i + 1] = static_cast<std::byte>(b >> 8);
+  }
+  return t;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write '" + p.string() + "'");
+}
+
+void copy_file_exact(const fs::path& from, const fs::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read '" + from.string() + "' (expected Qwen3's tokenizer files there)");
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out << in.rdbuf();
+  if (!out) throw std::runtime_error("cannot write '" + to.string() + "'");
+}
+
+json config_json(const TinyModelOptions& o) {
+  const bool moe = o.model_type == "qwen3_moe";
+  json c = {
+      {"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
+      {"model_type", o.model_type},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"bos_token_id", 151643},
+      {"eos_token_id", 151645},
+      {"head_dim", o.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", o.hidden_size},
+      {"initializer_range", 0.02},
+      {"intermediate_size", o.intermediate_size},
+      {"max_position_embeddings", o.max_position_embeddings},
+      {"num_attention_heads", o.num_heads},
+      {"num_hidden_layers", o.num_layers},
+      {"num_key_value_heads", o.num_kv_heads},
+      {"rms_norm_eps", o.rms_norm_eps},
+      {"rope_scaling", nullptr},
+      {"rope_theta", o.rope_theta},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", o.tie_word_embeddings},
+      {"torch_dtype", "bfloat16"},
+      {"use_cache", true},
+      {"use_sliding_window", false},
+      {"vocab_size", o.vocab_size},
+  };
+  if (moe) {
+    c["decoder_sparse_step"] = o.decoder_sparse_step;
+    c["mlp_only_layers"] = o.mlp_only_layers;
+    c["moe_intermediate_size"] = o.moe_intermediate_size;
+    c["norm_topk_prob"] = o.norm_topk_prob;
+    c["num_experts"] = o.num_experts;
+    c["num_experts_per_tok"] = o.top_k;
+    c["output_router_logits"] = false;
+    c["router_aux_loss_coef"] = 0.001;
+  }
+  return c;
+}
+
+bool is_moe_layer(const TinyModelOptions& o, std::int64_t i) {
+  if (o.model_type != "qwen3_moe") return false;
+  for (auto m : o.mlp_only_layers)
+    if (m == i) return false;
+  return o.num_experts > 0 && (i + 1) % o.decoder_sparse_step == 0;
+}
+
+}  // namespace
+
+void write_model(const std::string& out_dir, const TinyModelOptions& o, const std::string& tokenizer_dir) {
+  if (o.model_type != "qwen3_moe" && o.model_type != "qwen3")
+    throw std::runtime_error("write_model: model_type '" + o.model_type + "' (supported: qwen3_moe, qwen3)");
+  if (o.shards < 1) throw std::runtime_error("write_model: shards must be >= 1");
+  fs::create_directories(out_dir);
+  const fs::path dir(out_dir);
+  const std::int64_t h = o.hidden_size;
+  const std::uint64_t seed = o.seed;
+  const double proj_std = 1.0 / std::sqrt(static_cast<double>(h));
+
+  // Tensors grouped by shard: the embedding and final norm go to shard 0, layer i to shard i % N.
+  std::vector<std::vector<TensorToWrite>> shards(static_cast<std::size_t>(o.shards));
+  shards[0].push_back(random_tensor("model.embed_tokens.weight", {o.vocab_size, h}, 0.0, 0.5, seed));
+  shards[0].push_back(random_tensor("model.norm.weight", {h}, 1.0, 0.1, seed));
+  if (!o.tie_word_embeddings)
+    shards[0].push_back(random_tensor("lm_head.weight", {o.vocab_size, h}, 0.0, 0.5, seed));
+  for (std::int64_t i = 0; i < o.num_layers; ++i) {
+    auto& out = shards[static_cast<std::size_t>(i % o.shards)];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::int64_t qd = o.num_heads * o.head_dim;
+    const std::int64_t kvd = o.num_kv_heads * o.head_dim;
+    out.push_back(random_tensor(p + "input_layernorm.weight", {h}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "post_attention_layernorm.weight", {h}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "self_attn.q_proj.weight", {qd, h}, 0.0, proj_std, seed));
+    out.push_back(random_tensor(p + "self_attn.k_proj.weight", {kvd, h}, 0.0, proj_std, seed));
+    out.push_back(random_tensor(p + "self_attn.v_proj.weight", {kvd, h}, 0.0, proj_std, seed));
+    out.push_back(random_tensor(p + "self_attn.o_proj.weight", {h, qd}, 0.0, 1.0 / std::sqrt(double(qd)), seed));
+    out.push_back(random_tensor(p + "self_attn.q_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "self_attn.k_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
+    if (is_moe_layer(o, i)) {
+      const std::int64_t m = o.moe_intermediate_size;
+      out.push_back(random_tensor(p + "mlp.gate.weight", {o.num_experts, h}, 0.0, proj_std, seed));
+      for (std::int64_t e = 0; e < o.num_experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        out.push_back(random_tensor(q + "gate_proj.weight", {m, h}, 0.0, proj_std, seed));
+        out.push_back(random_tensor(q + "up_proj.weight", {m, h}, 0.0, proj_std, seed));
+        out.push_back(random_tensor(q + "down_proj.weight", {h, m}, 0.0, 1.0 / std::sqrt(double(m)), seed));
+      }
+    } else {
+      const std::int64_t m = o.intermediate_size;
+      out.push_back(random_tensor(p + "mlp.gate_proj.weight", {m, h}, 0.0, proj_std, seed));
+      out.push_back(random_tensor(p + "mlp.up_proj.weight", {m, h}, 0.0, proj_std, seed));
+      out.push_back(random_tensor(p + "mlp.down_proj.weight", {h, m}, 0.0, 1.0 / std::sqrt(double(m)), seed));
+    }
+  }
+
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  if (o.shards == 1) {
+    write_safetensors((dir / "model.safetensors").string(), shards[0], meta);
+  } else {
+    json weight_map = json::object();
+    std::uint64_t total = 0;
+    for (int s = 0; s < o.shards; ++s) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, o.shards);
+      write_safetensors((dir / name).string(), shards[static_cast<std::size_t>(s)], meta);
+      for (const auto& t : shards[static_cast<std::size_t>(s)]) {
+        weight_map[t.name] = name;
+        total += t.data.size();
+      }
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
+
+  write_text(dir / "config.json", config_json(o).dump(2) + "\n");
+  // Qwen3's generation_config.json: <|im_end|> 151645 and <|endoftext|> 151643 both end a turn.
+  const json gen = {{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
+                    {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
+                    {"top_p", 0.95}};
+  write_text(dir / "generation_config.json", gen.dump(2) + "\n");
+  if (!tokenizer_dir.empty()) {
+    copy_file_exact(fs::path(tokenizer_dir) / "tokenizer.json", dir / "tokenizer.json");
+    copy_file_exact(fs::path(tokenizer_dir) / "tokenizer_config.json", dir / "tokenizer_config.json");
+  }
+}
+
+void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+  TinyModelOptions o;
+  o.seed = seed;
+  write_model(out_dir, o, tokenizer_dir);
+}
+
+}  // namespace servedeck::worker

