@@ -1,0 +1,281 @@
+#include "worker/cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "worker/cpu/ops.hpp"
+
+namespace servedeck::worker {
+
+namespace {
+
+using cpu::matmul;
+using cpu::parallel_for;
+using cpu::to_f32;
+
+class CpuKvCache final : public KvCache {
+ public:
+  CpuKvCache(std::size_t layers, std::size_t capacity, std::size_t kv_dim)
+      : capacity_(capacity), kv_dim_(kv_dim), k_(layers), v_(layers) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      k_[l].assign(capacity * kv_dim, 0.0f);
+      v_[l].assign(capacity * kv_dim, 0.0f);
+    }
+  }
+  std::size_t length() const override { return length_; }
+  std::size_t capacity() const override { return capacity_; }
+  void truncate(std::size_t n) override { length_ = std::min(n, length_); }
+
+  float* k(std::size_t layer, std::size_t pos) { return k_[layer].data() + pos * kv_dim_; }
+  float* v(std::size_t layer, std::size_t pos) { return v_[layer].data() + pos * kv_dim_; }
+  void set_length(std::size_t n) { length_ = n; }
+
+ private:
+  std::size_t length_ = 0;
+  std::size_t capacity_;
+  std::size_t kv_dim_;
+  std::vector<std::vector<float>> k_;  // per layer: (capacity, kv_heads * head_dim) fp32
+  std::vector<std::vector<float>> v_;  // per layer: (capacity, kv_heads * head_dim) fp32
+};
+
+std::vector<float> widen(const TensorRef& t) {
+  std::vector<float> out(t.info->element_count());
+  to_f32(t, 0, out.size(), out.data());
+  return out;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Checkpoint& ckpt, CpuBackendOptions options, std::shared_ptr<const Checkpoint> owned)
+      : owned_(std::move(owned)), ck_(ckpt), d_(ckpt.description()) {
+    threads_ = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+    for (const auto& l : d_.layers)
+      if (l.mlp == MlpKind::moe && d_.moe.router != RouterKind::softmax_topk)
+        throw ConfigError(ck_.dir() + ": router kind " + std::string(to_string(d_.moe.router)) +
+                          " is not implemented by the CPU backend (implemented: softmax_topk)");
+    // Norm weights are tiny: widen once.
+    final_norm_ = widen(ck_.final_norm());
+    for (const auto& L : ck_.layers()) {
+      NormWeights n;
+      n.input = widen(L.input_norm);
+      n.post = widen(L.post_attn_norm);
+      if (d_.qk_norm) {
+        n.q = widen(L.q_norm);
+        n.k = widen(L.k_norm);
+      }
+      norms_.push_back(std::move(n));
+    }
+  }
+
+  std::size_t vocab_size() const override { return static_cast<std::size_t>(d_.vocab_size); }
+  std::size_t kv_bytes_per_token() const override { return static_cast<std::size_t>(d_.kv_bytes_per_token_f32()); }
+  std::string name() const override { return "cpu"; }
+
+  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override {
+    return std::make_unique<CpuKvCache>(static_cast<std::size_t>(d_.num_layers), max_tokens, kv_dim());
+  }
+
+  std::vector<float> forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) override;
+
+ private:
+  struct NormWeights {
+    std::vector<float> input, post, q, k;  // (hidden), (hidden), (head_dim), (head_dim)
+  };
+
+  std::size_t kv_dim() const { return static_cast<std::size_t>(d_.num_kv_heads * d_.head_dim); }
+  void attention(std::size_t layer, CpuKvCache& cache, std::size_t p0, std::size_t n, std::vector<float>& xn,
+                 std::vector<float>& out);
+  void moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
+  void dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
+
+  std::shared_ptr<const Checkpoint> owned_;
+  const Checkpoint& ck_;
+  const ModelDescription& d_;
+  std::size_t threads_ = 1;
+  std::vector<float> final_norm_;
+  std::vector<NormWeights> norms_;
+};
+
+void CpuBackend::attention(std::size_t layer, CpuKvCache& cache, std::size_t p0, std::size_t n,
+                           std::vector<float>& xn, std::vector<float>& out) {
+  const auto& L = ck_.layers()[layer];
+  const auto& nw = norms_[layer];
+  const auto hd = static_cast<std::size_t>(d_.head_dim);
+  const auto nh = static_cast<std::size_t>(d_.num_heads);
+  const auto nkv = static_cast<std::size_t>(d_.num_kv_heads);
+  const std::size_t qd = nh * hd, kvd = nkv * hd;
+  std::vector<float> q(n * qd), k(n * kvd), v(n * kvd);
+  matmul(L.q_proj, xn.data(), n, q.data(), threads_);
+  matmul(L.k_proj, xn.data(), n, k.data(), threads_);
+  matmul(L.v_proj, xn.data(), n, v.data(), threads_);
+  for (std::size_t t = 0; t < n; ++t) {
+    float* qt = q.data() + t * qd;
+    float* kt = k.data() + t * kvd;
+    if (d_.qk_norm) {
+      cpu::rms_norm(qt, nw.q.data(), nh, hd, d_.rms_norm_eps, qt);
+      cpu::rms_norm(kt, nw.k.data(), nkv, hd, d_.rms_norm_eps, kt);
+    }
+    const auto pos = static_cast<std::int64_t>(p0 + t);
+    cpu::rope(qt, nh, hd, pos, d_.rope_theta);
+    cpu::rope(kt, nkv, hd, pos, d_.rope_theta);
+    std::copy(kt, kt + kvd, cache.k(layer, p0 + t));
+    std::copy(v.data() + t * kvd, v.data() + (t + 1) * kvd, cache.v(layer, p0 + t));
+  }
+  // Causal GQA: query head h reads KV head h / (nh / nkv); token t sees positions [0, p0 + t].
+  const std::size_t group = nh / nkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> attn(n * qd);
+  const std::size_t work = n * nh * (p0 + n) * hd * 2;
+  parallel_for(n * nh, threads_, work, [&](std::size_t b, std::size_t e) {
+    std::vector<float> scores(p0 + n);
+    for (std::size_t i = b; i < e; ++i) {
+      const std::size_t t = i / nh, h = i % nh, kvh = h / group;
+      const float* qv = q.data() + t * qd + h * hd;
+      const std::size_t len = p0 + t + 1;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::size_t p = 0; p < len; ++p) {
+        scores[p] = cpu::dot(qv, cache.k(layer, p) + kvh * hd, hd) * scale;
+        mx = std::max(mx, scores[p]);
+      }
+      double sum = 0;
+      for (std::size_t p = 0; p < len; ++p) {
+        scores[p] = std::exp(scores[p] - mx);
+        sum += scores[p];
+      }
+      const auto inv = static_cast<float>(1.0 / sum);
+      float* o = attn.data() + t * qd + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (std::size_t p = 0; p < len; ++p) {
+        const float w = scores[p] * inv;
+        const float* vv = cache.v(layer, p) + kvh * hd;
+        for (std::size_t j = 0; j < hd; ++j) o[j] += w * vv[j];
+      }
+    }
+  });
+  matmul(L.o_proj, attn.data(), n, out.data(), threads_);
+}
+
+void CpuBackend::dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
+  const auto& L = ck_.layers()[layer];
+  const auto m = static_cast<std::size_t>(d_.intermediate_size);
+  std::vector<float> g(n * m), u(n * m);
+  matmul(L.mlp_gate, xn.data(), n, g.data(), threads_);
+  matmul(L.mlp_up, xn.data(), n, u.data(), threads_);
+  for (std::size_t i = 0; i < n * m; ++i) g[i] = cpu::silu(g[i]) * u[i];
+  matmul(L.mlp_down, g.data(), n, out.data(), threads_);
+}
+
+void CpuBackend::moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
+  const auto& L = ck_.layers()[layer];
+  const auto h = static_cast<std::size_t>(d_.hidden_size);
+  const auto ne = static_cast<std::size_t>(d_.moe.num_experts);
+  const auto k = static_cast<std::size_t>(d_.moe.top_k);
+  const auto m = static_cast<std::size_t>(d_.moe.intermediate_size);
+  std::vector<float> logits(n * ne);
+  matmul(L.router, xn.data(), n, logits.data(), threads_);
+  // Routing: per token, softmax over all experts, top-k (ties to the lower index), renormalise.
+  std::vector<std::vector<std::pair<std::size_t, float>>> by_expert(ne);  // expert -> (token, weight)
+  std::vector<std::size_t> order(ne);
+  for (std::size_t t = 0; t < n; ++t) {
+    float* lr = logits.data() + t * ne;
+    const float mx = *std::max_element(lr, lr + ne);
+    double sum = 0;
+    for (std::size_t e = 0; e < ne; ++e) sum += std::exp(static_cast<double>(lr[e] - mx));
+    for (std::size_t e = 0; e < ne; ++e) lr[e] = static_cast<float>(std::exp(static_cast<double>(lr[e] - mx)) / sum);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [&](std::size_t a, std::size_t b) { return lr[a] != lr[b] ? lr[a] > lr[b] : a < b; });
+    float topsum = 0;
+    for (std::size_t j = 0; j < k; ++j) topsum += lr[order[j]];
+    for (std::size_t j = 0; j < k; ++j) {
+      float w = lr[order[j]];
+      if (d_.moe.norm_topk_prob) w /= topsum;
+      by_expert[order[j]].emplace_back(t, w * static_cast<float>(d_.moe.routed_scaling_factor));
+    }
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  std::vector<float> xs, g, u, y;
+  for (std::size_t e = 0; e < ne; ++e) {
+    const auto& routed = by_expert[e];
+    if (routed.empty()) continue;
+    const std::size_t c = routed.size();
+    xs.resize(c * h);
+    for (std::size_t i = 0; i < c; ++i)
+      std::copy(xn.begin() + static_cast<std::ptrdiff_t>(routed[i].first * h),
+                xn.begin() + static_cast<std::ptrdiff_t>((routed[i].first + 1) * h), xs.begin() + static_cast<std::ptrdiff_t>(i * h));
+    g.resize(c * m);
+    u.resize(c * m);
+    y.resize(c * h);
+    const auto& E = L.experts[e];
+    matmul(E.gate, xs.data(), c, g.data(), threads_);
+    matmul(E.up, xs.data(), c, u.data(), threads_);
+    for (std::size_t i = 0; i < c * m; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    matmul(E.down, g.data(), c, y.data(), threads_);
+    for (std::size_t i = 0; i < c; ++i) {
+      float* o = out.data() + routed[i].first * h;
+      const float w = routed[i].second;
+      for (std::size_t j = 0; j < h; ++j) o[j] += w * y[i * h + j];
+    }
+  }
+}
+
+std::vector<float> CpuBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
+  auto* cache = dynamic_cast<CpuKvCache*>(&cache_base);
+  if (!cache) throw std::invalid_argument("CpuBackend::forward: the cache was not created by this backend");
+  const std::size_t n = tokens.size();
+  const std::size_t p0 = cache->length();
+  if (p0 + n > cache->capacity())
+    throw KvCacheFull("KV cache full: " + std::to_string(p0) + " cached + " + std::to_string(n) +
+                      " new tokens = " + std::to_string(p0 + n) + " exceeds the capacity of " +
+                      std::to_string(cache->capacity()) + " tokens (" +
+                      std::to_string(cache->capacity() * kv_bytes_per_token()) + " bytes)");
+  if (n == 0) return {};
+  const auto h = static_cast<std::size_t>(d_.hidden_size);
+  const auto vocab = static_cast<std::size_t>(d_.vocab_size);
+  for (auto t : tokens)
+    if (t < 0 || static_cast<std::size_t>(t) >= vocab)
+      throw std::out_of_range("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
+
+  std::vector<float> x(n * h), xn(n * h), tmp(n * h);
+  for (std::size_t t = 0; t < n; ++t) to_f32(ck_.embed_tokens(), static_cast<std::size_t>(tokens[t]) * h, h, x.data() + t * h);
+
+  for (std::size_t l = 0; l < static_cast<std::size_t>(d_.num_layers); ++l) {
+    cpu::rms_norm(x.data(), norms_[l].input.data(), n, h, d_.rms_norm_eps, xn.data());
+    attention(l, *cache, p0, n, xn, tmp);
+    for (std::size_t i = 0; i < n * h; ++i) x[i] += tmp[i];
+    cpu::rms_norm(x.data(), norms_[l].post.data(), n, h, d_.rms_norm_eps, xn.data());
+    if (d_.layers[l].mlp == MlpKind::moe) {
+      moe(l, xn, n, tmp);
+    } else {
+      dense_mlp(l, xn, n, tmp);
+    }
+    for (std::size_t i = 0; i < n * h; ++i) x[i] += tmp[i];
+  }
+  cache->set_length(p0 + n);
+
+  const std::size_t first = all_logits ? 0 : n - 1;
+  const std::size_t rows = n - first;
+  cpu::rms_norm(x.data() + first * h, final_norm_.data(), rows, h, d_.rms_norm_eps, xn.data());
+  std::vector<float> logits(rows * vocab);
+  matmul(ck_.lm_head(), xn.data(), rows, logits.data(), threads_);
+  return logits;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const Checkpoint& checkpoint, CpuBackendOptions options) {
+  return std::make_unique<CpuBackend>(checkpoint, options, nullptr);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const std::string& dir, CpuBackendOptions options) {
+  auto owned = std::make_shared<const Checkpoint>(Checkpoint::open(dir));
+  const Checkpoint& ref = *owned;
+  return std::make_unique<CpuBackend>(ref, options, std::move(owned));
+}
+
+}  // namespace servedeck::worker

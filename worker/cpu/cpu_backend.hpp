@@ -1,0 +1,38 @@
+// The CPU reference backend: an fp32 forward pass for qwen3_moe and qwen3 over BF16/F16/F32
+// weights read from the checkpoint's mmap. It is the ground truth for the CUDA kernels and the
+// backend on machines without a GPU (tests/CI, the tiny default model).
+//
+// Per layer (transformers Qwen3MoeDecoderLayer / Qwen3DecoderLayer):
+//   h = x + o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
+//   x = h + mlp(rms(h))
+// attn: causal GQA over the KV cache, scale 1/sqrt(head_dim). MoE mlp: softmax over the
+// router logits -> top-k -> renormalise when norm_topk_prob -> sum of weight * SwiGLU expert.
+//
+// KV cache: fp32 K and V for every layer, capacity fixed at creation; its bytes per token are
+// layers * 2 * kv_heads * head_dim * 4 (kv_bytes_per_token()).
+//
+// Thread-safety: as Backend: one forward() at a time; matmuls use up to `threads` threads.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "worker/engine/backend.hpp"
+#include "worker/model/checkpoint.hpp"
+
+namespace servedeck::worker {
+
+struct CpuBackendOptions {
+  /// Threads for matmuls and attention; 0 = std::thread::hardware_concurrency() (at least 1).
+  std::size_t threads = 0;
+};
+
+/// A CPU backend over `checkpoint`, which must outlive it. Throws ConfigError when the
+/// description has a kind this backend does not run (e.g. a sigmoid router).
+std::unique_ptr<Backend> make_cpu_backend(const Checkpoint& checkpoint, CpuBackendOptions options = {});
+
+/// Opens the checkpoint in `dir` (Checkpoint::open, same errors) and returns a backend that owns it.
+std::unique_ptr<Backend> make_cpu_backend(const std::string& dir, CpuBackendOptions options = {});
+
+}  // namespace servedeck::worker

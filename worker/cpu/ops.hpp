@@ -1,0 +1,48 @@
+// fp32 building blocks of the CPU reference forward pass. Weights are read in their stored
+// dtype (BF16/F16/F32) straight from the checkpoint's mmap and widened to fp32 per row.
+//
+// Thread-safety: the functions are pure over their arguments; matmul() spreads rows over up to
+// `threads` std::threads it starts and joins itself.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <functional>
+
+#include "worker/model/safetensors.hpp"
+
+namespace servedeck::worker::cpu {
+
+/// Widens `count` elements starting at element `offset` of `w` (any Dtype) into `out`.
+void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* out);
+
+/// Runs fn(begin, end) over [0, n) split into up to `threads` contiguous chunks (one per thread,
+/// the calling thread takes the first). Single-threaded when `work` (a cost estimate in
+/// multiply-adds) is below ~64K, where starting a thread costs more than it saves.
+void parallel_for(std::size_t n, std::size_t threads, std::size_t work,
+                  const std::function<void(std::size_t, std::size_t)>& fn);
+
+/// y = x @ w^T. w: (out_features, in_features) any dtype; x: (n, in_features) fp32 row-major;
+/// y: (n, out_features) fp32, overwritten. Each weight row is widened once and dotted with all n
+/// rows of x. Rows of w are split over `threads`.
+void matmul(const TensorRef& w, const float* x, std::size_t n, float* y, std::size_t threads);
+
+/// Dot product of two fp32 vectors (8 partial sums).
+float dot(const float* a, const float* b, std::size_t n);
+
+/// RMSNorm over each of `rows` rows of width `dim` (transformers Qwen3RMSNorm, fp32):
+/// y = x / sqrt(mean(x^2) + eps) * weight. In place allowed (y == x).
+void rms_norm(const float* x, const float* weight, std::size_t rows, std::size_t dim, double eps, float* y);
+
+/// RoPE, rotate_half convention (transformers apply_rotary_pos_emb): for i < d/2,
+///   x'[i]       = x[i] cos(p f_i) - x[i + d/2] sin(p f_i)
+///   x'[i + d/2] = x[i + d/2] cos(p f_i) + x[i] sin(p f_i),   f_i = theta^(-2i/d)
+/// applied in place to `heads` heads of `head_dim` at position `pos`. Angles are formed in fp32
+/// as transformers does (inv_freq fp32, pos * inv_freq fp32), then cos/sin in fp32.
+void rope(float* x, std::size_t heads, std::size_t head_dim, std::int64_t pos, double theta);
+
+/// silu(x) = x / (1 + exp(-x)).
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace servedeck::worker::cpu
