@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,18 +55,39 @@ class Readings {
 /// The real machine.
 std::unique_ptr<Readings> system_readings();
 
+/// The last figures measured for this model after a launch reached ready (the state store keeps
+/// them per (model, ctx, engine build); the caller passes them in so preflight does not depend on
+/// the store). Preflight shows them beside the declared values and warns when a declaration is
+/// more than 10% off: host_ram_gib vs peak host RSS, util × GPU total vs peak VRAM.
+struct MeasuredFigures {
+  std::optional<double> peak_vram_gib;   // GiB
+  std::optional<double> host_rss_gib;    // GiB, peak host RSS of the engine's process group
+  std::optional<double> load_time_s;     // s, start to ready
+  int64_t ctx = 0;                       // tokens, the ctx those figures were measured at
+  std::string engine_build;              // as recorded
+  std::string measured_at;               // ISO-8601 UTC, as recorded
+};
+
 struct Report {
   std::string model;
   std::vector<CheckResult> checks;
   registry::LaunchSpec launch;         // rendered argv and env
+  std::optional<MeasuredFigures> measured;  // as passed to run_preflight
   bool refused() const;                // any refusal
+  /// {"model","refused","checks":[{"check","verdict","reading","limit","message"}],
+  ///  "launch":{"program","argv","env","host","port"},"measured":{...}|null}
   nlohmann::json to_json() const;
-  std::string table() const;           // aligned text table for the CLI
+  /// Aligned text table for the CLI: one row per check (check, verdict, reading, limit), the
+  /// message under each row that is not a pass, then the rendered env and argv.
+  std::string table() const;
+  /// The refusal messages, one per line ("" when none): what `switch` prints when it stops.
+  std::string refusals() const;
 };
 
 /// Runs every check for `m` (including the registry's [[rules]]); collects all results (never
-/// stops at the first refusal). `port` is the port the launch would use.
+/// stops at the first refusal). `port` is the port the launch would use. `measured`: the last
+/// measured figures for this model, if the caller has them. Never throws for machine readings.
 Report run_preflight(const registry::Registry& reg, const registry::ModelEntry& m, Readings& readings,
-                     int port);
+                     int port, const std::optional<MeasuredFigures>& measured = std::nullopt);
 
 }  // namespace servedeck::preflight

@@ -61,6 +61,7 @@ struct PolicyConfig {
 struct ModelEntry {
   std::string name;                 // table key, e.g. "glm53"; what `servedeck switch` takes
   SourceLocation location;          // where the table starts
+  std::string config_dir;           // absolute directory of the models.toml it came from
   EngineKind engine = EngineKind::command;
   std::string served_name;          // the id clients send and /v1/models lists, e.g. "glm53-flash"
   std::vector<std::string> aliases; // extra ids that reach this model with no preset

@@ -16,8 +16,9 @@ struct Diagnostic {
   std::string severity;  // "error" | "warning"
   SourceLocation location;
   std::string key;       // dotted path, e.g. "models.glm53.ctx"
-  std::string message;   // names the value read and what is valid
-  std::string to_string() const;  // "file:line: severity: key: message"
+  std::string message;   // starts with the key and the value read, then what is valid:
+                         // "models.glm53.ctx = 400000 exceeds validated_ctx = 327680"
+  std::string to_string() const;  // "file:line: severity: message" (no line when 0)
 };
 
 /// Thrown by load_registry when any error-severity diagnostic exists; carries all of them.
@@ -31,8 +32,14 @@ struct RegistryError : std::runtime_error {
 /// not declared. Throws RegistryError with every problem found (not only the first).
 Registry load_registry(const std::string& path);
 
-/// Same, from text (tests). `path` names the text in diagnostics.
+/// Same, from text (tests). `path` names the text in diagnostics; relative paths in the text
+/// resolve against the directory of `path`.
 Registry parse_registry(std::string_view text, const std::string& path);
+
+/// Non-throwing form: fills `diagnostics` with every error and warning (parse, validation,
+/// discovery; not the [[rules]]) and returns what could be read. Use only when no diagnostic has
+/// severity "error" for anything beyond display.
+Registry parse_registry(std::string_view text, const std::string& path, std::vector<Diagnostic>& diagnostics);
 
 /// Every diagnostic for `path`: parse/validation errors, then the [[rules]] evaluated against
 /// every entry (preflight/rules), then warnings. Never throws for content problems.
@@ -50,6 +57,16 @@ struct LaunchSpec {
 };
 
 /// Renders `m`'s launch for `port` (the actual port when m.port == 0 was resolved by the caller).
+/// Paths in the entry are already absolute (resolved at load); `program` stays a bare name when
+/// written as one (the launcher searches $PATH; see resolve_program in registry/discovery.hpp).
 LaunchSpec render_launch(const ModelEntry& m, int port, const ServerConfig& server);
+
+/// The placeholder names render_launch fills (without braces).
+const std::vector<std::string>& placeholder_names();
+/// Every `{name}` in `text` (name: lowercase letters, digits, '_'); JSON such as
+/// `{"moe_backend":"marlin"}` contains none.
+std::vector<std::string> placeholders_in(std::string_view text);
+/// The values render_launch uses for `m` at `port`; a placeholder whose source is unset is absent.
+std::map<std::string, std::string> placeholder_values(const ModelEntry& m, int port, const ServerConfig& server);
 
 }  // namespace servedeck::registry
