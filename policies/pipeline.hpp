@@ -105,6 +105,11 @@ class StreamPipeline {
   /// error when the stream cannot be completed validly (G05: finish tool_calls with no call).
   std::vector<nlohmann::json> finish(std::optional<PolicyError>& error);
 
+  /// Set as soon as the stream is known to be unrepairable (e.g. a tool name that matches no
+  /// declared tool, G04): the gateway may stop reading and end with an error event. While set,
+  /// on_chunk withholds the finish chunk; finish() reports the same error.
+  const std::optional<PolicyError>& error() const;
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -1,0 +1,499 @@
+// StreamPipeline: the response policies applied to a stream of chat.completion.chunk objects.
+//
+// Per choice, in arrival order:
+//   reasoning deltas  → passed on at once (mirror_content: under both names); never dropped (G20)
+//   content deltas    → answer_rescue may hold them while a stray </think> could still split them,
+//                       and holds a <tool_call>…</tool_call> block naming a declared tool (extracted
+//                       at the end when no real call came; otherwise sent on as content)
+//   tool_call deltas  → the name is held until the arguments start (G04: never emit an undeclared
+//                       name); the arguments go through ArgumentRepair (sanitize_tool_tags, G02,
+//                       G07), and are held while they are only "{" for a tool with required
+//                       parameters (G03: never forward {})
+//   finish            → open calls end; extraction, G05, answer rescue; held text flushed; then
+//                       the finish chunk (withheld when the stream is unrepairable: see error()).
+#include <map>
+#include <memory>
+
+#include "policies/answer_rescue.hpp"
+#include "policies/effort_presets.hpp"
+#include "policies/pipeline.hpp"
+#include "policies/reasoning_dialects.hpp"
+#include "policies/repair_count.hpp"
+#include "policies/restore_reasoning.hpp"
+#include "policies/sanitize_tool_tags.hpp"
+#include "policies/tag_markup.hpp"
+#include "policies/tool_call_repair.hpp"
+
+namespace servedeck::policies {
+namespace {
+
+using json = nlohmann::json;
+
+struct CallState {
+  int index = 0;
+  std::string id;
+  std::string name_raw;
+  std::string raw_pending;  // raw arguments received before the name was resolved
+  bool resolved = false;
+  std::string name;
+  std::optional<std::string> split_param;  // G04
+  std::string split_raw;                   // G04: the whole raw arguments, wrapped at the end
+  const DeclaredTool* tool = nullptr;
+  std::unique_ptr<ArgumentRepair> repair;
+  std::string out_pending;   // repaired text not yet emitted
+  std::string args_emitted;
+  bool header_emitted = false;
+  bool ended = false;
+};
+
+struct EmittedCall {
+  std::string id, name, arguments;
+};
+
+struct ChoiceState {
+  std::map<int, CallState> calls;
+  std::vector<int> order;
+  int current = -1;
+  std::string reasoning_all;
+  std::string content_all;   // every content byte received
+  std::string content_sent;  // content passed on
+  bool think_hold_active = false;
+  std::string think_hold;
+  std::string scan_hold;
+  std::vector<std::string> candidates;  // held <tool_call> blocks naming a declared tool
+  std::vector<EmittedCall> emitted_calls;
+  bool finished = false;
+};
+
+std::size_t partial_suffix(std::string_view s, std::string_view tag) {
+  for (std::size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n) {
+    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+struct StreamPipeline::State {
+  std::map<int, ChoiceState> choices;
+  std::vector<DeclaredTool> tools;
+  bool repair_on = false, sanitize = false, coerce = false, rescue = false, mirror = false;
+  std::size_t hold_limit = kThinkSplitHoldChars;
+  std::optional<PolicyError> error;
+  json last_chunk = json::object();
+
+  ResponseContext* ctx = nullptr;
+
+  void fail(std::string message, std::string code) {
+    if (!error) error = PolicyError{"servedeck: " + std::move(message), std::move(code)};
+  }
+
+  json make_chunk(int idx, json delta, json finish = nullptr) const {
+    json c = last_chunk.is_object() ? last_chunk : json::object();
+    c.erase("usage");
+    c["choices"] = json::array({{{"index", idx}, {"delta", std::move(delta)}, {"finish_reason", std::move(finish)}}});
+    echo_requested_model(c, ctx->requested_id);
+    return c;
+  }
+
+  bool g03_hold(const CallState& c) const { return repair_on && c.tool && !c.tool->required().empty(); }
+
+  void emit_call_text(CallState& c, std::string_view text, json& deltas) {
+    c.out_pending += text;
+    if (!c.ended && g03_hold(c) && c.args_emitted.find('"') == std::string::npos &&
+        c.out_pending.find('"') == std::string::npos) {
+      return;
+    }
+    if (c.out_pending.empty() && (c.header_emitted || !c.ended)) return;
+    json d = {{"index", c.index}};
+    if (!c.header_emitted) {
+      if (c.id.empty()) c.id = new_tool_call_id();
+      d["id"] = c.id;
+      d["type"] = "function";
+      d["function"]["name"] = c.name;
+      c.header_emitted = true;
+    }
+    d["function"]["arguments"] = c.out_pending;
+    c.args_emitted += c.out_pending;
+    c.out_pending.clear();
+    deltas.push_back(std::move(d));
+  }
+
+  void resolve(CallState& c) {
+    c.resolved = true;
+    c.name = c.name_raw;
+    const auto& config = ctx->model->policies;
+    if (!tools.empty() && (repair_on || sanitize)) {
+      auto res = resolve_tool_name(c.name_raw, tools, sanitize);
+      if (res.error) {
+        if (repair_on) {
+          fail(*res.error, "tool_call_unknown_name");
+          return;
+        }
+      } else {
+        if (res.sanitized) count_repair(*ctx, "sanitize_tool_tags");
+        c.name = res.name;
+        c.split_param = res.split_param;
+        if (c.split_param && !repair_on) c.split_param.reset();
+        if (c.split_param) count_repair(*ctx, "tool_call_repair");
+      }
+    } else if (sanitize) {
+      if (auto n = sanitize_tool_name(c.name_raw)) {
+        c.name = *n;
+        count_repair(*ctx, "sanitize_tool_tags");
+      }
+    }
+    c.tool = find_tool(tools, c.name);
+    c.repair = std::make_unique<ArgumentRepair>(
+        c.tool, ArgumentRepairOptions{.sanitize = sanitize,
+                                      .coerce = config.coerce_tool_argument_types && c.tool != nullptr,
+                                      .allow_resplit = true});
+  }
+
+  void feed_args(CallState& c, std::string_view raw, json& deltas) {
+    if (c.split_param) {
+      c.split_raw += raw;
+      return;
+    }
+    std::string out = c.repair->feed(raw);
+    if (c.repair->error()) {
+      fail("tool call '" + c.name + "' has corrupted arguments that cannot be repaired: " + *c.repair->error(),
+           "tool_call_unrecoverable");
+      return;
+    }
+    emit_call_text(c, out, deltas);
+  }
+
+  void on_call_delta(CallState& c, std::string_view name, std::string_view args, json& deltas) {
+    c.name_raw += name;
+    if (!c.resolved) {
+      c.raw_pending += args;
+      if (c.raw_pending.empty()) return;  // the name may still be growing
+      resolve(c);
+      if (error) return;
+      std::string pending = std::move(c.raw_pending);
+      c.raw_pending.clear();
+      feed_args(c, pending, deltas);
+      return;
+    }
+    if (!args.empty()) feed_args(c, args, deltas);
+  }
+
+  void end_call(ChoiceState& st, CallState& c, json& deltas) {
+    if (c.ended || error) return;
+    if (!c.resolved) {
+      resolve(c);
+      if (error) return;
+      std::string pending = std::move(c.raw_pending);
+      c.raw_pending.clear();
+      feed_args(c, pending, deltas);
+      if (error) return;
+    }
+    std::string out;
+    if (c.split_param && c.tool) out = c.repair->feed(arguments_after_split(c.split_raw, *c.tool, *c.split_param));
+    out += c.repair->finish();
+    if (c.repair->error()) {
+      fail("tool call '" + c.name + "' has corrupted arguments that cannot be repaired: " + *c.repair->error(),
+           "tool_call_unrecoverable");
+      return;
+    }
+    if (c.repair->sanitized()) count_repair(*ctx, "sanitize_tool_tags");
+    if (c.repair->coerced()) count_repair(*ctx, "tool_call_repair");
+    std::string full = c.args_emitted + c.out_pending + out;
+    if (g03_hold(c) && c.args_emitted.empty() && is_empty_arguments(full)) {
+      std::optional<RecoveredCall> rec;
+      for (std::size_t i = 0; i < st.candidates.size() && !rec; ++i) {
+        rec = recover_call(st.candidates[i], tools, c.name);
+        if (rec) st.candidates.erase(st.candidates.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      if (!rec) rec = recover_call(st.content_all, tools, c.name);
+      if (!rec) rec = recover_call(st.reasoning_all, tools, c.name);
+      if (!rec) {
+        std::string req;
+        for (const auto& q : c.tool->required()) req += (req.empty() ? "" : ", ") + q;
+        fail("the engine called '" + c.name + "' with empty arguments, but it requires (" + req +
+                 ") and no raw tool-call text held them", "tool_call_unrecoverable");
+        return;
+      }
+      c.out_pending.clear();
+      out = rec->arguments;
+      count_repair(*ctx, "tool_call_repair");
+    }
+    c.ended = true;
+    emit_call_text(c, out, deltas);
+    st.emitted_calls.push_back({c.id, c.name, c.args_emitted});
+  }
+
+  std::string scan_content(ChoiceState& st, std::string_view text) {
+    if (tools.empty() || !(rescue || repair_on)) return std::string(text);
+    constexpr std::string_view open = "<tool_call>";
+    constexpr std::string_view close = "</tool_call>";
+    st.scan_hold += text;
+    std::string out;
+    while (true) {
+      std::size_t pos = st.scan_hold.find(open);
+      if (pos == std::string::npos) {
+        std::size_t keep = partial_suffix(st.scan_hold, open);
+        out += st.scan_hold.substr(0, st.scan_hold.size() - keep);
+        st.scan_hold.erase(0, st.scan_hold.size() - keep);
+        break;
+      }
+      out += st.scan_hold.substr(0, pos);
+      st.scan_hold.erase(0, pos);
+      std::size_t end = st.scan_hold.find(close);
+      if (end == std::string::npos) break;
+      std::string block = st.scan_hold.substr(0, end + close.size());
+      st.scan_hold.erase(0, end + close.size());
+      if (!extract_calls(block, tools).empty()) {
+        st.candidates.push_back(std::move(block));
+      } else {
+        out += block;
+      }
+    }
+    return out;
+  }
+
+  std::string release_think_hold(ChoiceState& st) {
+    st.think_hold_active = false;
+    std::string held = std::move(st.think_hold);
+    st.think_hold.clear();
+    return scan_content(st, held);
+  }
+
+  std::string content_in(ChoiceState& st, std::string_view text, std::string& reasoning_out) {
+    st.content_all += text;
+    if (!st.think_hold_active) return scan_content(st, text);
+    st.think_hold += text;
+    if (markup::stray_think_close(st.think_hold) != std::string::npos) {
+      std::string content = std::move(st.think_hold);
+      st.think_hold.clear();
+      st.think_hold_active = false;
+      std::string split_reasoning;
+      split_stray_think(content, split_reasoning);
+      count_repair(*ctx, "answer_rescue");
+      st.reasoning_all += split_reasoning;
+      reasoning_out += split_reasoning;
+      return scan_content(st, content);
+    }
+    if (st.think_hold.find(markup::kThinkOpen) != std::string::npos || st.think_hold.size() > hold_limit) {
+      return release_think_hold(st);
+    }
+    return {};
+  }
+
+  void finalize(ChoiceState& st, int idx, std::optional<std::string> finish, const json* upstream_choice,
+                std::vector<json>& out) {
+    st.finished = true;
+    json deltas = json::array();
+    std::string content_out;
+    if (st.think_hold_active) content_out += release_think_hold(st);
+    for (int i : st.order) {
+      end_call(st, st.calls[i], deltas);
+      if (error) return;
+    }
+    bool any_calls = !st.order.empty();
+    std::string fin = finish.value_or("");
+    if (!any_calls && !tools.empty() && (rescue || (repair_on && fin == "tool_calls"))) {
+      std::vector<RecoveredCall> found;
+      for (const auto& b : st.candidates) {
+        auto calls = extract_calls(b, tools);
+        found.insert(found.end(), calls.begin(), calls.end());
+      }
+      if (!found.empty()) {
+        st.candidates.clear();
+      } else {
+        found = extract_calls(st.reasoning_all, tools);
+      }
+      int index = 0;
+      for (const auto& c : found) {
+        std::string id = new_tool_call_id();
+        deltas.push_back({{"index", index++}, {"id", id}, {"type", "function"},
+                          {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        st.emitted_calls.push_back({id, c.name, c.arguments});
+      }
+      if (!found.empty()) {
+        count_repair(*ctx, fin == "tool_calls" ? "tool_call_repair" : "answer_rescue");
+        any_calls = true;
+        if (finish) fin = "tool_calls";
+      }
+    }
+    for (const auto& b : st.candidates) content_out += b;
+    st.candidates.clear();
+    content_out += st.scan_hold;
+    st.scan_hold.clear();
+    if (repair_on && fin == "tool_calls" && !any_calls) {
+      fail("the engine finished with tool_calls but sent no tool call, and none could be recovered from its text",
+           "tool_call_missing");
+      return;
+    }
+    bool saw_close = st.content_all.find(markup::kThinkClose) != std::string::npos ||
+                     st.reasoning_all.find(markup::kThinkClose) != std::string::npos;
+    if (rescue && finish &&
+        reasoning_is_the_answer(fin, any_calls, st.content_sent + content_out, st.reasoning_all, saw_close)) {
+      content_out += st.reasoning_all;
+      count_repair(*ctx, "answer_rescue");
+    }
+    json delta = json::object();
+    if (!content_out.empty()) delta["content"] = content_out;
+    if (!deltas.empty()) delta["tool_calls"] = deltas;
+    st.content_sent += content_out;
+    if (!delta.empty()) out.push_back(make_chunk(idx, std::move(delta)));
+    remember(st);
+    if (finish) {
+      json c = last_chunk;
+      json ch = upstream_choice ? *upstream_choice : json::object();
+      ch["index"] = idx;
+      ch["delta"] = json::object();
+      ch["finish_reason"] = fin;
+      c["choices"] = json::array({ch});
+      echo_requested_model(c, ctx->requested_id);
+      out.push_back(std::move(c));
+    }
+  }
+
+  void remember(const ChoiceState& st) {
+    if (!ctx->model->policies.restore_reasoning || !ctx->reasoning_store || st.reasoning_all.empty()) return;
+    json msg = {{"role", "assistant"}, {"content", st.content_sent}};
+    if (!st.emitted_calls.empty()) {
+      json calls = json::array();
+      for (const auto& c : st.emitted_calls) {
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      msg["tool_calls"] = calls;
+    }
+    ctx->reasoning_store->remember(msg, st.reasoning_all);
+  }
+};
+
+StreamPipeline::StreamPipeline(ResponseContext& ctx) : state_(std::make_unique<State>()), ctx_(&ctx) {
+  state_->ctx = &ctx;
+  state_->tools = declared_tools(ctx.request);
+  if (ctx.model) {
+    const auto& config = ctx.model->policies;
+    state_->repair_on = tool_call_repair_enabled(config);
+    state_->sanitize = config.sanitize_tool_tags;
+    state_->coerce = config.coerce_tool_argument_types;
+    state_->rescue = config.answer_rescue;
+    state_->mirror = config.mirror_content;
+    if (config.extra.is_object() && config.extra.contains("answer_rescue") && config.extra["answer_rescue"].is_object()) {
+      const auto& a = config.extra["answer_rescue"];
+      if (a.contains("think_split_hold_chars") && a["think_split_hold_chars"].is_number_unsigned()) {
+        state_->hold_limit = a["think_split_hold_chars"].get<std::size_t>();
+      }
+    }
+  }
+}
+
+StreamPipeline::~StreamPipeline() = default;
+StreamPipeline::StreamPipeline(StreamPipeline&&) noexcept = default;
+
+const std::optional<PolicyError>& StreamPipeline::error() const { return state_->error; }
+
+std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
+  State& s = *state_;
+  if (s.error) return {};
+  if (!chunk.is_object() || !ctx_->model) return {chunk};
+  s.last_chunk = chunk;
+  if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
+    json c = chunk;
+    echo_requested_model(c, ctx_->requested_id);
+    return {c};
+  }
+  std::vector<json> out;
+  for (const auto& choice : chunk["choices"]) {
+    if (!choice.is_object()) continue;
+    int idx = choice.contains("index") && choice["index"].is_number_integer() ? choice["index"].get<int>() : 0;
+    auto [it, inserted] = s.choices.try_emplace(idx);
+    ChoiceState& st = it->second;
+    if (inserted) st.think_hold_active = s.rescue;
+    const json delta = choice.contains("delta") && choice["delta"].is_object() ? choice["delta"] : json::object();
+    json out_delta = json::object();
+    for (auto d = delta.begin(); d != delta.end(); ++d) {
+      if (d.key() != "content" && d.key() != "reasoning" && d.key() != "reasoning_content" && d.key() != "tool_calls") {
+        out_delta[d.key()] = d.value();
+      }
+    }
+    std::string reasoning_out, content_out;
+    bool upstream_named_reasoning = delta.contains("reasoning") && !delta.contains("reasoning_content");
+    if (auto r = reasoning_of(delta); r && !r->empty()) {
+      st.reasoning_all += *r;
+      if (st.think_hold_active) content_out += s.release_think_hold(st);
+      reasoning_out += *r;
+    }
+    if (delta.contains("content") && delta["content"].is_string()) {
+      content_out += s.content_in(st, delta["content"].get<std::string>(), reasoning_out);
+    }
+    json tool_deltas = json::array();
+    if (delta.contains("tool_calls") && delta["tool_calls"].is_array()) {
+      for (const auto& tc : delta["tool_calls"]) {
+        if (!tc.is_object()) continue;
+        int i = tc.contains("index") && tc["index"].is_number_integer() ? tc["index"].get<int>()
+                                                                          : (st.current < 0 ? 0 : st.current);
+        if (st.current >= 0 && i != st.current) s.end_call(st, st.calls[st.current], tool_deltas);
+        if (s.error) break;
+        st.current = i;
+        auto [cit, fresh] = st.calls.try_emplace(i);
+        CallState& c = cit->second;
+        if (fresh) {
+          c.index = i;
+          st.order.push_back(i);
+        }
+        if (tc.contains("id") && tc["id"].is_string() && c.id.empty()) c.id = tc["id"].get<std::string>();
+        std::string name, args;
+        if (tc.contains("function") && tc["function"].is_object()) {
+          const auto& f = tc["function"];
+          if (f.contains("name") && f["name"].is_string()) name = f["name"].get<std::string>();
+          if (f.contains("arguments") && f["arguments"].is_string()) args = f["arguments"].get<std::string>();
+        }
+        if (c.ended) continue;  // a late fragment for a call already closed
+        s.on_call_delta(c, name, args, tool_deltas);
+        if (s.error) break;
+      }
+    }
+    if (s.error) return out;
+    if (!reasoning_out.empty()) {
+      if (s.mirror) {
+        set_reasoning(out_delta, reasoning_out, true);
+      } else {
+        out_delta[upstream_named_reasoning ? "reasoning" : "reasoning_content"] = reasoning_out;
+      }
+    }
+    if (!content_out.empty()) {
+      out_delta["content"] = content_out;
+      st.content_sent += content_out;
+    }
+    if (!tool_deltas.empty()) out_delta["tool_calls"] = tool_deltas;
+    const bool has_finish = choice.contains("finish_reason") && choice["finish_reason"].is_string();
+    if (!out_delta.empty() || (delta.empty() && !has_finish)) {
+      json c = chunk;
+      if (has_finish) c.erase("usage");
+      json ch = choice;
+      ch["delta"] = out_delta;
+      ch["finish_reason"] = nullptr;
+      c["choices"] = json::array({ch});
+      echo_requested_model(c, ctx_->requested_id);
+      out.push_back(std::move(c));
+    }
+    if (has_finish && !st.finished) {
+      s.finalize(st, idx, choice["finish_reason"].get<std::string>(), &choice, out);
+      if (s.error) return out;
+    }
+  }
+  return out;
+}
+
+std::vector<json> StreamPipeline::finish(std::optional<PolicyError>& error) {
+  State& s = *state_;
+  std::vector<json> out;
+  if (!s.error && ctx_->model) {
+    for (auto& [idx, st] : s.choices) {
+      if (!st.finished) s.finalize(st, idx, std::nullopt, nullptr, out);
+      if (s.error) break;
+    }
+  }
+  error = s.error;
+  if (error) out.clear();
+  return out;
+}
+
+}  // namespace servedeck::policies

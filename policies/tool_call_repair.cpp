@@ -1,0 +1,179 @@
+#include "policies/tool_call_repair.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "policies/sanitize_tool_tags.hpp"
+#include "policies/tag_markup.hpp"
+
+namespace servedeck::policies {
+namespace {
+
+using json = nlohmann::json;
+
+std::optional<std::string> arguments_from(const markup::ParsedCall& call, const DeclaredTool& tool) {
+  json args = json::object();
+  if (call.json_arguments) {
+    args = json::parse(*call.json_arguments, nullptr, false);
+    if (args.is_discarded() || !args.is_object()) return std::nullopt;
+  } else {
+    for (const auto& [k, v] : call.glm_args) {
+      std::string key = tool.canonical_key(k).value_or(k);
+      args[key] = typed_from_text(v, tool.property(key));
+    }
+  }
+  std::string text = args.dump();
+  if (!missing_required(text, tool).empty()) return std::nullopt;
+  return text;
+}
+
+std::optional<RecoveredCall> from_body(std::string_view body, std::size_t begin, std::size_t end,
+                                       const std::vector<DeclaredTool>& tools,
+                                       std::optional<std::string_view> name) {
+  auto parsed = markup::parse_block_body(body);
+  if (!parsed.ok) return std::nullopt;
+  if (name && parsed.name != *name) return std::nullopt;
+  const DeclaredTool* tool = find_tool(tools, parsed.name);
+  if (!tool) return std::nullopt;
+  auto args = arguments_from(parsed, *tool);
+  if (!args) return std::nullopt;
+  return RecoveredCall{parsed.name, *args, begin, end};
+}
+
+}  // namespace
+
+bool tool_call_repair_enabled(const registry::PolicyConfig& config) {
+  if (config.extra.is_object() && config.extra.contains("tool_call_repair") &&
+      config.extra["tool_call_repair"].is_boolean()) {
+    return config.extra["tool_call_repair"].get<bool>();
+  }
+  return config.sanitize_tool_tags || config.coerce_tool_argument_types;
+}
+
+std::string new_tool_call_id() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "call_%016llx%08llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffull));
+  return buf;
+}
+
+NameResolution resolve_tool_name(std::string_view name, const std::vector<DeclaredTool>& tools, bool sanitize) {
+  NameResolution r;
+  std::string n(name);
+  if (sanitize) {
+    if (auto s = sanitize_tool_name(n)) {
+      n = *s;
+      r.sanitized = true;
+    }
+  }
+  if (find_tool(tools, n)) {
+    r.name = n;
+    return r;
+  }
+  int fits = 0;
+  for (const auto& t : tools) {
+    if (n.size() <= t.name.size() || n.compare(0, t.name.size(), t.name) != 0) continue;
+    std::string_view rest = std::string_view(n).substr(t.name.size());
+    if (!rest.empty() && (rest.front() == '_' || rest.front() == '-' || rest.front() == '.') &&
+        !t.property(rest)) {
+      rest.remove_prefix(1);
+    }
+    if (t.property(rest)) {
+      ++fits;
+      r.name = t.name;
+      r.split_param = std::string(rest);
+    }
+  }
+  if (fits == 1) return r;
+  r.name.clear();
+  r.split_param.reset();
+  std::string declared;
+  for (const auto& t : tools) declared += (declared.empty() ? "" : ", ") + t.name;
+  r.error = "tool call names '" + std::string(name) + "', which matches no declared tool (declared: " +
+            declared + ")";
+  return r;
+}
+
+std::string arguments_after_split(std::string_view arguments, const DeclaredTool& tool, const std::string& param) {
+  std::string_view t = markup::trim(arguments);
+  if (t.empty()) return "{}";
+  auto j = json::parse(t, nullptr, false);
+  if (!j.is_discarded() && j.is_object()) return std::string(arguments);
+  json out = json::object();
+  if (!j.is_discarded() && !j.is_string()) {
+    out[param] = j;
+  } else {
+    std::string text = j.is_discarded() ? std::string(t) : j.get<std::string>();
+    out[param] = typed_from_text(text, tool.property(param));
+  }
+  return out.dump();
+}
+
+bool is_empty_arguments(std::string_view arguments) {
+  std::string_view t = markup::trim(arguments);
+  if (t.empty()) return true;
+  auto j = json::parse(t, nullptr, false);
+  return !j.is_discarded() && j.is_object() && j.empty();
+}
+
+std::vector<std::string> missing_required(std::string_view arguments, const DeclaredTool& tool) {
+  auto req = tool.required();
+  auto j = json::parse(markup::trim(arguments), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return req;
+  std::vector<std::string> out;
+  for (const auto& r : req) {
+    if (!j.contains(r)) out.push_back(r);
+  }
+  return out;
+}
+
+std::optional<RecoveredCall> recover_call(std::string_view text, const std::vector<DeclaredTool>& tools,
+                                          std::optional<std::string_view> name) {
+  for (const auto& b : markup::find_blocks(text)) {
+    if (auto c = from_body(b.body, b.begin, b.end, tools, name)) return c;
+  }
+  if (!name) return std::nullopt;
+  // The name followed by argument markup, without (complete) block tags.
+  std::string needle = std::string(*name) + "<arg_key>";
+  std::size_t pos = text.find(needle);
+  if (pos == std::string_view::npos) {
+    needle = std::string(*name) + "\n<arg_key>";
+    pos = text.find(needle);
+  }
+  if (pos == std::string_view::npos) return std::nullopt;
+  std::size_t end = text.find("</tool_call>", pos);
+  std::size_t body_end = end == std::string_view::npos ? text.size() : end;
+  std::size_t range_end = end == std::string_view::npos ? text.size() : end + 12;
+  std::size_t begin = pos;
+  if (begin >= 11 && text.substr(begin - 11, 11) == "<tool_call>") begin -= 11;
+  return from_body(text.substr(pos, body_end - pos), begin, range_end, tools, name);
+}
+
+std::vector<RecoveredCall> extract_calls(std::string_view text, const std::vector<DeclaredTool>& tools) {
+  std::vector<RecoveredCall> out;
+  for (const auto& b : markup::find_blocks(text)) {
+    if (auto c = from_body(b.body, b.begin, b.end, tools, std::nullopt)) out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+std::string remove_ranges(std::string_view text, const std::vector<RecoveredCall>& calls) {
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (const auto& c : calls) ranges.emplace_back(c.begin, c.end);
+  std::sort(ranges.begin(), ranges.end());
+  std::string out;
+  std::size_t cursor = 0;
+  for (auto [b, e] : ranges) {
+    if (b < cursor) continue;
+    out += text.substr(cursor, b - cursor);
+    cursor = e;
+  }
+  out += text.substr(std::min(cursor, text.size()));
+  return std::string(markup::trim(out));
+}
+
+}  // namespace servedeck::policies
