@@ -34,7 +34,7 @@ void host_ram(Context& c);         // "host_ram": MemAvailable ≥ host_ram_gib
 void context(Context& c);          // "ctx_validated", "ctx_prefilled", "ctx_model_max", "kv_cap"
 void shm(Context& c);              // "shm": /dev/shm free ≥ shm_gib
 void ptrace(Context& c);           // "ptrace_scope": uses_cuda_ipc needs 0
-void memlock(Context& c);          // "memlock": pinned engines need RLIMIT_MEMLOCK ≥ offload
+void memlock(Context& c);          // "memlock": pinned engines: RLIMIT_MEMLOCK ≥ offload (warn)
 void files(Context& c);            // "checkpoint", "program", "hot_profile"
 void consistency(Context& c);      // "offload_consistency": env vs argv vs cpu_offload_gib; RAM ≥ offload + 30
 void measured(Context& c);         // "measured_host_ram", "measured_vram"
@@ -42,6 +42,8 @@ void rules(Context& c);            // "rule:<id>" per matching [[rules]] entry, 
 
 /// "70.2 GiB" (one decimal).
 std::string gib(double v);
+/// "70.2 GiB" at or above 1 GiB, "8 MiB" below, "unlimited" for +inf.
+std::string size_text(double v);
 /// Shortest round-trip text of a declared number: "155", "0.95".
 std::string num(double v);
 
