@@ -187,7 +187,7 @@ void context(Context& c) {
           "model_max_ctx is neither declared nor readable from " + m.checkpoint + "/config.json");
   }
   if (auto kv = m.kv_cache_bytes()) {
-    std::string reading = std::to_string(*kv) + " B (" + gib(static_cast<double>(*kv) / (1024.0 * 1024 * 1024)) + ")";
+    std::string reading = std::to_string(*kv) + " B (" + size_text(static_cast<double>(*kv) / (1024.0 * 1024 * 1024)) + ")";
     c.add("kv_cap", Verdict::pass, reading, ctx + " x " + std::to_string(*m.kv_cache_bytes_per_token) + " B/token",
           "KV cap " + reading + " = " + ctx + " x kv_cache_bytes_per_token " + std::to_string(*m.kv_cache_bytes_per_token));
   } else {
