@@ -1,0 +1,39 @@
+// The slot state machine. One slot per GPU (today: the "main slot"), running at most one engine.
+//
+//                 switch(M)                 preflight passed
+//    ┌────────┐ ───────────▶ ┌───────────┐ ─────────────────▶ ┌──────────┐
+//    │stopped │              │ preflight │                    │ starting │
+//    └────────┘ ◀──┐         └───────────┘                    └──────────┘
+//        ▲         │               │ refused                    │      │ health 200 AND
+//        │         │               ▼                            │      │ one-token warm-up ok
+//        │         │          ┌────────┐ ◀──────────────────────┘      ▼ before the deadline
+//        │         │          │ failed │  exited / deadline /      ┌───────┐
+//        │         │          └────────┘  warm-up failed (G26)     │ ready │
+//        │         │            ▲    │                             └───────┘
+//        │         │  engine    │    │ switch / stop: full reap       │   │
+//        │         │  exited    └────┼────────────────────────────────┘   │ switch / stop
+//        │         │  (liveness)     ▼                                    ▼ (after draining leases)
+//        │         │           ┌──────────┐ ◀─────────────────────────────┘
+//        │         └────────── │ stopping │  SIGTERM → grace → SIGKILL → no member of the
+//        │  group gone AND     └──────────┘  group/session left → GPU memory released
+//        │  VRAM released            │
+//        └───────────────────────────┘  (a member stuck in D, or VRAM never released → failed,
+//                                         and the next launch is blocked with that message)
+//
+// A switch from `failed` or `starting` goes through `stopping` too (a full reap: any process of
+// the last launch's session is killed and the /dev/shm files are reaped) so the slot never wedges.
+#pragma once
+
+#include <string_view>
+
+#include "gateway/supervisor/slot_control.hpp"
+
+namespace servedeck::supervisor {
+
+using gateway::SlotState;
+
+/// Whether the supervisor may move a slot from `from` to `to` (the diagram above). Staying in
+/// the same state is not a transition.
+bool allowed_transition(SlotState from, SlotState to);
+
+}  // namespace servedeck::supervisor

@@ -1,0 +1,246 @@
+// fake_engine: an engine-like test program for the supervisor and gateway tests. It speaks enough
+// of the OpenAI HTTP API (GET /health, GET /v1/models, POST /v1/completions, POST
+// /v1/chat/completions with and without "stream") through common/http's Server, and misbehaves on
+// request:
+//
+//   --port N / --host H / --served-name NAME    where to listen and which model id to answer
+//   --slow-start-ms N        do not listen for N ms (a model load)
+//   --log-progress           print "loading: shard i" lines every 100 ms during the slow start (G30)
+//   --exit-during-start C    print an error and exit with code C before listening
+//   --crash-mid-stream-after N   a stream sends N content chunks, then the process dies (_exit 1)
+//   --exit-after-ready-ms N  exit (code 3) N ms after listening (liveness after ready)
+//   --ignore-sigterm         SIGTERM is ignored (the group must be SIGKILLed)
+//   --fork-grandchild MODE   fork a child that keeps running: MODE "session" (same group and
+//                            session) or "setpgid" (moves into its own group, same session)
+//   --grandchild-pid-file P  write the grandchild's pid to P
+//   --hold-shm PATH          create PATH (--hold-shm-bytes, default 1 MiB), mmap it shared, close the
+//                            fd and keep the mapping for life
+//   --health-ok-but-completions-fail   /health 200, every completion 500 (G26)
+//   --chunks N               content chunks per stream (default 5)
+//   --stream-delay-ms N      delay between stream chunks (default 20)
+//
+// Prints one line per event to stdout (the supervisor's launch log).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/http/server.hpp"
+
+namespace {
+
+struct Options {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string served_name = "fake";
+  int slow_start_ms = 0;
+  bool log_progress = false;
+  int exit_during_start = -1;
+  int crash_mid_stream_after = -1;
+  int exit_after_ready_ms = -1;
+  bool ignore_sigterm = false;
+  std::string fork_grandchild;
+  std::string grandchild_pid_file;
+  std::string hold_shm;
+  long hold_shm_bytes = 1 << 20;
+  bool completions_fail = false;
+  int chunks = 5;
+  int stream_delay_ms = 20;
+};
+
+void say(const std::string& s) {
+  std::printf("fake_engine[%d]: %s\n", static_cast<int>(getpid()), s.c_str());
+  std::fflush(stdout);
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "fake_engine: %s\n", why.c_str());
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--port") o.port = std::atoi(value().c_str());
+    else if (a == "--host") o.host = value();
+    else if (a == "--served-name") o.served_name = value();
+    else if (a == "--slow-start-ms") o.slow_start_ms = std::atoi(value().c_str());
+    else if (a == "--log-progress") o.log_progress = true;
+    else if (a == "--exit-during-start") o.exit_during_start = std::atoi(value().c_str());
+    else if (a == "--crash-mid-stream-after") o.crash_mid_stream_after = std::atoi(value().c_str());
+    else if (a == "--exit-after-ready-ms") o.exit_after_ready_ms = std::atoi(value().c_str());
+    else if (a == "--ignore-sigterm") o.ignore_sigterm = true;
+    else if (a == "--fork-grandchild") o.fork_grandchild = value();
+    else if (a == "--grandchild-pid-file") o.grandchild_pid_file = value();
+    else if (a == "--hold-shm") o.hold_shm = value();
+    else if (a == "--hold-shm-bytes") o.hold_shm_bytes = std::atol(value().c_str());
+    else if (a == "--health-ok-but-completions-fail") o.completions_fail = true;
+    else if (a == "--chunks") o.chunks = std::atoi(value().c_str());
+    else if (a == "--stream-delay-ms") o.stream_delay_ms = std::atoi(value().c_str());
+    else usage("unknown option " + a);
+  }
+  if (o.fork_grandchild != "" && o.fork_grandchild != "session" && o.fork_grandchild != "setpgid")
+    usage("--fork-grandchild expects session or setpgid, got " + o.fork_grandchild);
+  return o;
+}
+
+void fork_grandchild(const Options& o) {
+  pid_t pid = fork();
+  if (pid < 0) usage(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    if (o.fork_grandchild == "setpgid") setpgid(0, 0);
+    for (;;) pause();  // keeps running; default SIGTERM/SIGKILL dispositions
+  }
+  if (o.fork_grandchild == "setpgid") setpgid(pid, pid);  // also from the parent: no race with the check
+  if (!o.grandchild_pid_file.empty()) {
+    std::string tmp = o.grandchild_pid_file + ".tmp";
+    std::ofstream(tmp) << pid << "\n";
+    std::rename(tmp.c_str(), o.grandchild_pid_file.c_str());
+  }
+  say("forked grandchild " + std::to_string(pid) + " (" + o.fork_grandchild + ")");
+}
+
+void hold_shm(const Options& o) {
+  int fd = ::open(o.hold_shm.c_str(), O_RDWR | O_CREAT, 0600);
+  if (fd < 0) usage("--hold-shm " + o.hold_shm + ": " + std::strerror(errno));
+  if (ftruncate(fd, o.hold_shm_bytes) != 0) usage(std::string("ftruncate: ") + std::strerror(errno));
+  void* p = mmap(nullptr, static_cast<size_t>(o.hold_shm_bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) usage(std::string("mmap: ") + std::strerror(errno));
+  std::memset(p, 1, static_cast<size_t>(o.hold_shm_bytes));  // the pages exist: st_blocks > 0
+  ::close(fd);  // only the mapping holds it now
+  say("holding " + o.hold_shm + " mapped (" + std::to_string(o.hold_shm_bytes) + " bytes)");
+}
+
+nlohmann::json completion_body(const Options& o, bool chat) {
+  nlohmann::json choice = {{"index", 0}, {"finish_reason", "length"}};
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", "hello"}};
+  else choice["text"] = " hello";
+  return {{"id", chat ? "chatcmpl-fake" : "cmpl-fake"},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"model", o.served_name},
+          {"choices", nlohmann::json::array({choice})},
+          {"usage", {{"prompt_tokens", 1}, {"completion_tokens", 1}, {"total_tokens", 2}}}};
+}
+
+void stream(const Options& o, bool chat, const std::shared_ptr<servedeck::http::Responder>& res) {
+  if (!res->start_stream(200)) return;
+  for (int i = 0; i < o.chunks; ++i) {
+    if (o.crash_mid_stream_after >= 0 && i == o.crash_mid_stream_after) {
+      say("crashing mid-stream after " + std::to_string(i) + " chunks");
+      _exit(1);
+    }
+    nlohmann::json choice = {{"index", 0}, {"finish_reason", nullptr}};
+    if (chat) choice["delta"] = {{"content", "tok" + std::to_string(i) + " "}};
+    else choice["text"] = "tok" + std::to_string(i) + " ";
+    nlohmann::json chunk = {{"id", "chatcmpl-fake"},
+                            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                            {"model", o.served_name},
+                            {"choices", nlohmann::json::array({choice})}};
+    if (!res->write("data: " + chunk.dump() + "\n\n")) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.stream_delay_ms));
+  }
+  nlohmann::json last = {{"id", "chatcmpl-fake"},
+                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                         {"model", o.served_name},
+                         {"choices", nlohmann::json::array({{{"index", 0},
+                                                             {"finish_reason", "stop"},
+                                                             {chat ? "delta" : "text",
+                                                              chat ? nlohmann::json::object() : nlohmann::json("")}}})}};
+  res->write("data: " + last.dump() + "\n\n");
+  res->write("data: [DONE]\n\n");
+  res->end();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  signal(SIGPIPE, SIG_IGN);
+  if (o.ignore_sigterm) {
+    signal(SIGTERM, SIG_IGN);
+    say("ignoring SIGTERM");
+  }
+  say("starting: served_name " + o.served_name + ", port " + std::to_string(o.port));
+  if (!o.hold_shm.empty()) hold_shm(o);
+  if (!o.fork_grandchild.empty()) fork_grandchild(o);  // before any thread exists
+
+  auto t0 = std::chrono::steady_clock::now();
+  int shard = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(o.slow_start_ms)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (o.log_progress) say("loading: shard " + std::to_string(++shard));
+  }
+  if (o.exit_during_start >= 0) {
+    say("error: CUDA out of memory while loading weights (simulated); exiting with " +
+        std::to_string(o.exit_during_start));
+    return o.exit_during_start;
+  }
+
+  servedeck::http::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.threads = 2;
+  so.blocking_threads = 8;
+  servedeck::http::Server* server_ptr = nullptr;
+  servedeck::http::Server server(so, [&o, &server_ptr](servedeck::http::Request req,
+                                                       std::shared_ptr<servedeck::http::Responder> res) {
+    if (req.method == "GET" && req.path == "/health") {
+      res->send(200, "application/json", "{}");
+      return;
+    }
+    if (req.method == "GET" && req.path == "/v1/models") {
+      res->send(200, "application/json",
+                nlohmann::json{{"object", "list"},
+                               {"data", {{{"id", o.served_name}, {"object", "model"}}}}}.dump());
+      return;
+    }
+    bool chat = req.path == "/v1/chat/completions";
+    if (req.method == "POST" && (chat || req.path == "/v1/completions")) {
+      if (o.completions_fail) {
+        servedeck::http::send_error(*res, 500, "CUDA error: out of memory (simulated)", "server_error",
+                                    "internal_error", true);
+        return;
+      }
+      auto body = nlohmann::json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object()) {
+        servedeck::http::send_error(*res, 400, "body is not a JSON object", "invalid_request_error",
+                                    "invalid_json", true);
+        return;
+      }
+      if (body.value("stream", false)) {
+        if (!server_ptr->post_blocking([&o, chat, res] { stream(o, chat, res); }))
+          servedeck::http::send_error(*res, 503, "busy", "server_error", "busy", true);
+        return;
+      }
+      res->send(200, "application/json", completion_body(o, chat).dump());
+      return;
+    }
+    servedeck::http::send_error(*res, 404, "no route " + req.method + " " + req.path, "invalid_request_error",
+                                "not_found", true);
+  });
+  server_ptr = &server;
+  server.start();
+  say("listening on " + o.host + ":" + std::to_string(server.port()));
+  if (o.exit_after_ready_ms >= 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.exit_after_ready_ms));
+    say("exiting on purpose (--exit-after-ready-ms)");
+    _exit(3);
+  }
+  for (;;) pause();
+}
