@@ -82,8 +82,9 @@ std::optional<std::string> Engine::check(std::size_t prompt_tokens, std::size_t 
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, EventCallback on_event,
-                                              DoneCallback on_done) {
-  auto handle = std::make_shared<RequestHandle>();
+                                              DoneCallback on_done,
+                                              std::shared_ptr<RequestHandle> handle) {
+  if (!handle) handle = std::make_shared<RequestHandle>();
   {
     std::lock_guard lock(mutex_);
     if (stopping_) handle->cancel();
@@ -217,7 +218,7 @@ void Engine::generate(Job& job) {
       result.stop_token = token;
       if (stops.stopped()) result.stop_string = stops.matched();
     } else {
-      const std::string bytes = vocab_.is_special(token) ? std::string() : vocab_.token_bytes(token);
+      const std::string bytes = req.skip_special && vocab_.is_special(token) ? std::string() : vocab_.token_bytes(token);
       ev.text = stops.push(utf8.push(bytes));
       if (!stops.stopped() && limit) {
         ev.text += stops.push(utf8.flush());

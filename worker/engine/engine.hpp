@@ -51,6 +51,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;                 // stop strings (never emitted)
   std::vector<int32_t> stop_token_ids;           // extra stop ids (their text not emitted)
   bool ignore_eos = false;
+  bool skip_special = true;                      // special tokens' text not emitted (vLLM default)
   int logprobs = -1;                             // -1: none; n >= 0: token logprob + top n
   int prompt_logprobs = -1;                      // -1: none; n >= 0: per prompt position
   std::optional<std::size_t> thinking_token_budget;  // tokens inside the reasoning block
@@ -136,8 +137,11 @@ class Engine {
   std::optional<std::string> check(std::size_t prompt_tokens, std::size_t max_tokens) const;
 
   /// Queues a request (which must pass check(); otherwise it finishes with FinishReason::error).
+  /// `handle` lets the caller create the handle first (so a disconnect callback registered
+  /// before submit() can cancel); null → a new one. Returns the handle.
   std::shared_ptr<RequestHandle> submit(GenerationRequest request, EventCallback on_event,
-                                        DoneCallback on_done);
+                                        DoneCallback on_done,
+                                        std::shared_ptr<RequestHandle> handle = nullptr);
 
   EngineStats stats() const;
 

@@ -85,10 +85,14 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n)
   if (logits.empty()) return out;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   const double lse = log_sum_exp(logits, max_logit);
-  if (id >= 0 && static_cast<std::size_t>(id) < logits.size())
-    out.logprob = static_cast<float>(logits[static_cast<std::size_t>(id)] - lse);
-  else
+  if (id >= 0 && static_cast<std::size_t>(id) < logits.size()) {
+    const float mine = logits[static_cast<std::size_t>(id)];
+    out.logprob = static_cast<float>(mine - lse);
+    out.rank = 1 + static_cast<int>(std::count_if(logits.begin(), logits.end(), [mine](float x) { return x > mine; }));
+  } else {
     out.logprob = -std::numeric_limits<float>::infinity();
+    out.rank = static_cast<int>(logits.size());
+  }
   if (top_n > 0) {
     const std::size_t n = std::min(static_cast<std::size_t>(top_n), logits.size());
     std::vector<int32_t> idx(logits.size());

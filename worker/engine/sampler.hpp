@@ -26,6 +26,7 @@ struct SamplingParams {
 struct TokenLogprob {
   int32_t id = 0;
   float logprob = 0.0f;                          // natural log
+  int rank = 1;                                  // 1 + number of tokens with a larger logit
   std::vector<std::pair<int32_t, float>> top;    // (id, logprob), descending; size top_logprobs
 };
 

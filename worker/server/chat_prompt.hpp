@@ -1,0 +1,31 @@
+// Turning an OpenAI chat request's messages (+ tools, chat_template_kwargs) into prompt token
+// ids through the model's chat template, as vLLM does: string or array-of-text content (parts
+// joined), assistant tool_call arguments given as JSON strings parsed into objects (templates
+// such as GLM's iterate them), add_generation_prompt default true, kwargs as template globals.
+// Used by /v1/chat/completions and /tokenize. Never throws.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/server/text_model.hpp"
+
+namespace servedeck::worker {
+
+struct ChatPrompt {
+  std::string text;               // the rendered template
+  std::vector<int32_t> tokens;
+  nlohmann::json tools;           // the request's tools (null when absent)
+  bool tools_enabled = false;     // tools given and tool_choice != "none"
+};
+
+/// Reads body["messages"], ["tools"], ["tool_choice"], ["chat_template_kwargs"],
+/// ["add_generation_prompt"] and renders. Returns {status, message} on failure: 400 for a
+/// malformed request or a conversation the template refuses, 500 for a template failure.
+std::optional<std::pair<int, std::string>> build_chat_prompt(const nlohmann::json& body, const TextModel& text,
+                                                             ChatPrompt& out);
+
+}  // namespace servedeck::worker

@@ -1,0 +1,209 @@
+// POST /v1/chat/completions: template → engine → reasoning/tool-call parsers → OpenAI chat
+// shapes, streamed (one SSE event per token delta, then a finish chunk, the usage chunk when
+// stream_options.include_usage, and [DONE]) or whole.
+//
+// Streams start lazily at the first token, so a failure before any token is a plain HTTP error;
+// a failure after it is an SSE error event and no [DONE] (never a 200 with an empty stream).
+#include <mutex>
+
+#include "common/openai_error.hpp"
+#include "common/sse.hpp"
+#include "worker/parsers/output_parser.hpp"
+#include "worker/server/chat_prompt.hpp"
+#include "worker/server/openai_format.hpp"
+#include "worker/server/request_params.hpp"
+#include "worker/server/route_context.hpp"
+
+namespace servedeck::worker {
+
+namespace {
+
+constexpr const char* k_route = "chat";
+
+struct ChatState {
+  std::shared_ptr<http::Responder> res;
+  const TextModel* text = nullptr;
+  Metrics* metrics = nullptr;
+  std::shared_ptr<RequestHandle> handle;
+  std::string id;
+  long long created = 0;
+  std::string model;
+  CommonParams params;
+  std::unique_ptr<OutputParser> parser;
+  // stream
+  bool started = false;
+  // non-stream
+  ParsedOutput parsed;
+  nlohmann::json logprobs_content = nlohmann::json::array();
+
+  nlohmann::json chunk(nlohmann::json delta, nlohmann::json finish = nullptr, nlohmann::json logprobs = nullptr) const {
+    nlohmann::json choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)},
+                             {"finish_reason", std::move(finish)}};
+    return {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+            {"choices", nlohmann::json::array({std::move(choice)})}};
+  }
+
+  bool write(const nlohmann::json& j) {
+    if (!res->write(sse::format_data(dump_json(j)))) {
+      handle->cancel();
+      return false;
+    }
+    return true;
+  }
+
+  bool start() {
+    if (started) return true;
+    started = true;
+    if (!res->start_stream(200)) {
+      handle->cancel();
+      return false;
+    }
+    return write(chunk({{"role", "assistant"}, {"content", ""}}));
+  }
+
+  static nlohmann::json delta_json(const ParseDelta& d) {
+    switch (d.kind) {
+      case DeltaKind::content: return {{"content", d.text}};
+      case DeltaKind::reasoning: return {{"reasoning_content", d.text}};
+      case DeltaKind::tool_call_start:
+        return {{"tool_calls", nlohmann::json::array({{{"index", d.tool_index}, {"id", d.id}, {"type", "function"},
+                                                       {"function", {{"name", d.name}, {"arguments", ""}}}}})}};
+      case DeltaKind::tool_call_arguments:
+        return {{"tool_calls", nlohmann::json::array({{{"index", d.tool_index}, {"function", {{"arguments", d.text}}}}})}};
+    }
+    return nlohmann::json::object();
+  }
+
+  // Streams `deltas`; `lp` (a chat logprobs object or null) rides on the first chunk.
+  void stream_deltas(const std::vector<ParseDelta>& deltas, nlohmann::json lp) {
+    if (deltas.empty() && lp.is_null()) return;
+    if (!start()) return;
+    if (deltas.empty()) {
+      write(chunk(nlohmann::json::object(), nullptr, std::move(lp)));
+      return;
+    }
+    for (const auto& d : deltas) {
+      if (!write(chunk(delta_json(d), nullptr, std::move(lp)))) return;
+      lp = nullptr;
+    }
+  }
+
+  void on_event(const GenerationEvent& ev) {
+    auto deltas = parser->push(ev.text);
+    nlohmann::json entry;
+    if (params.want_logprobs && ev.logprob) entry = chat_logprob_entry(*ev.logprob, *text);
+    if (params.stream) {
+      nlohmann::json lp;
+      if (!entry.is_null()) lp = {{"content", nlohmann::json::array({entry})}};
+      stream_deltas(deltas, std::move(lp));
+    } else {
+      fold(deltas, parsed);
+      if (!entry.is_null()) logprobs_content.push_back(std::move(entry));
+    }
+  }
+
+  std::string finish_reason(const GenerationResult& r) const {
+    if (r.finish == FinishReason::stop && parser->tool_calls() > 0) return "tool_calls";
+    return std::string(api_finish_reason(r.finish));
+  }
+
+  void on_done(const GenerationResult& r) {
+    if (r.finish == FinishReason::cancelled) {
+      metrics->count_request(k_route, 499);  // client closed the request (nginx's code)
+      if (started) res->end();
+      return;
+    }
+    if (r.finish == FinishReason::error) {
+      metrics->count_request(k_route, 500);
+      if (!started) {
+        http::send_error(*res, 500, r.error, "server_error", "generation_failed", true);
+      } else {
+        res->write(sse::format_data(dump_json(make_error(r.error, "server_error", "generation_failed", ErrorSource::engine))));
+        res->end();
+      }
+      return;
+    }
+    auto tail = parser->finish();
+    metrics->count_request(k_route, 200);
+    if (params.stream) {
+      stream_deltas(tail, nullptr);
+      if (!start()) return;
+      write(chunk(nlohmann::json::object(), finish_reason(r)));
+      if (params.include_usage) {
+        write({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+               {"choices", nlohmann::json::array()}, {"usage", usage_json(r)}});
+      }
+      res->write(sse::k_done);
+      res->end();
+      return;
+    }
+    fold(tail, parsed);
+    nlohmann::json message = {{"role", "assistant"}};
+    message["content"] = parsed.content.empty() && !parsed.tool_calls.empty() ? nlohmann::json(nullptr)
+                                                                              : nlohmann::json(parsed.content);
+    if (!parsed.reasoning.empty()) message["reasoning_content"] = parsed.reasoning;
+    if (!parsed.tool_calls.empty()) {
+      nlohmann::json calls = nlohmann::json::array();
+      for (const auto& c : parsed.tool_calls)
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      message["tool_calls"] = std::move(calls);
+    }
+    nlohmann::json choice = {{"index", 0}, {"message", std::move(message)}, {"finish_reason", finish_reason(r)}};
+    choice["logprobs"] = params.want_logprobs ? nlohmann::json{{"content", logprobs_content}} : nlohmann::json(nullptr);
+    if (!r.stop_string.empty()) choice["stop_reason"] = r.stop_string;
+    nlohmann::json body = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                           {"choices", nlohmann::json::array({std::move(choice)})}, {"usage", usage_json(r)}};
+    if (params.gen.prompt_logprobs >= 0) body["prompt_logprobs"] = prompt_logprobs_json(r, *text);
+    res->send(200, "application/json", dump_json(body));
+  }
+};
+
+}  // namespace
+
+void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
+  const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return reply_error(ctx, k_route, *res, 400,
+                       "request body is not a JSON object (read " + std::to_string(req.body.size()) +
+                           " bytes" + (body.is_discarded() ? ", not valid JSON" : ": " + describe_value(body)) +
+                           "); expected {\"model\": ..., \"messages\": [...]}",
+                       "invalid_request_error", "invalid_json");
+  }
+  auto state = std::make_shared<ChatState>();
+  if (auto e = parse_common_params(body, ApiKind::chat, state->params))
+    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
+  ChatPrompt prompt;
+  if (auto f = build_chat_prompt(body, *ctx.model.text, prompt))
+    return reply_error(ctx, k_route, *res, f->first, f->second, f->first == 400 ? "invalid_request_error" : "server_error",
+                       f->first == 400 ? "invalid_messages" : "template_failed");
+  Engine& engine = *ctx.model.engine;
+  GenerationRequest& gen = state->params.gen;
+  gen.prompt = std::move(prompt.tokens);
+  if (!state->params.max_tokens_given) {
+    const std::size_t room = std::min(ctx.model.max_model_len, engine.kv_capacity_tokens());
+    gen.max_tokens = room > gen.prompt.size() ? room - gen.prompt.size() : 0;
+  }
+  if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
+    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");
+
+  const auto& eo = engine.options();
+  OutputParserOptions po;
+  po.reasoning = ctx.options.reasoning_parser;
+  po.starts_in_reasoning = prompt_opens_reasoning(gen.prompt, eo.think_start_id, eo.think_end_id);
+  po.tool_parser = prompt.tools_enabled ? ctx.options.tool_parser : ToolParserKind::none;
+  po.tools = prompt.tools;
+  state->parser = std::make_unique<OutputParser>(std::move(po));
+  state->res = res;
+  state->text = ctx.model.text.get();
+  state->metrics = &ctx.metrics;
+  state->handle = std::make_shared<RequestHandle>();
+  state->id = make_response_id("chatcmpl-");
+  state->created = unix_now();
+  state->model = ctx.options.served_model_name;
+  res->on_disconnect([h = state->handle] { h->cancel(); });
+  engine.submit(
+      std::move(gen), [state](const GenerationEvent& ev) { state->on_event(ev); },
+      [state](const GenerationResult& r) { state->on_done(r); }, state->handle);
+}
+
+}  // namespace servedeck::worker

@@ -1,0 +1,45 @@
+#include "worker/server/cpu_model_loader.hpp"
+
+#include <stdexcept>
+
+#include "worker/cpu/cpu_backend.hpp"
+#include "worker/model/checkpoint.hpp"
+#include "worker/server/hf_text_model.hpp"
+
+namespace servedeck::worker {
+
+std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress) {
+  auto m = std::make_unique<LoadedModel>();
+  m->root = options.dir;
+  progress(0.05);
+  m->text = load_hf_text_model(options.dir);
+  progress(0.3);
+  auto checkpoint = std::make_shared<Checkpoint>(Checkpoint::open(options.dir));
+  progress(0.6);
+  const auto& desc = checkpoint->description();
+  const auto max_pos = static_cast<std::size_t>(desc.max_position_embeddings);
+  m->max_model_len = options.max_model_len ? options.max_model_len : max_pos;
+  if (max_pos > 0 && m->max_model_len > max_pos)
+    throw std::runtime_error("--max-model-len " + std::to_string(m->max_model_len) + " exceeds the model's max_position_embeddings " +
+                             std::to_string(max_pos) + " (" + options.dir + "/config.json)");
+  if (m->max_model_len == 0) throw std::runtime_error("max_model_len is 0: give --max-model-len or max_position_embeddings in config.json");
+  CpuBackendOptions bo;
+  bo.threads = options.threads;
+  m->backend = make_cpu_backend(*checkpoint, bo);
+  m->keep_alive = checkpoint;
+  progress(0.9);
+  EngineOptions eo;
+  eo.max_model_len = m->max_model_len;
+  eo.kv_cache_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * m->backend->kv_bytes_per_token();
+  eo.eos_ids = checkpoint->generation().eos_token_ids;
+  if (eo.eos_ids.empty()) {
+    if (auto id = m->text->token_id("<|im_end|>")) eo.eos_ids.push_back(*id);
+  }
+  eo.think_start_id = m->text->token_id("<think>");
+  eo.think_end_id = m->text->token_id("</think>");
+  m->engine = std::make_unique<Engine>(*m->backend, *m->text, eo);
+  progress(1.0);
+  return m;
+}
+
+}  // namespace servedeck::worker

@@ -1,0 +1,24 @@
+// Loading a checkpoint for the CPU backend into a LoadedModel: text model (tokenizer + chat
+// template), checkpoint (config.json, generation_config.json, safetensors), CPU backend, engine.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "worker/server/worker_server.hpp"
+
+namespace servedeck::worker {
+
+struct CpuModelOptions {
+  std::string dir;                  // checkpoint directory
+  std::size_t max_model_len = 0;    // 0 → config.json max_position_embeddings
+  std::size_t kv_cache_bytes = 0;   // 0 → max_model_len * kv_bytes_per_token (one full context)
+  std::size_t threads = 0;          // 0 → hardware_concurrency
+};
+
+/// Loads everything, reporting progress. Throws std::runtime_error (or the loaders' own errors)
+/// naming the file and the problem; also when max_model_len exceeds max_position_embeddings.
+std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress);
+
+}  // namespace servedeck::worker

@@ -1,0 +1,204 @@
+// servedeck-worker: the native inference worker.
+//   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
+//                          [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]
+//                          [--reasoning-parser qwen3|none] [--threads N]
+//   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]
+// serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
+// free port), loads the model in the background (/health 503 with progress until loaded), and
+// runs until SIGINT/SIGTERM. A model that fails to load ends the process with status 1 after
+// printing the error on stderr.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <pthread.h>
+
+#include "worker/model/tiny_model.hpp"
+#include "worker/server/cpu_model_loader.hpp"
+#include "worker/server/worker_server.hpp"
+
+namespace {
+
+using namespace servedeck::worker;
+
+constexpr const char* k_usage =
+    "usage:\n"
+    "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
+    "                         [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]\n"
+    "                         [--reasoning-parser qwen3|none] [--threads N]\n"
+    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]\n";
+
+struct Args {
+  std::map<std::string, std::string> values;
+  bool ok = true;
+};
+
+// Parses "--name value" / "--name=value" pairs; every flag takes a value.
+Args parse_flags(int argc, char** argv, int first, const std::vector<std::string>& known) {
+  Args a;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << k_usage;
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) != 0) {
+      std::cerr << "servedeck-worker: unexpected argument '" << arg << "'; expected --flag value\n" << k_usage;
+      a.ok = false;
+      return a;
+    }
+    std::string name = arg.substr(2), value;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      std::cerr << "servedeck-worker: --" << name << " needs a value\n";
+      a.ok = false;
+      return a;
+    }
+    bool found = false;
+    for (const auto& k : known) found = found || k == name;
+    if (!found) {
+      std::cerr << "servedeck-worker: unknown flag --" << name << "\n" << k_usage;
+      a.ok = false;
+      return a;
+    }
+    a.values[name] = value;
+  }
+  return a;
+}
+
+bool to_size(const Args& a, const std::string& name, std::size_t& out) {
+  auto it = a.values.find(name);
+  if (it == a.values.end()) return true;
+  try {
+    std::size_t pos = 0;
+    const unsigned long long v = std::stoull(it->second, &pos);
+    if (pos != it->second.size() || it->second.find('-') != std::string::npos) throw std::invalid_argument("x");
+    out = static_cast<std::size_t>(v);
+    return true;
+  } catch (const std::exception&) {
+    std::cerr << "servedeck-worker: --" << name << " " << it->second << ": expected a non-negative integer\n";
+    return false;
+  }
+}
+
+int make_tiny_model(int argc, char** argv) {
+  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed"});
+  if (!a.ok) return 2;
+  if (!a.values.count("out") || !a.values.count("tokenizer-dir")) {
+    std::cerr << "servedeck-worker make-tiny-model: --out and --tokenizer-dir are required\n" << k_usage;
+    return 2;
+  }
+  std::size_t seed = 0;
+  if (!to_size(a, "seed", seed)) return 2;
+  try {
+    write_tiny_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck-worker make-tiny-model: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "wrote the tiny model to " << a.values.at("out") << "\n";
+  return 0;
+}
+
+int serve(int argc, char** argv) {
+  const Args a = parse_flags(argc, argv, 2,
+                             {"model", "host", "port", "served-model-name", "max-model-len", "kv-cache-bytes",
+                              "tool-parser", "reasoning-parser", "threads"});
+  if (!a.ok) return 2;
+  if (!a.values.count("model")) {
+    std::cerr << "servedeck-worker serve: --model DIR is required\n" << k_usage;
+    return 2;
+  }
+  WorkerServerOptions so;
+  CpuModelOptions mo;
+  mo.dir = a.values.at("model");
+  so.host = a.values.count("host") ? a.values.at("host") : "127.0.0.1";
+  std::size_t port = 8000;
+  if (!to_size(a, "port", port) || !to_size(a, "max-model-len", mo.max_model_len) ||
+      !to_size(a, "kv-cache-bytes", mo.kv_cache_bytes) || !to_size(a, "threads", mo.threads))
+    return 2;
+  if (port > 65535) {
+    std::cerr << "servedeck-worker: --port " << port << ": expected 0..65535\n";
+    return 2;
+  }
+  so.port = static_cast<int>(port);
+  so.served_model_name = a.values.count("served-model-name") ? a.values.at("served-model-name") : mo.dir;
+  if (a.values.count("tool-parser") && !parse_tool_parser_kind(a.values.at("tool-parser"), so.tool_parser)) {
+    std::cerr << "servedeck-worker: --tool-parser " << a.values.at("tool-parser") << ": expected hermes, glm or none\n";
+    return 2;
+  }
+  if (a.values.count("reasoning-parser")) {
+    const std::string r = a.values.at("reasoning-parser");
+    if (r == "qwen3" || r == "deepseek_r1" || r == "glm45") so.reasoning_parser = true;
+    else if (r == "none") so.reasoning_parser = false;
+    else {
+      std::cerr << "servedeck-worker: --reasoning-parser " << r << ": expected qwen3 or none\n";
+      return 2;
+    }
+  }
+
+  // Signals are taken synchronously by this thread: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  WorkerServer server(so, [mo](const ProgressFn& progress) { return load_cpu_model(mo, progress); });
+  try {
+    server.start();
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck-worker: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "listening on " << so.host << ":" << server.port() << std::endl;
+  bool announced = false;
+  for (;;) {
+    timespec tick{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::cerr << "servedeck-worker: signal " << sig << ", stopping\n";
+      server.stop();
+      return 0;
+    }
+    const LoadState s = server.state();
+    if (s == LoadState::failed) {
+      std::cerr << "servedeck-worker: loading " << mo.dir << " failed: " << server.load_error() << "\n";
+      server.stop();
+      return 1;
+    }
+    if (s == LoadState::ready && !announced) {
+      announced = true;
+      const LoadedModel* m = server.model();
+      std::cerr << "servedeck-worker: model " << mo.dir << " loaded (backend " << m->backend->name()
+                << ", max_model_len " << m->max_model_len << ", KV cache " << m->engine->kv_capacity_tokens()
+                << " tokens)\n";
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << k_usage;
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "serve") return serve(argc, argv);
+  if (cmd == "make-tiny-model") return make_tiny_model(argc, argv);
+  if (cmd == "-h" || cmd == "--help") {
+    std::cout << k_usage;
+    return 0;
+  }
+  std::cerr << "servedeck-worker: unknown command '" << cmd << "'; expected serve or make-tiny-model\n" << k_usage;
+  return 2;
+}

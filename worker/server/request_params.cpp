@@ -1,0 +1,131 @@
+#include "worker/server/request_params.hpp"
+
+#include <cmath>
+
+namespace servedeck::worker {
+
+std::string describe_value(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+namespace {
+
+std::string expected(std::string_view field, std::string_view what, const nlohmann::json& got) {
+  return "field '" + std::string(field) + "': expected " + std::string(what) + ", got " + describe_value(got);
+}
+
+const nlohmann::json* get(const nlohmann::json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<std::string> read_number(const nlohmann::json& body, const char* key, double lo, double hi,
+                                       std::optional<double>& out) {
+  const auto* v = get(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo || v->get<double>() > hi) {
+    return expected(key, "a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", *v);
+  }
+  out = v->get<double>();
+  return std::nullopt;
+}
+
+std::optional<std::string> read_int(const nlohmann::json& body, const char* key, long long lo, long long hi,
+                                    std::optional<long long>& out) {
+  const auto* v = get(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer() || v->get<long long>() < lo || v->get<long long>() > hi) {
+    return expected(key, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", *v);
+  }
+  out = v->get<long long>();
+  return std::nullopt;
+}
+
+std::optional<std::string> read_bool(const nlohmann::json& body, const char* key, bool& out) {
+  const auto* v = get(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return expected(key, "true or false", *v);
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out) {
+  GenerationRequest& g = out.gen;
+  if (auto e = read_bool(body, "stream", out.stream)) return e;
+  if (const auto* so = get(body, "stream_options")) {
+    if (!so->is_object()) return expected("stream_options", "an object", *so);
+    if (auto e = read_bool(*so, "include_usage", out.include_usage)) return "stream_options." + *e;
+  }
+  if (const auto* n = get(body, "n")) {
+    if (!n->is_number_integer() || n->get<long long>() != 1) return expected("n", "1 (this engine returns one choice)", *n);
+  }
+  std::optional<long long> max_tokens;
+  if (auto e = read_int(body, "max_tokens", 1, 1LL << 40, max_tokens)) return e;
+  if (kind == ApiKind::chat && !max_tokens) {
+    if (auto e = read_int(body, "max_completion_tokens", 1, 1LL << 40, max_tokens)) return e;
+  }
+  if (max_tokens) {
+    g.max_tokens = static_cast<std::size_t>(*max_tokens);
+    out.max_tokens_given = true;
+  }
+  std::optional<double> temperature, top_p;
+  if (auto e = read_number(body, "temperature", 0.0, 100.0, temperature)) return e;
+  if (auto e = read_number(body, "top_p", 0.0, 1.0, top_p)) return e;
+  if (top_p && *top_p <= 0.0) return expected("top_p", "a number in (0, 1]", body["top_p"]);
+  g.sampling.temperature = temperature.value_or(1.0);
+  g.sampling.top_p = top_p.value_or(1.0);
+  std::optional<long long> top_k, seed, budget, prompt_logprobs;
+  if (auto e = read_int(body, "top_k", -1, 1LL << 31, top_k)) return e;
+  g.sampling.top_k = top_k && *top_k > 0 ? static_cast<int>(*top_k) : 0;
+  if (const auto* s = get(body, "seed")) {
+    if (!s->is_number_integer()) return expected("seed", "an integer", *s);
+    g.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+  }
+  if (const auto* s = get(body, "stop")) {
+    if (s->is_string()) {
+      g.stop = {s->get<std::string>()};
+    } else if (s->is_array()) {
+      for (const auto& x : *s) {
+        if (!x.is_string()) return expected("stop", "a string or an array of strings", *s);
+        g.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return expected("stop", "a string or an array of strings", *s);
+    }
+  }
+  if (const auto* s = get(body, "stop_token_ids")) {
+    if (!s->is_array()) return expected("stop_token_ids", "an array of integers", *s);
+    for (const auto& x : *s) {
+      if (!x.is_number_integer()) return expected("stop_token_ids", "an array of integers", *s);
+      g.stop_token_ids.push_back(static_cast<int32_t>(x.get<long long>()));
+    }
+  }
+  if (auto e = read_bool(body, "ignore_eos", g.ignore_eos)) return e;
+  if (auto e = read_bool(body, "skip_special_tokens", out.skip_special_tokens)) return e;
+  g.skip_special = out.skip_special_tokens;
+  if (auto e = read_int(body, "thinking_token_budget", 0, 1LL << 40, budget)) return e;
+  if (budget) g.thinking_token_budget = static_cast<std::size_t>(*budget);
+  if (auto e = read_int(body, "prompt_logprobs", 0, k_max_top_logprobs, prompt_logprobs)) return e;
+  if (prompt_logprobs) g.prompt_logprobs = static_cast<int>(*prompt_logprobs);
+
+  if (kind == ApiKind::chat) {
+    if (auto e = read_bool(body, "logprobs", out.want_logprobs)) return e;
+    std::optional<long long> top;
+    if (auto e = read_int(body, "top_logprobs", 0, k_max_top_logprobs, top)) return e;
+    out.top_logprobs = static_cast<int>(top.value_or(0));
+  } else {
+    std::optional<long long> lp;
+    if (auto e = read_int(body, "logprobs", 0, k_max_top_logprobs, lp)) return e;
+    out.want_logprobs = lp.has_value();
+    out.top_logprobs = static_cast<int>(lp.value_or(0));
+  }
+  g.logprobs = out.want_logprobs ? out.top_logprobs : -1;
+  return std::nullopt;
+}
+
+}  // namespace servedeck::worker

@@ -1,0 +1,37 @@
+// Reading the generation fields shared by /v1/chat/completions and /v1/completions (OpenAI
+// names plus vLLM's extras) into an engine GenerationRequest. Every error names the field, what
+// was read and what was expected: "field 'temperature': expected a number >= 0, got \"hot\"".
+// Never throws.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/engine/engine.hpp"
+
+namespace servedeck::worker {
+
+enum class ApiKind { chat, completions };
+
+struct CommonParams {
+  GenerationRequest gen;                  // prompt not set; max_tokens set when given
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;             // stream_options.include_usage
+  bool want_logprobs = false;             // chat: logprobs true; completions: logprobs is a number
+  int top_logprobs = 0;
+  bool skip_special_tokens = true;
+};
+
+/// Maximum accepted top_logprobs / logprobs / prompt_logprobs (OpenAI allows 20).
+inline constexpr int k_max_top_logprobs = 20;
+
+/// Reads `body` (an object) into `out`. Returns an error message for the client, or nullopt.
+std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out);
+
+/// "got <json>" text for messages: the value as JSON, shortened to 80 characters.
+std::string describe_value(const nlohmann::json& v);
+
+}  // namespace servedeck::worker

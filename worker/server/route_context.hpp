@@ -1,0 +1,58 @@
+// What every route handler of the worker needs: the server's options, the loaded model and the
+// metrics. Handlers run on the HTTP server's blocking pool; they answer through the Responder
+// (at once, or later from the engine's scheduler thread for generation). No handler throws.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/http/server.hpp"
+#include "worker/engine/backend.hpp"
+#include "worker/engine/engine.hpp"
+#include "worker/parsers/tool_call_parser.hpp"
+#include "worker/server/metrics.hpp"
+#include "worker/server/text_model.hpp"
+
+namespace servedeck::worker {
+
+/// A model ready to serve. Members are destroyed in reverse order: the engine (which cancels
+/// its requests and joins its thread) before the backend and the text model it uses.
+struct LoadedModel {
+  std::string root;                  // checkpoint directory (for /v1/models "root")
+  std::size_t max_model_len = 0;     // tokens, prompt + output
+  std::shared_ptr<void> keep_alive;  // what the backend reads from (e.g. the Checkpoint's mmap)
+  std::unique_ptr<TextModel> text;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+
+struct WorkerServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                      // 0 → ephemeral; WorkerServer::port() tells which
+  std::string served_model_name = "model";
+  ToolParserKind tool_parser = ToolParserKind::hermes;
+  bool reasoning_parser = true;      // --reasoning-parser qwen3 (true) | none
+  int http_threads = 2;
+};
+
+struct RouteContext {
+  const WorkerServerOptions& options;
+  LoadedModel& model;
+  Metrics& metrics;
+};
+
+/// Sends an OpenAI error envelope and counts it. `type` per OpenAI ("invalid_request_error",
+/// "server_error"); the error is marked as produced by the engine.
+void reply_error(const RouteContext& ctx, const std::string& route, http::Responder& res, int status,
+                 std::string_view message, std::string_view type, std::string_view code);
+
+/// POST /v1/chat/completions
+void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res);
+/// POST /v1/completions
+void handle_completions(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res);
+/// POST /tokenize
+void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res);
+/// POST /detokenize
+void handle_detokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res);
+
+}  // namespace servedeck::worker
