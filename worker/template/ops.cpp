@@ -1,0 +1,454 @@
+#include "worker/template/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace servedeck::worker::tmpl {
+
+namespace {
+
+thread_local size_t t_max_string_bytes = size_t{64} << 20;
+
+std::string type_name(const Value& v) { return to_string(v.kind()); }
+
+std::string obj_desc(const Value& v) { return "'" + type_name(v) + " object'"; }
+
+int64_t as_index(const Value& v) { return v.is(Kind::boolean) ? (v.as_bool() ? 1 : 0) : v.as_int(); }
+
+bool is_int_like(const Value& v) { return v.is(Kind::integer) || v.is(Kind::boolean); }
+
+// CPython PySlice_AdjustIndices: resolves start/stop for a sequence of `length`.
+std::vector<size_t> slice_positions(size_t length, std::optional<int64_t> start, std::optional<int64_t> stop,
+                                    int64_t step) {
+  const auto len = static_cast<int64_t>(length);
+  int64_t lo = 0;
+  int64_t hi = 0;
+  if (step > 0) {
+    lo = start ? *start : 0;
+    hi = stop ? *stop : len;
+    if (lo < 0) lo = std::max<int64_t>(lo + len, 0);
+    if (lo > len) lo = len;
+    if (hi < 0) hi = std::max<int64_t>(hi + len, 0);
+    if (hi > len) hi = len;
+  } else {
+    lo = start ? *start : len - 1;
+    hi = stop ? *stop : -1;
+    if (start) {
+      if (lo < 0) lo = std::max<int64_t>(lo + len, -1);
+      if (lo >= len) lo = len - 1;
+    }
+    if (stop) {
+      if (hi < 0) hi = std::max<int64_t>(hi + len, -1);
+      if (hi >= len) hi = len - 1;
+    }
+  }
+  std::vector<size_t> out;
+  if (step > 0) {
+    for (int64_t i = lo; i < hi; i += step) out.push_back(static_cast<size_t>(i));
+  } else {
+    for (int64_t i = lo; i > hi; i += step) out.push_back(static_cast<size_t>(i));
+  }
+  return out;
+}
+
+void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  out.push_back('"');
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    char buf[16];
+    switch (c) {
+      case '"': out += "\\\""; ++i; continue;
+      case '\\': out += "\\\\"; ++i; continue;
+      case '\n': out += "\\n"; ++i; continue;
+      case '\r': out += "\\r"; ++i; continue;
+      case '\t': out += "\\t"; ++i; continue;
+      case '\b': out += "\\b"; ++i; continue;
+      case '\f': out += "\\f"; ++i; continue;
+      default: break;
+    }
+    if (c < 0x20 || (ensure_ascii && c == 0x7F)) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      ++i;
+      continue;
+    }
+    if (c < 0x80 || !ensure_ascii) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // ensure_ascii: decode the code point and write \uXXXX (surrogate pair above U+FFFF).
+    const auto offs = utf8_offsets(s.substr(i, 4));
+    const size_t len = offs.size() > 1 ? offs[1] : 1;
+    uint32_t cp = c;
+    if (len > 1) {
+      cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    }
+    if (cp >= 0x10000) {
+      const uint32_t v = cp - 0x10000;
+      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+    } else {
+      std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+    }
+    out += buf;
+    i += len;
+  }
+  out.push_back('"');
+}
+
+void json_dump(std::string& out, const Value& v, const JsonOptions& o, int depth) {
+  if (depth > 200) throw EvalError("tojson: value nested deeper than 200 levels (or circular)");
+  const std::string item_sep = o.separators ? o.separators->first : (o.indent ? "," : ", ");
+  const std::string key_sep = o.separators ? o.separators->second : ": ";
+  auto newline = [&](int level) {
+    if (!o.indent) return;
+    out.push_back('\n');
+    for (int i = 0; i < level; ++i) out += *o.indent;
+  };
+  switch (v.kind()) {
+    case Kind::none: out += "null"; return;
+    case Kind::boolean: out += v.as_bool() ? "true" : "false"; return;
+    case Kind::integer: out += std::to_string(v.as_int()); return;
+    case Kind::floating: {
+      const double f = v.as_float();
+      if (std::isnan(f)) out += "NaN";
+      else if (std::isinf(f)) out += f < 0 ? "-Infinity" : "Infinity";
+      else out += float_repr(f);
+      return;
+    }
+    case Kind::string: json_string(out, v.str(), o.ensure_ascii); return;
+    case Kind::list: {
+      const auto& items = v.items();
+      if (items.empty()) {
+        out += "[]";
+        return;
+      }
+      out.push_back('[');
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i) out += item_sep;
+        newline(depth + 1);
+        json_dump(out, items[i], o, depth + 1);
+      }
+      newline(depth);
+      out.push_back(']');
+      return;
+    }
+    case Kind::dict: {
+      std::vector<std::pair<std::string, const Value*>> entries;
+      for (const auto& [k, val] : v.dict_data().items) {
+        std::string key;
+        switch (k.kind()) {
+          case Kind::string: key = k.str(); break;
+          case Kind::none: key = "null"; break;
+          case Kind::boolean: key = k.as_bool() ? "true" : "false"; break;
+          case Kind::integer: key = std::to_string(k.as_int()); break;
+          case Kind::floating: key = float_repr(k.as_float()); break;
+          default: throw EvalError("tojson: keys must be str, int, float, bool or None, not " + type_name(k));
+        }
+        entries.emplace_back(std::move(key), &val);
+      }
+      if (o.sort_keys) {
+        std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      }
+      if (entries.empty()) {
+        out += "{}";
+        return;
+      }
+      out.push_back('{');
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (i) out += item_sep;
+        newline(depth + 1);
+        json_string(out, entries[i].first, o.ensure_ascii);
+        out += key_sep;
+        json_dump(out, *entries[i].second, o, depth + 1);
+      }
+      newline(depth);
+      out.push_back('}');
+      return;
+    }
+    default:
+      throw EvalError("tojson: Object of type " + type_name(v) + " is not JSON serializable");
+  }
+}
+
+void check_overflow(bool overflow) {
+  if (overflow) throw EvalError("integer overflow (servedeck templates use 64-bit integers)");
+}
+
+}  // namespace
+
+void set_max_string_bytes(size_t bytes) { t_max_string_bytes = bytes; }
+size_t max_string_bytes() { return t_max_string_bytes; }
+void check_string_size(size_t size) {
+  if (size > t_max_string_bytes) {
+    throw EvalError("string of " + std::to_string(size) + " bytes exceeds the limit of " +
+                    std::to_string(t_max_string_bytes) + " bytes");
+  }
+}
+
+void fail_undefined(const Value& v) {
+  throw EvalError(v.undefined_name().empty() ? std::string("undefined value") : v.undefined_name());
+}
+
+Value get_attr(const Value& obj, const std::string& name) {
+  if (obj.is_undefined()) fail_undefined(obj);
+  if (auto m = lookup_method(obj, name)) return *m;
+  if (obj.has_attrs()) {
+    if (const Value* v = obj.dict_data().find(name)) return *v;
+  }
+  return Value::undefined(obj_desc(obj) + " has no attribute '" + name + "'");
+}
+
+Value get_item(const Value& obj, const Value& key) {
+  if (obj.is_undefined()) fail_undefined(obj);
+  if (obj.is(Kind::dict)) {
+    if (const Value* v = obj.dict_data().find(key)) return *v;
+  } else if ((obj.is(Kind::list) || obj.is_string()) && is_int_like(key)) {
+    int64_t i = as_index(key);
+    if (obj.is(Kind::list)) {
+      const auto n = static_cast<int64_t>(obj.items().size());
+      if (i < 0) i += n;
+      if (i >= 0 && i < n) return obj.items()[static_cast<size_t>(i)];
+    } else {
+      const auto offs = utf8_offsets(obj.str());
+      const auto n = static_cast<int64_t>(offs.size()) - 1;
+      if (i < 0) i += n;
+      if (i >= 0 && i < n) {
+        const auto k = static_cast<size_t>(i);
+        return Value::string(obj.str().substr(offs[k], offs[k + 1] - offs[k]));
+      }
+    }
+    return Value::undefined(obj_desc(obj) + " has no element " + std::to_string(as_index(key)));
+  }
+  if (key.is_string()) return get_attr(obj, key.str());
+  return Value::undefined(obj_desc(obj) + " has no element " + to_repr(key));
+}
+
+Value slice_value(const Value& obj, std::optional<int64_t> start, std::optional<int64_t> stop,
+                  std::optional<int64_t> step) {
+  const int64_t st = step ? *step : 1;
+  if (st == 0) throw EvalError("slice step cannot be zero");
+  if (obj.is(Kind::list)) {
+    std::vector<Value> out;
+    for (size_t i : slice_positions(obj.items().size(), start, stop, st)) out.push_back(obj.items()[i]);
+    return Value::list(std::move(out), obj.list_data().is_tuple);
+  }
+  if (obj.is_string()) {
+    const auto offs = utf8_offsets(obj.str());
+    std::string out;
+    for (size_t i : slice_positions(offs.size() - 1, start, stop, st)) out.append(obj.str(), offs[i], offs[i + 1] - offs[i]);
+    return Value::string(std::move(out));
+  }
+  if (obj.is_undefined()) fail_undefined(obj);
+  return Value::undefined(obj_desc(obj) + " cannot be sliced");
+}
+
+std::vector<Value> iterate(const Value& v) {
+  switch (v.kind()) {
+    case Kind::undefined: return {};
+    case Kind::list: return v.items();
+    case Kind::dict: {
+      std::vector<Value> keys;
+      for (const auto& kv : v.dict_data().items) keys.push_back(kv.first);
+      return keys;
+    }
+    case Kind::string: {
+      std::vector<Value> out;
+      const auto offs = utf8_offsets(v.str());
+      for (size_t i = 0; i + 1 < offs.size(); ++i) out.push_back(Value::string(v.str().substr(offs[i], offs[i + 1] - offs[i])));
+      return out;
+    }
+    default:
+      throw EvalError("'" + type_name(v) + "' object is not iterable");
+  }
+}
+
+int compare(const Value& a, const Value& b) {
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  if (a.is_number() && b.is_number()) {
+    if (is_int_like(a) && is_int_like(b)) {
+      const int64_t x = as_index(a);
+      const int64_t y = as_index(b);
+      return x < y ? -1 : x > y ? 1 : 0;
+    }
+    const double x = a.as_double();
+    const double y = b.as_double();
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
+  if (a.is_string() && b.is_string()) {
+    const int c = a.str().compare(b.str());
+    return c < 0 ? -1 : c > 0 ? 1 : 0;
+  }
+  if (a.is(Kind::list) && b.is(Kind::list) && a.list_data().is_tuple == b.list_data().is_tuple) {
+    const auto& x = a.items();
+    const auto& y = b.items();
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      if (equals(x[i], y[i])) continue;
+      return compare(x[i], y[i]);
+    }
+    return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
+  }
+  throw EvalError("'<' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
+}
+
+bool contains(const Value& container, const Value& item) {
+  switch (container.kind()) {
+    case Kind::undefined: return false;
+    case Kind::string:
+      if (!item.is_string()) throw EvalError("'in <string>' requires string as left operand, not " + type_name(item));
+      return container.str().find(item.str()) != std::string::npos;
+    case Kind::list:
+      return std::any_of(container.items().begin(), container.items().end(),
+                         [&](const Value& x) { return equals(x, item); });
+    case Kind::dict: return container.dict_data().find(item) != nullptr;
+    default:
+      throw EvalError("argument of type '" + type_name(container) + "' is not iterable");
+  }
+}
+
+Value arithmetic(const std::string& op, const Value& a, const Value& b) {
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  const auto unsupported = [&]() -> EvalError {
+    return EvalError("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
+  };
+  if (a.is_number() && b.is_number()) {
+    const bool ints = is_int_like(a) && is_int_like(b);
+    if (ints) {
+      const int64_t x = as_index(a);
+      const int64_t y = as_index(b);
+      int64_t r = 0;
+      if (op == "+") {
+        check_overflow(__builtin_add_overflow(x, y, &r));
+        return Value::integer(r);
+      }
+      if (op == "-") {
+        check_overflow(__builtin_sub_overflow(x, y, &r));
+        return Value::integer(r);
+      }
+      if (op == "*") {
+        check_overflow(__builtin_mul_overflow(x, y, &r));
+        return Value::integer(r);
+      }
+      if (op == "/") {
+        if (y == 0) throw EvalError("division by zero");
+        return Value::floating(static_cast<double>(x) / static_cast<double>(y));
+      }
+      if (op == "//" || op == "%") {
+        if (y == 0) throw EvalError("integer division or modulo by zero");
+        if (x == INT64_MIN && y == -1) throw EvalError("integer overflow");
+        int64_t q = x / y;
+        int64_t m = x % y;
+        if (m != 0 && ((m < 0) != (y < 0))) {
+          --q;
+          m += y;
+        }
+        return Value::integer(op == "//" ? q : m);
+      }
+      if (op == "**") {
+        if (y < 0) return Value::floating(std::pow(static_cast<double>(x), static_cast<double>(y)));
+        int64_t result = 1;
+        int64_t base = x;
+        int64_t e = y;
+        while (e > 0) {
+          if (e & 1) check_overflow(__builtin_mul_overflow(result, base, &result));
+          e >>= 1;
+          if (e > 0) check_overflow(__builtin_mul_overflow(base, base, &base));
+        }
+        return Value::integer(result);
+      }
+      throw unsupported();
+    }
+    const double x = a.as_double();
+    const double y = b.as_double();
+    if (op == "+") return Value::floating(x + y);
+    if (op == "-") return Value::floating(x - y);
+    if (op == "*") return Value::floating(x * y);
+    if (op == "/" || op == "//" || op == "%") {
+      if (y == 0.0) throw EvalError("float division by zero");
+      if (op == "/") return Value::floating(x / y);
+      if (op == "//") return Value::floating(std::floor(x / y));
+      double m = std::fmod(x, y);
+      if (m != 0.0 && ((m < 0) != (y < 0))) m += y;
+      return Value::floating(m);
+    }
+    if (op == "**") {
+      if (x == 0.0 && y < 0) throw EvalError("0.0 cannot be raised to a negative power");
+      return Value::floating(std::pow(x, y));
+    }
+    throw unsupported();
+  }
+  if (op == "+") {
+    if (a.is_string() && b.is_string()) {
+      check_string_size(a.str().size() + b.str().size());
+      return Value::string(a.str() + b.str());
+    }
+    if (a.is(Kind::list) && b.is(Kind::list) && a.list_data().is_tuple == b.list_data().is_tuple) {
+      std::vector<Value> out = a.items();
+      out.insert(out.end(), b.items().begin(), b.items().end());
+      return Value::list(std::move(out), a.list_data().is_tuple);
+    }
+    throw unsupported();
+  }
+  if (op == "*") {
+    const Value* seq = is_int_like(b) ? &a : &b;
+    const Value* count = is_int_like(b) ? &b : &a;
+    if (!is_int_like(*count) || !(seq->is_string() || seq->is(Kind::list))) throw unsupported();
+    const int64_t n = std::max<int64_t>(as_index(*count), 0);
+    if (seq->is_string()) {
+      if (n > 0) check_string_size(seq->str().size() * static_cast<size_t>(std::min<int64_t>(n, INT32_MAX)));
+      std::string out;
+      for (int64_t i = 0; i < n; ++i) out += seq->str();
+      return Value::string(std::move(out));
+    }
+    if (n > 0 && seq->items().size() * static_cast<size_t>(std::min<int64_t>(n, INT32_MAX)) > max_string_bytes() / 8) {
+      throw EvalError("list repetition too large");
+    }
+    std::vector<Value> out;
+    for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq->items().begin(), seq->items().end());
+    return Value::list(std::move(out), seq->list_data().is_tuple);
+  }
+  if (op == "%" && a.is_string()) throw EvalError("unsupported printf-style string formatting ('%' on a string)");
+  throw unsupported();
+}
+
+Value from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const auto u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::floating(static_cast<double>(u));
+      return Value::integer(static_cast<int64_t>(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float: return Value::floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      std::vector<Value> items;
+      items.reserve(j.size());
+      for (const auto& e : j) items.push_back(from_json(e));
+      return Value::list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Value d = Value::dict();
+      auto& items = d.dict_data().items;
+      items.reserve(j.size());
+      for (const auto& [k, e] : j.items()) items.emplace_back(Value::string(k), from_json(e));
+      return d;
+    }
+    default: return Value::none();
+  }
+}
+
+std::string to_json(const Value& v, const JsonOptions& options) {
+  std::string out;
+  json_dump(out, v, options, 0);
+  check_string_size(out.size());
+  return out;
+}
+
+}  // namespace servedeck::worker::tmpl
