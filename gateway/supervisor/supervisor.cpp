@@ -151,7 +151,7 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
   std::string table = report.table();
   std::istringstream lines(table);
   for (std::string line; std::getline(lines, line);) say(progress, "preflight: " + line);
-  store_.add_event("preflight", m.name, {{"refused", report.refused()}, {"checks", report.to_json()}});
+  store_.add_event("preflight", m.name, report.to_json());
   if (report.refused()) {
     std::string why = "preflight refused " + m.name + ":\n" + table;
     set_state(SlotState::failed, why);

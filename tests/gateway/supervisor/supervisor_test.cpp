@@ -71,7 +71,8 @@ TEST_CASE("supervisor: switch A -> B stops A completely, starts B, records both 
   CHECK(la->argv.size() >= 3);
   CHECK(la->pid == pid_a);
   CHECK(la->pid_start_time > 0);
-  CHECK(la->preflight.is_array());
+  CHECK(la->preflight["checks"].size() == 1);
+  CHECK(la->preflight["checks"][0]["check"] == "host_ram");
   auto lb = f.store->launch(s.launch_id);
   REQUIRE(lb);
   CHECK(lb->state == "ready");
@@ -199,7 +200,7 @@ TEST_CASE("supervisor: G30 the start deadline is extended while the log shows lo
   auto& sup = f.make();
   Lines lines;
   auto r = sup.switch_to("slow-logging", lines.sink());
-  REQUIRE_MESSAGE(r.ok, r.error + "\n" + lines.all());
+  REQUIRE_MESSAGE(r.ok, (r.error + "\n" + lines.all()));
   CHECK(r.seconds >= 2.0);
   CHECK(lines.any("loading: "));
   auto silent = sup.switch_to("slow-silent");
