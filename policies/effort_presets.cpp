@@ -29,7 +29,6 @@ bool accepted(std::string_view v, const registry::PolicyConfig& c) {
 
 std::string map_reasoning_effort(std::string_view requested, const registry::PolicyConfig& c) {
   if (c.accepted_reasoning_efforts.empty() || accepted(requested, c)) return std::string(requested);
-  if (c.default_reasoning_effort && accepted(*c.default_reasoning_effort, c)) return *c.default_reasoning_effort;
   int want = rank(requested);
   if (want >= 0) {
     std::string best;
@@ -38,15 +37,17 @@ std::string map_reasoning_effort(std::string_view requested, const registry::Pol
       int r = rank(a);
       if (r < 0) continue;
       int d = std::abs(r - want);
-      if (d < best_dist) {  // strict: on a tie the lower (earlier on the scale) value stays
+      // note: on a tie the higher value wins ("medium" between low and high → high): the client
+      // asked for more than the lower one, and GLM's measured spread (low 183, high 484-713
+      // reasoning tokens) makes high the closer budget.
+      if (d < best_dist || (d == best_dist && r > rank(best))) {
         best_dist = d;
-        best = a;
-      } else if (d == best_dist && r < rank(best)) {
         best = a;
       }
     }
     if (!best.empty()) return best;
   }
+  if (c.default_reasoning_effort && accepted(*c.default_reasoning_effort, c)) return *c.default_reasoning_effort;
   return c.accepted_reasoning_efforts.front();
 }
 

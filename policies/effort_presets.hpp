@@ -20,10 +20,10 @@
 
 namespace servedeck::policies {
 
-/// The accepted value `requested` maps to: itself when accepted; else default_reasoning_effort
-/// when set and accepted; else the accepted value nearest on the scale
-/// none < minimal < low < medium < high < xhigh < max (ties → the lower); else the first
-/// accepted value. Returns `requested` unchanged when no accepted list is configured.
+/// The accepted value `requested` maps to: itself when accepted; else the accepted value nearest
+/// on the scale none < minimal < low < medium < high < xhigh < max (ties → the higher); a value
+/// off that scale → default_reasoning_effort when set and accepted, else the first accepted value.
+/// Returns `requested` unchanged when no accepted list is configured.
 std::string map_reasoning_effort(std::string_view requested, const registry::PolicyConfig& config);
 
 /// Request side: top-level reasoning_effort → kwargs, preset merge, mapping. Never fails.
