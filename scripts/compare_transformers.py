@@ -59,44 +59,63 @@ def log(*a):
     print(*a, flush=True)
 
 
-def write_large_model(out_dir, seed, device):
-    """Qwen3MoeForCausalLM(config) with a fixed seed, saved as BF16 safetensors in the published
-    per-expert layout (model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    os.makedirs(out_dir, exist_ok=True)
-    cfg = dict(
+# Checkpoints written here from transformers' own model classes (name -> architecture, config).
+# "large" is shaped like a real Qwen3-MoE; "mixed" has dense layers inside a qwen3_moe model
+# (mlp_only_layers, decoder_sparse_step) and no top-k renormalisation; "dense" is plain qwen3.
+HF_MODELS = {
+    "large": ("qwen3_moe", dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
         num_attention_heads=16, num_key_value_heads=4, head_dim=128, num_experts=64,
         num_experts_per_tok=8, moe_intermediate_size=384, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], max_position_embeddings=4096, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, initializer_range=0.05, hidden_act="silu", attention_bias=False,
-        bos_token_id=151643, eos_token_id=151645,
-    )
+        mlp_only_layers=[], tie_word_embeddings=False)),
+    "mixed": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=16,
+        num_experts_per_tok=4, moe_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=2,
+        mlp_only_layers=[0], tie_word_embeddings=True)),
+    "dense": ("qwen3", dict(
+        vocab_size=151936, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=32, tie_word_embeddings=False)),
+}
+
+
+def write_hf_model(name, out_dir, seed, device):
+    """The transformers model class with a fixed seed, saved as BF16 safetensors in the published
+    per-expert layout (model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    arch, shape = HF_MODELS[name]
+    config_cls, model_cls = ((Qwen3MoeConfig, Qwen3MoeForCausalLM) if arch == "qwen3_moe"
+                             else (Qwen3Config, Qwen3ForCausalLM))
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = dict(shape, max_position_embeddings=4096, rms_norm_eps=1e-6, initializer_range=0.05,
+               hidden_act="silu", attention_bias=False, bos_token_id=151643, eos_token_id=151645)
     try:
-        config = Qwen3MoeConfig(rope_theta=1000000.0, **cfg)
+        config = config_cls(rope_theta=1000000.0, **cfg)
     except TypeError:
-        config = Qwen3MoeConfig(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **cfg)
+        config = config_cls(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **cfg)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3MoeForCausalLM(config)
+        model = model_cls(config)
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     tensors = {}
-    inter = cfg["moe_intermediate_size"]
+    inter = cfg.get("moe_intermediate_size", 0)
     hidden = cfg["hidden_size"]
-    for name, t in model.state_dict().items():
+    for key, t in model.state_dict().items():
+        if key == "lm_head.weight" and cfg["tie_word_embeddings"]:
+            continue
         t = t.detach().float().cpu()
-        if name.endswith("norm.weight"):
+        if key.endswith("norm.weight"):
             # Default init is all ones; perturb so that a missed norm weight shows.
             t = t + 0.1 * (2 * torch.rand(t.shape, generator=gen) - 1)
-        elif name.endswith("mlp.gate.weight") or not torch.isfinite(t).all() or not t.abs().sum() > 0:
+        elif key.endswith("mlp.gate.weight") or not torch.isfinite(t).all() or not t.abs().sum() > 0:
             # The router is redrawn so routing is never degenerate (an all-zero router would make
             # every top-k a tie); any zero or non-finite init is redrawn too.
-            log(f"redrawing {name} {tuple(t.shape)} with std 0.05")
+            log(f"redrawing {key} {tuple(t.shape)} with std 0.05")
             t = 0.05 * torch.randn(t.shape, generator=gen)
-        m = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj|gate_proj|up_proj)$", name)
+        m = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj|gate_proj|up_proj)$", key)
         if m and t.dim() == 3:  # transformers 5 keeps experts fused in memory
             prefix, kind = m.groups()
             n_exp = t.shape[0]
@@ -105,24 +124,24 @@ def write_large_model(out_dir, seed, device):
                 if kind == "gate_up_proj":
                     if w.shape == (hidden, 2 * inter):
                         w = w.t()
-                    assert w.shape == (2 * inter, hidden), (name, tuple(t.shape))
+                    assert w.shape == (2 * inter, hidden), (key, tuple(t.shape))
                     tensors[f"{prefix}.{e}.gate_proj.weight"] = w[:inter].contiguous()
                     tensors[f"{prefix}.{e}.up_proj.weight"] = w[inter:].contiguous()
                 elif kind == "down_proj":
                     if w.shape == (inter, hidden):
                         w = w.t()
-                    assert w.shape == (hidden, inter), (name, tuple(t.shape))
+                    assert w.shape == (hidden, inter), (key, tuple(t.shape))
                     tensors[f"{prefix}.{e}.down_proj.weight"] = w.contiguous()
                 else:
                     if w.shape == (hidden, inter):
                         w = w.t()
                     tensors[f"{prefix}.{e}.{kind}.weight"] = w.contiguous()
             continue
-        tensors[name] = t.contiguous()
+        tensors[key] = t.contiguous()
     del model
     tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    config_json = dict(cfg, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+    config_json = dict(cfg, model_type=arch, architectures=[model_cls.__name__],
                        rope_theta=1000000.0, torch_dtype="bfloat16", use_sliding_window=False,
                        sliding_window=None, rope_scaling=None)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -134,16 +153,16 @@ def write_large_model(out_dir, seed, device):
 
 def reference_logits(model_dir, prompt_list, device):
     import torch
-    from transformers import Qwen3MoeForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     kwargs = dict(attn_implementation="eager", output_loading_info=True)
     try:
-        model, info = Qwen3MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
     except TypeError:
-        model, info = Qwen3MoeForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kwargs)
     problems = {}
     for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
         v = [x for x in (info.get(k) or []) if not (k == "missing_keys" and x == "lm_head.weight"
@@ -211,7 +230,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="directory holding servedeck-logits and servedeck-tiny-model")
     ap.add_argument("--tokenizer-dir", required=True, help="Qwen3 tokenizer files for the tiny model")
-    ap.add_argument("--models", default="tiny,large", help="comma list of tiny, large")
+    ap.add_argument("--models", default="tiny,large", help="comma list of tiny, large, mixed, dense")
     ap.add_argument("--work", default="/tmp/servedeck-compare")
     ap.add_argument("--out", help="write the figures as JSON here")
     ap.add_argument("--device", default=None, help="torch device for the reference (default: cuda if available)")
@@ -233,10 +252,10 @@ def main():
         if name == "tiny":
             subprocess.run([os.path.join(args.bin, "servedeck-tiny-model"), mdir, args.tokenizer_dir,
                             str(args.seed)], check=True)
-        elif name == "large":
-            write_large_model(mdir, args.seed, device)
+        elif name in HF_MODELS:
+            write_hf_model(name, mdir, args.seed, device)
         else:
-            log(f"unknown model '{name}' (expected tiny or large)")
+            log(f"unknown model '{name}' (expected tiny, {', '.join(HF_MODELS)})")
             return 2
         log(f"[{name}] checkpoint ready in {time.time() - t0:.1f} s")
         t0 = time.time()
