@@ -77,8 +77,9 @@ void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* ou
 void parallel_for(std::size_t n, std::size_t threads, std::size_t work,
                   const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
-  std::size_t t = std::max<std::size_t>(1, std::min(threads, n));
-  if (work < k_min_parallel_work) t = 1;
+  // note: one thread per ~64K multiply-adds at most; starting a thread costs ~10-20 us, about
+  // what one core needs for that much work.
+  std::size_t t = std::max<std::size_t>(1, std::min({threads, n, work / k_min_parallel_work}));
   if (t == 1) {
     fn(0, n);
     return;

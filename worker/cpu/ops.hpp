@@ -18,8 +18,8 @@ namespace servedeck::worker::cpu {
 void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* out);
 
 /// Runs fn(begin, end) over [0, n) split into up to `threads` contiguous chunks (one per thread,
-/// the calling thread takes the first). Single-threaded when `work` (a cost estimate in
-/// multiply-adds) is below ~64K, where starting a thread costs more than it saves.
+/// the calling thread takes the first), using at most one thread per ~64K of `work` (a cost
+/// estimate in multiply-adds): below that, starting a thread costs more than it saves.
 void parallel_for(std::size_t n, std::size_t threads, std::size_t work,
                   const std::function<void(std::size_t, std::size_t)>& fn);
 
