@@ -354,3 +354,22 @@ TEST_CASE("resolve_config_path and resolve_program") {
   CHECK(resolve_program("servedeck-no-such-program-xyz").empty());
   CHECK(resolve_program("./rel/path") == "./rel/path");
 }
+
+TEST_CASE("top-level typos and wrong table types") {
+  auto d = diagnose("[modles.a]\nengine = \"native\"\n[server]\nlisten = \"127.0.0.1:0\"\nstate = \"x\"\n");
+  std::string all = all_text(d);
+  INFO(all);
+  REQUIRE(d.size() == 2);
+  CHECK(all.find("models.toml:1: error: unknown key modles = {...}; did you mean 'models'?") != std::string::npos);
+  CHECK(all.find("models.toml:5: error: unknown key server.state = \"x\"; did you mean 'state_dir'?") != std::string::npos);
+  auto d2 = diagnose("models = { a = 5 }\nrules = 3\n");
+  std::string all2 = all_text(d2);
+  INFO(all2);
+  CHECK(all2.find("models.a = 5 has the wrong type; expected a table [models.a]") != std::string::npos);
+  CHECK(all2.find("rules = 3 has the wrong type; expected an array") != std::string::npos);
+}
+
+TEST_CASE("Diagnostic::to_string without a line") {
+  Diagnostic d{"error", SourceLocation{"m.toml", 0, 0}, "k", "m.toml: cannot be read (no such file)"};
+  CHECK(d.to_string() == "m.toml: error: m.toml: cannot be read (no such file)");
+}
