@@ -316,7 +316,6 @@ void consistency(Context& c) {
   auto argv_off = registry::arg_value(args, "--cpu-offload-gb");
   auto env_it = c.launch.env.find("CPU_OFFLOAD_GB");
   if (!argv_off && env_it == c.launch.env.end() && !m.cpu_offload_gib) return;
-  std::vector<std::string> parts;
   auto to_d = [](const std::string& s) -> std::optional<double> {
     char* end = nullptr;
     double d = std::strtod(s.c_str(), &end);
@@ -329,18 +328,24 @@ void consistency(Context& c) {
   if (argv_off) reading += "--cpu-offload-gb " + *argv_off;
   if (env_it != c.launch.env.end()) reading += (reading.empty() ? "" : ", ") + std::string("CPU_OFFLOAD_GB=") + env_it->second;
   if (m.cpu_offload_gib) reading += (reading.empty() ? "" : ", ") + std::string("cpu_offload_gib ") + num(*m.cpu_offload_gib);
-  std::string problems;
+  std::string problems, limits;
+  auto problem = [&](const std::string& what, const std::string& limit) {
+    problems += (problems.empty() ? "" : "; ") + what;
+    limits += (limits.empty() ? "" : "; ") + limit;
+  };
   if (argv_off && env_it != c.launch.env.end() && (!a || !e || *a != *e))
-    problems += "CPU_OFFLOAD_GB=" + env_it->second + " != --cpu-offload-gb " + *argv_off + "; ";
+    problem("CPU_OFFLOAD_GB=" + env_it->second + " != --cpu-offload-gb " + *argv_off,
+            "CPU_OFFLOAD_GB == --cpu-offload-gb");
   if (a && m.cpu_offload_gib && *a != *m.cpu_offload_gib)
-    problems += "--cpu-offload-gb " + *argv_off + " != cpu_offload_gib " + num(*m.cpu_offload_gib) + "; ";
+    problem("--cpu-offload-gb " + *argv_off + " != cpu_offload_gib " + num(*m.cpu_offload_gib),
+            "--cpu-offload-gb == cpu_offload_gib");
   std::optional<double> off = a ? a : m.cpu_offload_gib;
   if (off && m.host_ram_gib && *m.host_ram_gib < *off + kLoaderTransientGib)
-    problems += "host_ram_gib " + num(*m.host_ram_gib) + " < offload " + num(*off) + " + " + num(kLoaderTransientGib) + " = " +
-                num(*off + kLoaderTransientGib) + "; ";
+    problem("host_ram_gib " + num(*m.host_ram_gib) + " < offload " + num(*off) + " + " + num(kLoaderTransientGib) + " = " +
+                num(*off + kLoaderTransientGib),
+            "host_ram_gib >= offload + " + num(kLoaderTransientGib));
   if (!problems.empty())
-    c.add("offload_consistency", Verdict::refuse, reading, "all equal; host_ram_gib >= offload + 30",
-          problems.substr(0, problems.size() - 2));
+    c.add("offload_consistency", Verdict::refuse, reading, limits, problems);
   else
     c.add("offload_consistency", Verdict::pass, reading, "all equal; host_ram_gib >= offload + 30", reading + " agree");
 }

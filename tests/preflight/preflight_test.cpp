@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <string>
 
@@ -284,4 +285,47 @@ TEST_CASE("table lists every check and the rendered launch") {
   CHECK(has(t, "--kv-cache-memory-bytes 5636096000"));
   CHECK(has(t, R"('{"moe_backend":"marlin"}')"));
   CHECK(to_string(Verdict::refuse) == "refuse");
+}
+
+TEST_CASE("every refusal's message contains every number of its reading and limit") {
+  // Everything wrong at once, on GLM and Flash-Next.
+  FakeReadings fr;
+  fr.mem = 70.2;
+  fr.used = 60.0;
+  fr.procs = {{4242, "python3", 58000}};
+  fr.shm = 20.0;
+  fr.ptrace = 1;
+  fr.all_paths = false;
+  registry::ModelEntry glm = entry("glm53");
+  glm.ctx = 400000;
+  glm.validated_ctx = 327680;
+  glm.env["CPU_OFFLOAD_GB"] = "120";
+  glm.env["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1";
+  registry::ModelEntry fn = entry("flashnext");
+  int refusals = 0;
+  for (const registry::ModelEntry* m : {&glm, &fn}) {
+    Report r = run_preflight(shipped(), *m, fr, 8002);
+    for (const auto& c : r.checks) {
+      if (c.verdict != Verdict::refuse) continue;
+      ++refusals;
+      std::vector<std::string> sources = {c.reading};
+      if (c.check.rfind("rule:", 0) != 0) sources.push_back(c.limit);  // a rule's limit is its file:line
+      for (const auto& src : sources) {
+        for (std::size_t i = 0; i < src.size();) {
+          if (!std::isdigit(static_cast<unsigned char>(src[i]))) {
+            ++i;
+            continue;
+          }
+          std::size_t j = i;
+          while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '.')) ++j;
+          std::string number = src.substr(i, j - i);
+          while (!number.empty() && number.back() == '.') number.pop_back();
+          INFO(c.check << ": '" << number << "' from '" << src << "' not in: " << c.message);
+          CHECK(has(c.message, number));
+          i = j;
+        }
+      }
+    }
+  }
+  CHECK(refusals >= 10);
 }
