@@ -1,0 +1,59 @@
+"""Decode tok/s of the same Qwen3-30B-A3B shape in PyTorch/transformers, resident on the GPU.
+
+The reference row for bench_moe_offload: a random-initialised Qwen3MoeForCausalLM (bf16, on
+cuda), batch 1, a 128-token prompt, N new tokens greedy, timed with torch.cuda.synchronize().
+Run on the GPU machine (transformers and torch are installed there):
+    python3 bench/moe_offload/transformers_decode.py [--layers 48] [--new 64]
+Prints one line: "transformers resident decode: X tok/s (...)" and writes JSON to $OUT if set.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    a = ap.parse_args()
+    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=a.layers,
+                         num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                         num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                         max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    t0 = time.time()
+    with torch.device("cuda"):
+        model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+    model.eval()
+    load_s = time.time() - t0
+    ids = torch.tensor([[(i * 7919 + 11) % 151643 for i in range(a.prompt)]], device="cuda")
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=2, do_sample=False)  # warm-up
+        torch.cuda.synchronize()
+        t1 = time.time()
+        out = model.generate(ids, max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)
+        torch.cuda.synchronize()
+        dt = time.time() - t1
+    new = out.shape[1] - ids.shape[1]
+    # Prefill is included in dt; measure it alone and subtract for a decode-only figure.
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        t2 = time.time()
+        model(ids)
+        torch.cuda.synchronize()
+        prefill_s = time.time() - t2
+    decode_tok_s = (new - 1) / max(dt - prefill_s, 1e-9)
+    print(f"transformers resident decode: {decode_tok_s:.2f} tok/s ({new} new tokens, prefill {prefill_s*1000:.0f} ms, "
+          f"load {load_s:.0f} s, torch {torch.__version__}, layers {a.layers})")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "transformers_decode.json"), "w") as f:
+            json.dump({"decode_tok_s": decode_tok_s, "new_tokens": new, "prefill_s": prefill_s, "layers": a.layers}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+// Helpers for GPU-labelled tests: skip without a device, device buffers, and a mismatch
+// report that prints the first differences with index, expected and got.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "worker/cuda/cuda_backend.hpp"
+#include "worker/cuda/cuda_check.hpp"
+
+namespace gpu_test {
+
+inline void skip_without_gpu() {
+  if (!servedeck::worker::cuda::cuda_device_available()) {
+    std::printf("no CUDA device: GPU test skipped\n");
+    std::exit(77);
+  }
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBuffer(std::size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T))); }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  /// Fills with a NaN pattern so an unwritten element cannot pass.
+  void poison() { CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(T))); }
+};
+
+inline std::vector<float> random_floats(std::size_t n, unsigned seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+inline std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+/// Relative L2 error ‖got − want‖ / ‖want‖; prints the first `show` elements beyond `abs_tol`.
+inline double compare(const std::vector<float>& want, const std::vector<float>& got, const char* what,
+                      double abs_tol = 1e-3, int show = 5) {
+  double num = 0, den = 0;
+  int shown = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    if (std::isnan(got[i])) num += 1e30;
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+    if ((std::isnan(got[i]) || std::fabs(d) > abs_tol) && shown < show) {
+      std::printf("%s: index %zu expected %.6g got %.6g\n", what, i, want[i], got[i]);
+      ++shown;
+    }
+  }
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+}  // namespace gpu_test

@@ -1,0 +1,202 @@
+// Every decode kernel against a CPU reference in double precision, on fresh random inputs, with
+// poisoned outputs. Tolerances: fp32 arithmetic on bf16 weights → relative L2 error < 1e-5 for
+// reductions of a few thousand terms (the weights are exactly representable; only the fp32
+// accumulation order differs).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "tests/worker/cuda/gpu_test_support.hpp"
+#include "worker/cuda/kernels.cuh"
+
+using namespace servedeck::worker::cuda;
+using gpu_test::DeviceBuffer;
+
+namespace {
+std::vector<double> gemv_ref(const std::vector<float>& W, const std::vector<float>& x, int out, int in) {
+  std::vector<double> y(static_cast<std::size_t>(out));
+  for (int r = 0; r < out; ++r) {
+    double acc = 0;
+    for (int c = 0; c < in; ++c) acc += static_cast<double>(W[static_cast<std::size_t>(r) * in + c]) * x[static_cast<std::size_t>(c)];
+    y[static_cast<std::size_t>(r)] = acc;
+  }
+  return y;
+}
+std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+}  // namespace
+
+TEST_CASE("gemv_bf16 matches the CPU reference from VRAM and from pinned host memory (UVA)") {
+  gpu_test::skip_without_gpu();
+  for (auto [out, in] : {std::pair{37, 8}, std::pair{256, 2048}, std::pair{2048, 768}, std::pair{1000, 4096}}) {
+    auto Wf = gpu_test::from_bf16(gpu_test::to_bf16(gpu_test::random_floats(static_cast<std::size_t>(out) * in, 1 + out)));
+    auto x = gpu_test::random_floats(static_cast<std::size_t>(in), 2 + in);
+    auto want = to_float(gemv_ref(Wf, x, out, in));
+    DeviceBuffer<__nv_bfloat16> W(gpu_test::to_bf16(Wf));
+    DeviceBuffer<float> dx(x), y(static_cast<std::size_t>(out));
+    y.poison();
+    launch_gemv_bf16(W.ptr, dx.ptr, y.ptr, out, in, false, nullptr);
+    CHECK(gpu_test::compare(want, y.get(), "gemv vram") < 1e-5);
+
+    // The same weights read over PCIe through a mapped pinned allocation.
+    __nv_bfloat16* host = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&host, W.n * sizeof(__nv_bfloat16), cudaHostAllocMapped));
+    auto Wb = gpu_test::to_bf16(Wf);
+    std::copy(Wb.begin(), Wb.end(), host);
+    __nv_bfloat16* uva = nullptr;
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&uva), host, 0));
+    y.poison();
+    launch_gemv_bf16(uva, dx.ptr, y.ptr, out, in, false, nullptr);
+    CHECK(gpu_test::compare(want, y.get(), "gemv uva") < 1e-5);
+    CUDA_CHECK(cudaFreeHost(host));
+  }
+  // Precondition: a row that is not a multiple of 8 elements is refused with both values.
+  DeviceBuffer<__nv_bfloat16> W(16);
+  DeviceBuffer<float> x(16), y(2);
+  CHECK_THROWS_WITH_AS(launch_gemv_bf16(W.ptr, x.ptr, y.ptr, 2, 7, false, nullptr),
+                       "launch_gemv_bf16: in must be a multiple of 8 (16-byte rows), got 7", std::invalid_argument);
+}
+
+TEST_CASE("rmsnorm, rope and router top-k match the CPU reference") {
+  gpu_test::skip_without_gpu();
+  const int rows = 4, dim = 128;
+  auto x = gpu_test::random_floats(rows * dim, 11, 3.f);
+  auto w = gpu_test::from_bf16(gpu_test::to_bf16(gpu_test::random_floats(dim, 12)));
+  std::vector<float> want(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-6);
+    for (int i = 0; i < dim; ++i) want[r * dim + i] = static_cast<float>(x[r * dim + i] * inv * w[i]);
+  }
+  DeviceBuffer<float> dx(x), dy(x.size());
+  DeviceBuffer<__nv_bfloat16> dw(gpu_test::to_bf16(w));
+  dy.poison();
+  launch_rmsnorm(dx.ptr, dw.ptr, dy.ptr, rows, dim, 1e-6f, nullptr);
+  CHECK(gpu_test::compare(want, dy.get(), "rmsnorm") < 1e-6);
+
+  // RoPE at position 1234 on 4 query heads and 2 KV heads of 64 (rotate_half convention).
+  const int hq = 4, hk = 2, hd = 64, pos = 1234;
+  auto q = gpu_test::random_floats(hq * hd, 13), k = gpu_test::random_floats(hk * hd, 14);
+  auto rope_ref = [&](std::vector<float> v, int heads) {
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const float expo = static_cast<float>(2 * i) / static_cast<float>(hd);
+        const double angle = static_cast<double>(static_cast<float>(pos) * (1.0f / static_cast<float>(std::pow(1e6, expo))));
+        const double a = v[h * hd + i], b = v[h * hd + i + hd / 2];
+        v[h * hd + i] = static_cast<float>(a * std::cos(angle) - b * std::sin(angle));
+        v[h * hd + i + hd / 2] = static_cast<float>(b * std::cos(angle) + a * std::sin(angle));
+      }
+    return v;
+  };
+  DeviceBuffer<float> dq(q), dk(k);
+  DeviceBuffer<int32_t> dpos(std::vector<int32_t>{pos});
+  launch_rope(dq.ptr, dk.ptr, hq, hk, hd, hd, dpos.ptr, 1e6f, nullptr);
+  CHECK(gpu_test::compare(rope_ref(q, hq), dq.get(), "rope q", 1e-3) < 1e-4);
+  CHECK(gpu_test::compare(rope_ref(k, hk), dk.get(), "rope k", 1e-3) < 1e-4);
+
+  // Router: 128 experts, top-8, renormalised.
+  auto logits = gpu_test::random_floats(128, 15, 4.f);
+  std::vector<int> order(128);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  double denom = 0;
+  for (int i = 0; i < 8; ++i) denom += std::exp(static_cast<double>(logits[order[i]]));
+  DeviceBuffer<float> dl(logits), dwts(8);
+  DeviceBuffer<int32_t> dids(8);
+  launch_router_topk(dl.ptr, 128, 8, true, dids.ptr, dwts.ptr, nullptr);
+  auto ids = dids.get();
+  auto wts = dwts.get();
+  for (int i = 0; i < 8; ++i) {
+    CHECK(ids[i] == order[i]);
+    CHECK(wts[i] == doctest::Approx(std::exp(static_cast<double>(logits[order[i]])) / denom).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("attention decode (GQA) matches the CPU reference") {
+  gpu_test::skip_without_gpu();
+  const int hq = 8, hk = 2, hd = 128, len = 300, cap = 512, kv_dim = hk * hd;
+  auto q = gpu_test::random_floats(hq * hd, 21);
+  auto kc = gpu_test::random_floats(static_cast<std::size_t>(cap) * kv_dim, 22);
+  auto vc = gpu_test::random_floats(static_cast<std::size_t>(cap) * kv_dim, 23);
+  std::vector<float> want(hq * hd);
+  for (int h = 0; h < hq; ++h) {
+    const int g = h / (hq / hk);
+    std::vector<double> s(len);
+    double m = -1e300;
+    for (int t = 0; t < len; ++t) {
+      double acc = 0;
+      for (int d = 0; d < hd; ++d) acc += static_cast<double>(q[h * hd + d]) * kc[static_cast<std::size_t>(t) * kv_dim + g * hd + d];
+      s[t] = acc / std::sqrt(static_cast<double>(hd));
+      m = std::max(m, s[t]);
+    }
+    double sum = 0;
+    for (auto& v : s) sum += (v = std::exp(v - m));
+    for (int d = 0; d < hd; ++d) {
+      double acc = 0;
+      for (int t = 0; t < len; ++t) acc += s[t] * vc[static_cast<std::size_t>(t) * kv_dim + g * hd + d];
+      want[h * hd + d] = static_cast<float>(acc / sum);
+    }
+  }
+  DeviceBuffer<float> dq(q), dk(kc), dv(vc), scores(static_cast<std::size_t>(hq) * cap), out(hq * hd);
+  DeviceBuffer<int32_t> dpos(std::vector<int32_t>{len - 1});
+  out.poison();
+  launch_attention_decode(dq.ptr, dk.ptr, dv.ptr, scores.ptr, out.ptr, hq, hk, hd, dpos.ptr, cap, nullptr);
+  CHECK(gpu_test::compare(want, out.get(), "attention") < 1e-5);
+}
+
+TEST_CASE("MoE decode through a mixed VRAM/UVA pointer table matches the CPU reference") {
+  gpu_test::skip_without_gpu();
+  const int E = 8, K = 3, H = 256, I = 64;
+  const std::size_t block = 3u * I * H;
+  std::vector<std::vector<float>> experts;
+  for (int e = 0; e < E; ++e) experts.push_back(gpu_test::from_bf16(gpu_test::to_bf16(gpu_test::random_floats(block, 100 + e, 0.1f))));
+  auto x = gpu_test::random_floats(H, 31);
+  std::vector<int32_t> ids = {5, 1, 6};
+  std::vector<float> w = {0.5f, 0.3f, 0.2f};
+  std::vector<float> base = gpu_test::random_floats(H, 32);
+  std::vector<double> want(base.begin(), base.end());
+  for (int j = 0; j < K; ++j) {
+    const auto& B = experts[ids[j]];
+    std::vector<double> act(I);
+    for (int i = 0; i < I; ++i) {
+      double g = 0, u = 0;
+      for (int c = 0; c < H; ++c) {
+        g += static_cast<double>(B[static_cast<std::size_t>(i) * H + c]) * x[c];
+        u += static_cast<double>(B[static_cast<std::size_t>(I + i) * H + c]) * x[c];
+      }
+      act[i] = g / (1 + std::exp(-g)) * u;
+    }
+    for (int h = 0; h < H; ++h) {
+      double acc = 0;
+      for (int i = 0; i < I; ++i) acc += static_cast<double>(B[2u * I * H + static_cast<std::size_t>(h) * I + i]) * act[i];
+      want[h] += w[j] * acc;
+    }
+  }
+  // Experts 0-3 in VRAM, 4-7 in mapped pinned host memory.
+  std::vector<DeviceBuffer<__nv_bfloat16>*> vram;
+  std::vector<__nv_bfloat16*> hosts;
+  std::vector<const __nv_bfloat16*> table(E);
+  for (int e = 0; e < E; ++e) {
+    auto b = gpu_test::to_bf16(experts[e]);
+    if (e < 4) {
+      vram.push_back(new DeviceBuffer<__nv_bfloat16>(b));
+      table[e] = vram.back()->ptr;
+    } else {
+      __nv_bfloat16* h = nullptr;
+      CUDA_CHECK(cudaHostAlloc(&h, block * sizeof(__nv_bfloat16), cudaHostAllocMapped));
+      std::copy(b.begin(), b.end(), h);
+      hosts.push_back(h);
+      __nv_bfloat16* d = nullptr;
+      CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d), h, 0));
+      table[e] = d;
+    }
+  }
+  DeviceBuffer<const __nv_bfloat16*> dtable(table);
+  DeviceBuffer<float> dx(x), dw(w), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H), out(base);
+  DeviceBuffer<int32_t> dids(ids);
+  launch_moe_decode(ExpertTable{dtable.ptr, H, I}, dx.ptr, dids.ptr, dw.ptr, K, scratch.ptr, partial.ptr, out.ptr, nullptr);
+  CHECK(gpu_test::compare(to_float(want), out.get(), "moe") < 1e-5);
+  for (auto* b : vram) delete b;
+  for (auto* h : hosts) CUDA_CHECK(cudaFreeHost(h));
+}

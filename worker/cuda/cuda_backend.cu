@@ -1,0 +1,509 @@
+#include "worker/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/kernels.cuh"
+#include "worker/offload/expert_store.hpp"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// Counts hot hits and misses of one layer's routed experts; per-layer counts feed capture mode.
+__global__ void count_routes_kernel(const int32_t* ids, int k, const uint8_t* hot_flags, unsigned long long* counters,
+                                    unsigned long long* layer_counts) {
+  if (threadIdx.x < k) {
+    const int e = ids[threadIdx.x];
+    atomicAdd(&counters[hot_flags[e] ? 0 : 1], 1ull);
+    atomicAdd(&layer_counts[e], 1ull);
+  }
+}
+
+uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal
+      float f = std::ldexp(static_cast<float>(mant), -24);
+      std::memcpy(&u, &f, 4);
+      u |= sign;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// Converts a checkpoint tensor to bf16 into `dst` (element count must match).
+void to_bf16(const TensorRef& t, uint16_t* dst, std::size_t count) {
+  if (!t.info) throw std::runtime_error("cuda backend: missing tensor");
+  if (t.info->element_count() != count)
+    throw std::runtime_error("cuda backend: tensor '" + t.info->name + "' has " + std::to_string(t.info->element_count()) +
+                             " elements, expected " + std::to_string(count));
+  const std::byte* src = t.bytes.data();
+  switch (t.info->dtype) {
+    case Dtype::bf16: std::memcpy(dst, src, count * 2); break;
+    case Dtype::f16:
+      for (std::size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f32_to_bf16_bits(f16_bits_to_f32(h));
+      }
+      break;
+    case Dtype::f32:
+      for (std::size_t i = 0; i < count; ++i) {
+        float f;
+        std::memcpy(&f, src + 4 * i, 4);
+        dst[i] = f32_to_bf16_bits(f);
+      }
+      break;
+  }
+}
+
+/// Deterministic uniform bf16 in [-scale, scale] (splitmix64), for synthetic weights.
+void fill_random(uint16_t* dst, std::size_t count, uint64_t seed, float scale) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < count; ++i) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    dst[i] = f32_to_bf16_bits((2.f * u - 1.f) * scale);
+  }
+}
+
+struct LayerDev {
+  const bf16 *input_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm;
+  const bf16 *router, *mlp_gate, *mlp_up, *mlp_down;
+  bool moe;
+};
+
+class CudaKvCache : public KvCache {
+ public:
+  CudaKvCache(std::size_t capacity, int layers, int kv_dim, int heads) : capacity_(capacity), layers_(layers), kv_dim_(kv_dim) {
+    const std::size_t per = capacity * static_cast<std::size_t>(kv_dim) * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&kv_, per * 2 * static_cast<std::size_t>(layers)));
+    CUDA_CHECK(cudaMalloc(&scores_, capacity * static_cast<std::size_t>(heads) * sizeof(float)));
+  }
+  ~CudaKvCache() override {
+    if (graph_) cudaGraphExecDestroy(graph_);
+    cudaFree(kv_);
+    cudaFree(scores_);
+  }
+  std::size_t length() const override { return length_; }
+  std::size_t capacity() const override { return capacity_; }
+  void truncate(std::size_t n) override { length_ = std::min(length_, n); }
+
+  float* k(int layer) { return kv_ + static_cast<std::size_t>(2 * layer) * capacity_ * kv_dim_; }
+  float* v(int layer) { return kv_ + static_cast<std::size_t>(2 * layer + 1) * capacity_ * kv_dim_; }
+
+  std::size_t capacity_;
+  int layers_, kv_dim_;
+  std::size_t length_ = 0;
+  float* kv_ = nullptr;
+  float* scores_ = nullptr;
+  cudaGraphExec_t graph_ = nullptr;
+};
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  ModelDescription d;
+  CudaBackendOptions opt;
+  cudaStream_t stream = nullptr;
+  char* arena = nullptr;          // resident weights, VRAM
+  std::size_t arena_bytes = 0, arena_used = 0;
+  const bf16* embed = nullptr;
+  const bf16* lm_head = nullptr;
+  const bf16* final_norm = nullptr;
+  std::vector<LayerDev> layers;
+  std::vector<int> moe_index;     // layer → index in the expert store, -1 for dense
+  std::unique_ptr<offload::ExpertStore> store;
+  offload::ExpertProfile profile;
+  bool have_profile = false;
+  std::vector<std::string> warnings;
+  // Activations (device).
+  float *x, *xn, *q, *k, *v, *attn, *router_logits, *route_w, *scratch, *partial, *g, *u, *h, *logits;
+  int32_t *route_ids, *d_token, *d_pos;
+  unsigned long long *counters, *layer_counts;
+  int32_t* h_scalars = nullptr;   // pinned: token, pos
+  float* h_logits = nullptr;      // pinned: vocab floats
+
+  int hidden() const { return static_cast<int>(d.hidden_size); }
+  int q_dim() const { return static_cast<int>(d.num_heads * d.head_dim); }
+  int kv_dim() const { return static_cast<int>(d.num_kv_heads * d.head_dim); }
+
+  const bf16* place(const std::vector<uint16_t>& host) {
+    const std::size_t bytes = host.size() * 2, at = (arena_used + 255) / 256 * 256;
+    if (at + bytes > arena_bytes) throw std::logic_error("cuda backend: resident arena overflow");
+    CUDA_CHECK(cudaMemcpy(arena + at, host.data(), bytes, cudaMemcpyHostToDevice));
+    arena_used = at + bytes;
+    return reinterpret_cast<const bf16*>(arena + at);
+  }
+
+  std::size_t resident_elems() const {
+    std::size_t n = static_cast<std::size_t>(d.vocab_size) * hidden() * (d.tie_word_embeddings ? 1 : 2) + hidden();
+    for (const auto& l : d.layers) {
+      n += 2 * static_cast<std::size_t>(hidden()) + 2 * static_cast<std::size_t>(d.head_dim);
+      n += static_cast<std::size_t>(hidden()) * (2 * q_dim() + 2 * kv_dim());
+      if (l.mlp == MlpKind::moe) n += static_cast<std::size_t>(d.moe.num_experts) * hidden();
+      else n += 3 * static_cast<std::size_t>(d.intermediate_size) * hidden();
+    }
+    return n + 256 * (16 * d.layers.size() + 8);  // alignment slack
+  }
+
+  void allocate_activations() {
+    const std::size_t H = static_cast<std::size_t>(hidden());
+    const std::size_t topk = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
+    const std::size_t inter = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
+    const std::size_t dense = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
+    auto f = [](float** p, std::size_t n) { CUDA_CHECK(cudaMalloc(p, n * sizeof(float))); };
+    f(&x, H); f(&xn, H); f(&q, static_cast<std::size_t>(q_dim())); f(&k, static_cast<std::size_t>(kv_dim()));
+    f(&v, static_cast<std::size_t>(kv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
+    f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
+    f(&route_w, topk); f(&scratch, topk * 2 * inter); f(&partial, topk * H);
+    f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
+    CUDA_CHECK(cudaMalloc(&route_ids, topk * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&d_token, sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
+    const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
+    CUDA_CHECK(cudaMalloc(&layer_counts, lc * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(layer_counts, 0, lc * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMallocHost(&h_scalars, 2 * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
+  }
+
+  /// The body of one decode step (everything up to the final norm), graph-capturable.
+  void step(CudaKvCache& c) {
+    const int H = hidden(), hd = static_cast<int>(d.head_dim);
+    const float eps = static_cast<float>(d.rms_norm_eps);
+    const int rotary = static_cast<int>(std::lround(d.rotary_fraction * hd)) / 2 * 2;
+    launch_embed(embed, d_token, x, H, stream);
+    for (std::size_t li = 0; li < layers.size(); ++li) {
+      const LayerDev& L = layers[li];
+      const int l = static_cast<int>(li);
+      launch_rmsnorm(x, L.input_norm, xn, 1, H, eps, stream);
+      launch_gemv_bf16(L.q, xn, q, q_dim(), H, false, stream);
+      launch_gemv_bf16(L.k, xn, k, kv_dim(), H, false, stream);
+      launch_gemv_bf16(L.v, xn, v, kv_dim(), H, false, stream);
+      if (d.qk_norm) {
+        launch_rmsnorm(q, L.q_norm, q, static_cast<int>(d.num_heads), hd, eps, stream);
+        launch_rmsnorm(k, L.k_norm, k, static_cast<int>(d.num_kv_heads), hd, eps, stream);
+      }
+      launch_rope(q, k, static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), hd, rotary, d_pos,
+                  static_cast<float>(d.rope_theta), stream);
+      launch_kv_append(k, v, c.k(l), c.v(l), d_pos, kv_dim(), stream);
+      launch_attention_decode(q, c.k(l), c.v(l), c.scores_, attn, static_cast<int>(d.num_heads),
+                              static_cast<int>(d.num_kv_heads), hd, d_pos, static_cast<int>(c.capacity_), stream);
+      launch_gemv_bf16(L.o, attn, x, H, q_dim(), true, stream);
+      launch_rmsnorm(x, L.post_norm, xn, 1, H, eps, stream);
+      if (L.moe) {
+        const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
+        const int si = moe_index[li];
+        launch_gemv_bf16(L.router, xn, router_logits, E, H, false, stream);
+        launch_router_topk(router_logits, E, K, d.moe.norm_topk_prob, route_ids, route_w, stream);
+        count_routes_kernel<<<1, 32, 0, stream>>>(route_ids, K, store->device_hot_flags() + static_cast<std::size_t>(si) * E,
+                                                  counters, layer_counts + static_cast<std::size_t>(si) * E);
+        CUDA_CHECK(cudaGetLastError());
+        launch_moe_decode(store->table(si), xn, route_ids, route_w, K, scratch, partial, x, stream);
+      } else {
+        const int I = static_cast<int>(d.intermediate_size);
+        launch_gemv_bf16(L.mlp_gate, xn, g, I, H, false, stream);
+        launch_gemv_bf16(L.mlp_up, xn, u, I, H, false, stream);
+        launch_swiglu(g, u, h, I, stream);
+        launch_gemv_bf16(L.mlp_down, h, x, H, I, true, stream);
+      }
+    }
+    launch_rmsnorm(x, final_norm, xn, 1, H, eps, stream);
+  }
+};
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CudaBackend::~CudaBackend() {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  if (!m.opt.capture_profile_path.empty() && m.store) {
+    try {
+      const int E = static_cast<int>(m.d.moe.num_experts);
+      std::vector<unsigned long long> counts(static_cast<std::size_t>(m.store->n_layers()) * E);
+      cudaMemcpy(counts.data(), m.layer_counts, counts.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+      offload::ExpertProfile p;
+      p.layout = "layers=" + std::to_string(m.store->n_layers()) + " experts=" + std::to_string(E) + " offloaded=all";
+      for (int l = 0; l < m.store->n_layers(); ++l)
+        p.counts.emplace_back(counts.begin() + static_cast<std::ptrdiff_t>(l) * E, counts.begin() + static_cast<std::ptrdiff_t>(l + 1) * E);
+      offload::save_expert_profile(p, m.opt.capture_profile_path);
+    } catch (...) {
+      // Destructors do not throw; the profile is simply not written.
+    }
+  }
+  m.store.reset();
+  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.xn), static_cast<void*>(m.q),
+                  static_cast<void*>(m.k), static_cast<void*>(m.v), static_cast<void*>(m.attn),
+                  static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w), static_cast<void*>(m.scratch),
+                  static_cast<void*>(m.partial), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
+                  static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),
+                  static_cast<void*>(m.d_pos), static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
+    if (p) cudaFree(p);
+  if (m.h_scalars) cudaFreeHost(m.h_scalars);
+  if (m.h_logits) cudaFreeHost(m.h_logits);
+  if (m.stream) cudaStreamDestroy(m.stream);
+}
+
+std::size_t CudaBackend::vocab_size() const { return static_cast<std::size_t>(impl_->d.vocab_size); }
+std::size_t CudaBackend::kv_bytes_per_token() const { return static_cast<std::size_t>(impl_->d.kv_bytes_per_token_f32()); }
+const ModelDescription& CudaBackend::description() const { return impl_->d; }
+const std::vector<std::string>& CudaBackend::warnings() const { return impl_->warnings; }
+std::size_t CudaBackend::expert_block_bytes() const { return impl_->store ? impl_->store->block_bytes() : 0; }
+std::size_t CudaBackend::resident_bytes() const { return impl_->arena_used; }
+std::size_t CudaBackend::host_bytes_mapped() const { return impl_->store ? impl_->store->host_bytes_mapped() : 0; }
+std::size_t CudaBackend::expert_bytes() const { return impl_->store ? impl_->store->expert_bytes() : 0; }
+int CudaBackend::hot_slots() const { return impl_->store ? impl_->store->slots() : 0; }
+
+void CudaBackend::set_hot_slots(int slots) {
+  if (!impl_->store) return;
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  impl_->store->fill_hot_cache(slots, impl_->have_profile ? &impl_->profile : nullptr, &impl_->warnings);
+}
+
+RoutingStats CudaBackend::stats() {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  unsigned long long c[2] = {0, 0};
+  CUDA_CHECK(cudaMemcpy(c, impl_->counters, sizeof c, cudaMemcpyDeviceToHost));
+  RoutingStats s;
+  s.hot_hits = c[0];
+  s.misses = c[1];
+  return s;
+}
+
+void CudaBackend::reset_stats() {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  CUDA_CHECK(cudaMemset(impl_->counters, 0, 2 * sizeof(unsigned long long)));
+}
+
+std::unique_ptr<KvCache> CudaBackend::new_cache(std::size_t max_tokens) {
+  return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim(),
+                                       static_cast<int>(impl_->d.num_heads));
+}
+
+std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
+  Impl& m = *impl_;
+  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
+  if (c.length_ + tokens.size() > c.capacity_) {
+    throw KvCacheFull("KV cache full: " + std::to_string(c.length_) + " cached + " + std::to_string(tokens.size()) +
+                      " new tokens exceed the capacity of " + std::to_string(c.capacity_) + " tokens");
+  }
+  const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
+  std::vector<float> out;
+  out.reserve(all_logits ? V * tokens.size() : V);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= V)
+      throw std::out_of_range("token id " + std::to_string(tokens[i]) + " outside the vocabulary of " + std::to_string(V));
+    m.h_scalars[0] = tokens[i];
+    m.h_scalars[1] = static_cast<int32_t>(c.length_);
+    CUDA_CHECK(cudaMemcpyAsync(m.d_token, &m.h_scalars[0], sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaMemcpyAsync(m.d_pos, &m.h_scalars[1], sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    if (m.opt.use_graphs) {
+      if (!c.graph_) {
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+        m.step(c);
+        CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&c.graph_, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+      }
+      CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
+    } else {
+      m.step(c);
+    }
+    ++c.length_;
+    const bool want = all_logits || i + 1 == tokens.size();
+    if (want) {
+      launch_gemv_bf16(m.lm_head, m.xn, m.logits, static_cast<int>(V), m.hidden(), false, m.stream);
+      CUDA_CHECK(cudaMemcpyAsync(m.h_logits, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      out.insert(out.end(), m.h_logits, m.h_logits + V);
+    } else {
+      // The scalars' pinned buffer is rewritten next token: the copies must have consumed it.
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+using Source = std::function<void(const std::string& what, uint16_t* dst, std::size_t count, float fan_in)>;
+
+std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
+                                         const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
+  auto m = std::make_unique<CudaBackend::Impl>();
+  m->d = d;
+  m->opt = opt;
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+  m->arena_bytes = m->resident_elems() * 2;
+  CUDA_CHECK(cudaMalloc(&m->arena, m->arena_bytes));
+  const std::size_t H = static_cast<std::size_t>(d.hidden_size);
+  auto upload = [&](const std::string& what, std::size_t count, float fan_in) {
+    std::vector<uint16_t> host(count);
+    src(what, host.data(), count, fan_in);
+    return m->place(host);
+  };
+  m->embed = upload("embed", static_cast<std::size_t>(d.vocab_size) * H, 1.f);
+  m->lm_head = d.tie_word_embeddings ? m->embed : upload("lm_head", static_cast<std::size_t>(d.vocab_size) * H, static_cast<float>(H));
+  m->final_norm = upload("final_norm", H, 0.f);
+  int moe_layers = 0;
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    const std::string p = "layer " + std::to_string(l) + " ";
+    LayerDev L{};
+    L.input_norm = upload(p + "input_norm", H, 0.f);
+    L.q = upload(p + "q", static_cast<std::size_t>(m->q_dim()) * H, static_cast<float>(H));
+    L.k = upload(p + "k", static_cast<std::size_t>(m->kv_dim()) * H, static_cast<float>(H));
+    L.v = upload(p + "v", static_cast<std::size_t>(m->kv_dim()) * H, static_cast<float>(H));
+    L.o = upload(p + "o", H * static_cast<std::size_t>(m->q_dim()), static_cast<float>(m->q_dim()));
+    L.q_norm = d.qk_norm ? upload(p + "q_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
+    L.k_norm = d.qk_norm ? upload(p + "k_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
+    L.post_norm = upload(p + "post_norm", H, 0.f);
+    L.moe = d.layers[l].mlp == MlpKind::moe;
+    if (L.moe) {
+      L.router = upload(p + "router", static_cast<std::size_t>(d.moe.num_experts) * H, static_cast<float>(H));
+      m->moe_index.push_back(moe_layers++);
+    } else {
+      const std::size_t I = static_cast<std::size_t>(d.intermediate_size);
+      L.mlp_gate = upload(p + "mlp_gate", I * H, static_cast<float>(H));
+      L.mlp_up = upload(p + "mlp_up", I * H, static_cast<float>(H));
+      L.mlp_down = upload(p + "mlp_down", H * I, static_cast<float>(I));
+      m->moe_index.push_back(-1);
+    }
+    m->layers.push_back(L);
+  }
+  if (moe_layers > 0) {
+    const int E = static_cast<int>(d.moe.num_experts);
+    m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, static_cast<int>(H), static_cast<int>(d.moe.intermediate_size));
+    // Fill host blocks in parallel (the 30B benchmark shape holds ~58 GB of experts).
+    const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int idx = t; idx < moe_layers * E; idx += threads)
+          expert_src(idx / E, idx % E, reinterpret_cast<uint16_t*>(m->store->host_block(idx / E, idx % E)));
+      });
+    }
+    for (auto& th : pool) th.join();
+    m->store->register_host();
+    if (!opt.profile_path.empty()) {
+      m->profile = offload::load_expert_profile(opt.profile_path);
+      m->have_profile = true;
+      const std::string layout = "layers=" + std::to_string(moe_layers) + " experts=" + std::to_string(E) + " offloaded=all";
+      if (m->profile.layout != layout)
+        m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
+                              "', this launch is '" + layout + "'; mismatched layers fall back to id order");
+    }
+    int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
+    if (opt.vram_budget_gib > 0) {
+      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) - 2.0 * 1073741824.0;
+      const int fit = budget <= 0 ? 0 : static_cast<int>(budget / (static_cast<double>(m->store->block_bytes()) * moe_layers));
+      if (fit < slots) {
+        m->warnings.push_back("--vram-budget-gib " + std::to_string(opt.vram_budget_gib) + " leaves room for " +
+                              std::to_string(fit) + " hot experts per layer (asked " + std::to_string(slots) + ")");
+        slots = fit;
+      }
+    }
+    m->store->fill_hot_cache(slots, m->have_profile ? &m->profile : nullptr, &m->warnings);
+  }
+  m->allocate_activations();
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackendOptions opt) {
+  const ModelDescription& d = ck.description();
+  auto tensor_for = [&](const std::string& what) -> const TensorRef& {
+    if (what == "embed") return ck.embed_tokens();
+    if (what == "lm_head") return ck.lm_head();
+    if (what == "final_norm") return ck.final_norm();
+    const std::size_t space = what.find(' ', 6);
+    const std::size_t l = std::stoul(what.substr(6, space - 6));
+    const std::string f = what.substr(space + 1);
+    const LayerWeights& L = ck.layers()[l];
+    if (f == "input_norm") return L.input_norm;
+    if (f == "q") return L.q_proj;
+    if (f == "k") return L.k_proj;
+    if (f == "v") return L.v_proj;
+    if (f == "o") return L.o_proj;
+    if (f == "q_norm") return L.q_norm;
+    if (f == "k_norm") return L.k_norm;
+    if (f == "post_norm") return L.post_attn_norm;
+    if (f == "router") return L.router;
+    if (f == "mlp_gate") return L.mlp_gate;
+    if (f == "mlp_up") return L.mlp_up;
+    if (f == "mlp_down") return L.mlp_down;
+    throw std::logic_error("cuda backend: no tensor for " + what);
+  };
+  Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float) { to_bf16(tensor_for(what), dst, count); };
+  std::vector<int> moe_layers;
+  for (std::size_t l = 0; l < d.layers.size(); ++l)
+    if (d.layers[l].mlp == MlpKind::moe) moe_layers.push_back(static_cast<int>(l));
+  auto experts = [&](int si, int e, uint16_t* block) {
+    const ExpertWeights& w = ck.layers()[static_cast<std::size_t>(moe_layers[static_cast<std::size_t>(si)])].experts[static_cast<std::size_t>(e)];
+    const std::size_t n = static_cast<std::size_t>(d.moe.intermediate_size) * static_cast<std::size_t>(d.hidden_size);
+    to_bf16(w.gate, block, n);
+    to_bf16(w.up, block + n, n);
+    to_bf16(w.down, block + 2 * n, n);
+  };
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+}
+
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& d, uint64_t seed, CudaBackendOptions opt) {
+  std::map<std::string, uint64_t> ids;
+  Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float fan_in) {
+    if (fan_in == 0.f) {  // norms: ones
+      for (std::size_t i = 0; i < count; ++i) dst[i] = f32_to_bf16_bits(1.f);
+      return;
+    }
+    const uint64_t id = ids.emplace(what, ids.size() + 1).first->second;
+    fill_random(dst, count, seed ^ (id * 0x100000001B3ull), fan_in == 1.f ? 0.5f : 1.f / std::sqrt(fan_in));
+  };
+  const std::size_t H = static_cast<std::size_t>(d.hidden_size), I = static_cast<std::size_t>(d.moe.intermediate_size);
+  auto experts = [&](int layer, int e, uint16_t* block) {
+    const uint64_t s = seed + 0x51ED270B27ull * (static_cast<uint64_t>(layer) * 4096 + static_cast<uint64_t>(e) + 1);
+    fill_random(block, 2 * I * H, s, 1.f / std::sqrt(static_cast<float>(H)));
+    fill_random(block + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
+  };
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace servedeck::worker::cuda

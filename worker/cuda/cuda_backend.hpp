@@ -1,0 +1,94 @@
+// The CUDA backend of the worker (Backend, worker/engine/backend.hpp) for qwen3_moe and qwen3:
+// attention, norms, router, embeddings and lm_head resident in VRAM (bf16); routed experts in
+// the expert store (worker/offload/expert_store.hpp): pinned host memory read through UVA, with
+// a per-layer hot-expert cache in VRAM. KV cache fp32 in VRAM.
+//
+// Each token runs the batch-1 decode step, captured once per KV cache as a CUDA graph (the
+// routed experts are chosen on the device through pointer tables, so capture needs no
+// device→host sync). Prefill runs the same step token by token: correct, not yet the staged
+// prefill path (experts DMA'd in groups through a staging buffer), which is not implemented.
+//
+// Thread-safety: one forward() at a time (the engine's scheduler thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/backend.hpp"
+#include "worker/model/checkpoint.hpp"
+#include "worker/model/config.hpp"
+
+namespace servedeck::worker::cuda {
+
+struct CudaBackendOptions {
+  int device = 0;
+  /// Share of each MoE layer's experts kept in the VRAM hot-expert cache, [0, 1]; 1 = all resident.
+  double hot_fraction = 1.0;
+  /// Explicit slots per layer; overrides hot_fraction when >= 0.
+  int hot_slots = -1;
+  /// VRAM budget in GiB (0 = none): hot slots are reduced so that resident weights + hot cache
+  /// + 2 GiB of KV/workspace fit. Forces offload on a card where the model would fit.
+  double vram_budget_gib = 0;
+  std::string profile_path;          // hot-expert profile to fill the cache from (optional)
+  std::string capture_profile_path;  // when set, routing counts are written here on destruction
+  bool use_graphs = true;
+};
+
+/// Routing statistics since construction (or reset_stats()).
+struct RoutingStats {
+  uint64_t hot_hits = 0;     // routed experts served from VRAM
+  uint64_t misses = 0;       // routed experts read from host memory over PCIe
+  uint64_t tokens = 0;
+  double hit_rate() const { return hot_hits + misses ? static_cast<double>(hot_hits) / (hot_hits + misses) : 0; }
+};
+
+class CudaBackend : public Backend {
+ public:
+  ~CudaBackend() override;
+
+  std::size_t vocab_size() const override;
+  std::size_t kv_bytes_per_token() const override;
+  std::string name() const override { return "cuda"; }
+  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
+  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
+
+  /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).
+  void set_hot_slots(int slots);
+  int hot_slots() const;
+  RoutingStats stats();
+  void reset_stats();
+  /// Bytes of one routed expert (gate + up + down, bf16).
+  std::size_t expert_block_bytes() const;
+  /// VRAM bytes of resident (non-expert) weights.
+  std::size_t resident_bytes() const;
+  /// Host bytes mapped for experts and the expert bytes they hold (RSS / expert bytes ≈ their ratio).
+  std::size_t host_bytes_mapped() const;
+  std::size_t expert_bytes() const;
+  const ModelDescription& description() const;
+  /// Warnings gathered at load (profile mismatch, budget reductions).
+  const std::vector<std::string>& warnings() const;
+
+  struct Impl;
+
+ private:
+  friend std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint&, CudaBackendOptions);
+  friend std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&, uint64_t, CudaBackendOptions);
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Uploads `checkpoint` (BF16, F16 or F32 tensors; converted to bf16). Throws CudaError or
+/// std::runtime_error naming what failed.
+std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& checkpoint, CudaBackendOptions options = {});
+
+/// A model of `description`'s shape with weights drawn from a seeded PRNG in memory (for
+/// benchmarks at sizes whose checkpoint would not fit the machine's disk).
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& description, uint64_t seed,
+                                                         CudaBackendOptions options = {});
+
+/// True when a CUDA device is present and usable (for labelled GPU tests to skip cleanly).
+bool cuda_device_available();
+
+}  // namespace servedeck::worker::cuda
