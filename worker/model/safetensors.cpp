@@ -163,14 +163,16 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file,
   std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  for (std::size_t i = 1; i < h.tensors.size(); ++i) {
-    const auto& a = h.tensors[i - 1];
-    const auto& b = h.tensors[i];
-    // note: zero-sized tensors occupy no bytes and cannot overlap anything.
-    if (a.byte_size() && b.byte_size() && b.begin < a.end)
-      fail(file_label, "tensor '" + b.name + "' bytes [" + std::to_string(b.begin) + ", " +
-                           std::to_string(b.end) + ") overlap tensor '" + a.name + "' bytes [" +
-                           std::to_string(a.begin) + ", " + std::to_string(a.end) + ")");
+  // note: zero-sized tensors occupy no bytes and cannot overlap anything; each non-empty span
+  // is compared with the previous non-empty one (sorted by begin, so that one ends last).
+  const TensorInfo* prev = nullptr;
+  for (const auto& b : h.tensors) {
+    if (!b.byte_size()) continue;
+    if (prev && b.begin < prev->end)
+      fail(file_label, "tensor '" + b.name + "' bytes [" + std::to_string(b.begin) + ", " + std::to_string(b.end) +
+                           ") overlap tensor '" + prev->name + "' bytes [" + std::to_string(prev->begin) + ", " +
+                           std::to_string(prev->end) + ")");
+    prev = &b;
   }
   return h;
 }

@@ -97,6 +97,11 @@ TEST_CASE("overlapping spans name both tensors and their byte ranges") {
   CHECK(parse_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                     R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                     12) == "x.safetensors: tensor 'b' bytes [4, 12) overlap tensor 'a' bytes [0, 8)");
+  // A zero-sized tensor between two overlapping ones does not hide the overlap.
+  CHECK(parse_error(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                    R"("c":{"dtype":"F32","shape":[1],"data_offsets":[6,10]}})",
+                    12) == "x.safetensors: tensor 'c' bytes [6, 10) overlap tensor 'a' bytes [0, 8)");
 }
 
 TEST_CASE("shape x dtype size must equal the byte span") {
