@@ -161,7 +161,7 @@ void fetch_stream(const ClientRequest& req,
   c.connect(req.timeout_ms);
   c.write(req.timeout_ms);
   bhttp::response_parser<bhttp::buffer_body> p;
-  p.body_limit(boost::none);
+  p.body_limit(std::uint64_t{1} << 62);  // note: boost::none trips a Beast 1.74 bug (len > none is true)
   if (auto ec = c.read_header(p, req.timeout_ms)) c.fail("read response head", ec);
   if (on_head) on_head(static_cast<int>(p.get().result_int()), header_map(p.get()));
   char buf[16384];

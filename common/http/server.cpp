@@ -211,7 +211,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (last) response_complete_queued_ = true;
     flush();
   }
-  void abort_response() {  // responder dropped mid-stream: the client must see a truncated body
+  /// The responder was dropped mid-stream (or its queue overflowed): what was queued is still
+  /// flushed, then the connection closes without the final chunk, so the client sees a
+  /// truncated body rather than a clean end.
+  void abort_response() {
+    if (writing_ || !out_.empty()) {
+      abort_after_flush_ = true;
+      return;
+    }
     close();
   }
   void add_disconnect_cb(std::function<void()> cb) {
@@ -367,6 +374,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();
     }
     if (!out_.empty()) return flush();
+    if (abort_after_flush_) return close();
     if (writing_is_last_ && response_complete_queued_) {
       response_done_ = true;
       disconnect_cbs_.clear();  // the response ended: later closes are not "client gone"
@@ -414,6 +422,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::function<void()>> disconnect_cbs_;
   bool writing_ = false;
   bool writing_is_last_ = false;
+  bool abort_after_flush_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;
   bool response_complete_queued_ = false;
@@ -479,7 +488,7 @@ class ResponderImpl final : public Responder {
     auto pending = session_->pending_bytes.fetch_add(chunk.size()) + chunk.size();
     if (pending > session_->server().opt.max_pending_write_bytes) {
       session_->gone = true;
-      session_->server().post(session_->executor(), [s = session_] { s->abort_response(); });
+      session_->server().post(session_->executor(), [s = session_] { s->close_now(); });
       return false;
     }
     post_locked(std::move(chunk), false);

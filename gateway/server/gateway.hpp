@@ -1,6 +1,19 @@
 // The gateway: the daemon's HTTP front (OpenAI-compatible routes, /health, /metrics) and the
 // streaming proxy to the engine of the ready slot. Admin routes are registered by the daemon
-// (gateway/admin) through add_route().
+// (gateway/admin) through add_route(). See docs/gateway.md.
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions (gateway/server/proxy.hpp),
+// GET /v1/models (every configured id with its own context), GET /health, GET /metrics
+// (gateway/server/metrics.hpp), plus add_route() routes. With `server.api_keys` set in the
+// registry every route but /health needs `Authorization: Bearer <key>` (401 otherwise).
+//
+// Routing: the request's `model` (served name, alias or preset alias) → its base model. When
+// that model holds the ready slot the request is proxied under a lease. Otherwise: with
+// `switch_on_request` the request waits (bounded by queue_max and queue_timeout_s; streaming
+// clients get SSE comment heartbeats) while SlotControl::ensure_running switches; without it,
+// 409 naming the running model and `servedeck switch <name>`.
+//
+// Thread-safety: add_route() before start(); everything else from any thread.
 #pragma once
 
 #include <memory>
@@ -18,7 +31,10 @@ class Metrics;  // gateway/server/metrics.hpp
 struct GatewayOptions {
   std::string host = "127.0.0.1";
   int port = 0;                // 0 = ephemeral
-  int threads = 2;
+  int threads = 2;             // HTTP I/O threads; as many again run the upstream connections
+  int heartbeat_ms = 5000;     // SSE comment heartbeat interval to a streaming client that waits
+                               // (queued for a switch, or before the engine's first token)
+  int retry_after_s = 30;      // Retry-After on 503 (queue full, queue timeout, model loading)
 };
 
 class Gateway {

@@ -1,0 +1,363 @@
+#include "gateway/server/gateway.hpp"
+
+#include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <boost/asio.hpp>
+
+#include "common/openai_error.hpp"
+#include "common/sse.hpp"
+#include "gateway/server/metrics.hpp"
+#include "gateway/server/proxy.hpp"
+#include "gateway/server/request_body.hpp"
+#include "gateway/server/stream_normalizer.hpp"
+
+namespace servedeck::gateway {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+bool is_loopback(std::string_view address) {
+  return address.rfind("127.", 0) == 0 || address.rfind("::1", 0) == 0 || address.rfind("[::1]", 0) == 0 ||
+         address == "localhost";
+}
+
+const char* slot_state_name(SlotState s) {
+  switch (s) {
+    case SlotState::stopped: return "stopped";
+    case SlotState::preflight: return "preflight";
+    case SlotState::starting: return "starting";
+    case SlotState::ready: return "ready";
+    case SlotState::stopping: return "stopping";
+    case SlotState::failed: return "failed";
+  }
+  return "unknown";
+}
+
+void send_json(http::Responder& res, int status, const json& body, http::Headers extra = {}) {
+  res.send(status, "application/json", dump_json(body), std::move(extra));
+}
+
+}  // namespace
+
+/// A request waiting for its model to be switched in (switch_on_request).
+struct Waiter {
+  Waiter(asio::io_context& ioc) : strand(asio::make_strand(ioc)), timeout(strand), heartbeat(strand) {}
+  asio::strand<asio::io_context::executor_type> strand;
+  asio::steady_timer timeout;
+  asio::steady_timer heartbeat;
+  ProxyJob job;
+  bool stream = false;
+  bool heartbeat_started = false;  // the client already has a 200 stream with heartbeats
+  bool done = false;
+};
+
+struct Gateway::Impl {
+  Impl(const registry::Registry& r, state::Store& s, SlotControl& sl, GatewayOptions o)
+      : reg(r), store(s), slots(sl), opt(std::move(o)) {}
+
+  const registry::Registry& reg;
+  state::Store& store;
+  SlotControl& slots;
+  GatewayOptions opt;
+  Metrics metrics;
+  asio::io_context upstream_ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::vector<std::thread> upstream_threads;
+  std::unique_ptr<http::Server> server;
+  std::map<std::pair<std::string, std::string>, http::Handler> routes;
+  ProxyShared shared;
+  std::mutex queue_mu;
+  std::map<std::string, int> queued;  // by base model name
+
+  void handle(http::Request req, std::shared_ptr<http::Responder> res);
+  void handle_completion(Route route, http::Request& req, std::shared_ptr<http::Responder> res);
+  void handle_models(http::Responder& res);
+  void handle_health(http::Responder& res);
+  void enqueue(ProxyJob job, bool stream);
+  void release_waiter(const std::shared_ptr<Waiter>& w);
+  void waiter_fail(const std::shared_ptr<Waiter>& w, int status, const std::string& message, const std::string& code);
+  void waiter_heartbeat(const std::shared_ptr<Waiter>& w);
+};
+
+Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl& slots, GatewayOptions opt)
+    : impl_(std::make_unique<Impl>(reg, store, slots, std::move(opt))) {
+  auto& im = *impl_;
+  http::ServerOptions so;
+  so.host = im.opt.host;
+  so.port = im.opt.port;
+  so.threads = im.opt.threads;
+  so.max_body_bytes = reg.server.max_body_bytes;
+  Impl* p = impl_.get();
+  im.server = std::make_unique<http::Server>(so, [p](http::Request req, std::shared_ptr<http::Responder> res) {
+    p->handle(std::move(req), std::move(res));
+  });
+  im.shared.upstream_ioc = &im.upstream_ioc;
+  im.shared.metrics = &im.metrics;
+  im.shared.store = &im.store;
+  im.shared.heartbeat_ms = im.opt.heartbeat_ms;
+  http::Server* srv = im.server.get();
+  im.shared.post_blocking = [srv](std::function<void()> fn) { return srv->post_blocking(std::move(fn)); };
+}
+
+Gateway::~Gateway() { stop(); }
+
+void Gateway::add_route(std::string method, std::string path, http::Handler handler) {
+  impl_->routes[{std::move(method), std::move(path)}] = std::move(handler);
+}
+
+void Gateway::start() {
+  auto& im = *impl_;
+  if (!im.upstream_threads.empty()) return;
+  im.work.emplace(im.upstream_ioc.get_executor());
+  for (int i = 0; i < std::max(1, im.opt.threads); ++i)
+    im.upstream_threads.emplace_back([&im] { im.upstream_ioc.run(); });
+  im.server->start();
+}
+
+int Gateway::port() const { return impl_->server->port(); }
+
+void Gateway::stop() {
+  auto& im = *impl_;
+  im.server->stop();  // closes every client connection: their calls cancel their upstreams
+  im.work.reset();
+  im.upstream_ioc.stop();
+  for (auto& t : im.upstream_threads)
+    if (t.joinable()) t.join();
+  im.upstream_threads.clear();
+}
+
+Metrics& Gateway::metrics() { return impl_->metrics; }
+
+bool Gateway::post_blocking(std::function<void()> fn) { return impl_->server->post_blocking(std::move(fn)); }
+
+void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> res) {
+  if (req.path != "/health" && !reg.server.api_keys.empty()) {
+    std::string auth = req.header("authorization");
+    bool ok = false;
+    if (auth.rfind("Bearer ", 0) == 0) {
+      std::string key = auth.substr(7);
+      for (const auto& k : reg.server.api_keys) ok = ok || k == key;
+    }
+    if (!ok)
+      return http::send_error(*res, 401,
+                              auth.empty() ? "missing API key: send Authorization: Bearer <key>" : "invalid API key",
+                              "authentication_error", "invalid_api_key", false, {{"WWW-Authenticate", "Bearer"}});
+  }
+  if (req.method == "POST" && req.path == "/v1/chat/completions")
+    return handle_completion(Route::chat_completions, req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
+  if (req.method == "GET" && req.path == "/v1/models") return handle_models(*res);
+  if (req.method == "GET" && req.path == "/health") return handle_health(*res);
+  if (req.method == "GET" && req.path == "/metrics")
+    return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
+  if (auto it = routes.find({req.method, req.path}); it != routes.end()) {
+    if (!is_loopback(opt.host) && !is_loopback(req.remote_address))
+      return http::send_error(*res, 403, "admin routes answer only loopback clients", "permission_error",
+                              "admin_loopback_only");
+    return it->second(std::move(req), std::move(res));
+  }
+  for (const auto& [key, h] : routes) {
+    if (key.second == req.path)
+      return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path,
+                              "invalid_request_error", "method_not_allowed");
+  }
+  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/models")
+    return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error",
+                            "method_not_allowed");
+  http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
+}
+
+void Gateway::Impl::handle_models(http::Responder& res) {
+  json data = json::array();
+  for (const auto& m : reg.models) {
+    auto add = [&](const std::string& id) {
+      data.push_back(json{{"id", id},
+                          {"object", "model"},
+                          {"created", 0},
+                          {"owned_by", "servedeck"},
+                          {"root", m.served_name},
+                          {"max_model_len", m.ctx}});
+    };
+    add(m.served_name);
+    for (const auto& a : m.aliases) add(a);
+    for (const auto& p : m.presets) add(p.alias);
+  }
+  send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
+}
+
+void Gateway::Impl::handle_health(http::Responder& res) {
+  auto snap = slots.snapshot();
+  json j{{"status", "ok"},
+         {"slot", {{"state", slot_state_name(snap.state)}, {"model", snap.model}, {"in_flight", snap.in_flight}}}};
+  if (!snap.switching_to.empty()) j["slot"]["switching_to"] = snap.switching_to;
+  send_json(res, 200, j);
+}
+
+void Gateway::Impl::handle_completion(Route route, http::Request& req, std::shared_ptr<http::Responder> res) {
+  auto t0 = clock_type::now();
+  auto local = [&](int status, const std::string& model, const std::string& alias, bool stream,
+                   const std::string& message, const char* type, const char* code, http::Headers extra = {}) {
+    http::send_error(*res, status, message, type, code, false, std::move(extra));
+    record_local_answer(shared, route, model, alias, stream, status, code, t0);
+  };
+  JsonParseError perr;
+  json body = parse_json(req.body, perr);
+  if (body.is_discarded()) return local(400, "", "", false, perr.message, "invalid_request_error", "invalid_json");
+  if (!body.is_object()) return local(400, "", "", false, "the request body must be a JSON object", "invalid_request_error", "invalid_body");
+  bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+  if (!body.contains("model") || !body["model"].is_string())
+    return local(400, "", "", stream, "the request needs a string `model`", "invalid_request_error", "missing_model");
+  std::string id = body["model"].get<std::string>();
+  const registry::ModelEntry* entry = reg.find_by_id(id);
+  if (!entry) {
+    std::string known;
+    for (const auto& m : reg.models)
+      for (const auto& i : m.all_ids()) known += (known.empty() ? "" : ", ") + i;
+    return local(404, "", id, stream, "model '" + id + "' is not configured; configured ids: " + known,
+                 "invalid_request_error", "model_not_found");
+  }
+  if (route == Route::chat_completions && (!body.contains("messages") || !body["messages"].is_array()))
+    return local(400, entry->name, id, stream, "a chat completion needs a `messages` array", "invalid_request_error",
+                 "missing_messages");
+  if (route == Route::completions && !body.contains("prompt"))
+    return local(400, entry->name, id, stream, "a completion needs a `prompt`", "invalid_request_error", "missing_prompt");
+
+  ProxyJob job;
+  job.route = route;
+  job.model = entry;
+  job.preset = reg.find_preset(id);
+  job.requested_id = id;
+  job.body = std::move(body);
+  job.res = res;
+  job.start = t0;
+  if (Lease lease = slots.acquire(entry->name)) {
+    auto snap = slots.snapshot();
+    job.lease = std::move(lease);
+    job.engine_host = snap.host;
+    job.engine_port = snap.port;
+    return start_proxy(shared, std::move(job));
+  }
+  auto snap = slots.snapshot();
+  std::string retry = std::to_string(opt.retry_after_s);
+  if (entry->switch_on_request) return enqueue(std::move(job), stream);
+  if (snap.model == entry->name && (snap.state == SlotState::preflight || snap.state == SlotState::starting))
+    return local(503, entry->name, id, stream, "model '" + entry->name + "' is loading (" + slot_state_name(snap.state) + ")",
+                 "overloaded_error", "model_loading", {{"Retry-After", retry}});
+  std::string running = snap.model.empty() || snap.state == SlotState::stopped
+                            ? std::string("no model is running")
+                            : "the running model is '" + snap.model + "' (" + slot_state_name(snap.state) + ")";
+  local(409, entry->name, id, stream,
+        "model '" + entry->name + "' (requested as '" + id + "') is not running; " + running +
+            ". Switch with: servedeck switch " + entry->name,
+        "invalid_request_error", "model_not_running");
+}
+
+void Gateway::Impl::enqueue(ProxyJob job, bool stream) {
+  const registry::ModelEntry* entry = job.model;
+  {
+    std::lock_guard lk(queue_mu);
+    int& n = queued[entry->name];
+    if (n >= entry->queue_max) {
+      http::send_error(*job.res, 503,
+                       "the queue for model '" + entry->name + "' is full (" + std::to_string(entry->queue_max) +
+                           " waiting)",
+                       "overloaded_error", "queue_full", false, {{"Retry-After", std::to_string(opt.retry_after_s)}});
+      record_local_answer(shared, job.route, entry->name, job.requested_id, stream, 503, "queue_full", job.start);
+      return;
+    }
+    ++n;
+  }
+  metrics.add_queued(1);
+  auto w = std::make_shared<Waiter>(upstream_ioc);
+  w->job = std::move(job);
+  w->stream = stream;
+  Impl* self = this;
+  w->job.res->on_disconnect([self, w] {
+    asio::dispatch(w->strand, [self, w] {
+      if (w->done) return;
+      self->release_waiter(w);
+      record_local_answer(self->shared, w->job.route, w->job.model->name, w->job.requested_id, w->stream, 499,
+                          "client_disconnected", w->job.start);
+    });
+  });
+  asio::dispatch(w->strand, [self, w] {
+    w->timeout.expires_after(std::chrono::seconds(w->job.model->queue_timeout_s));
+    w->timeout.async_wait([self, w](boost::system::error_code ec) {
+      if (ec || w->done) return;
+      self->waiter_fail(w, 503,
+                        "model '" + w->job.model->name + "' did not become ready within " +
+                            std::to_string(w->job.model->queue_timeout_s) + " s (queue_timeout_s)",
+                        "queue_timeout");
+    });
+    if (w->stream) self->waiter_heartbeat(w);
+  });
+  slots.ensure_running(entry->name, [self, w](bool ok, std::string error) {
+    asio::dispatch(w->strand, [self, w, ok, error = std::move(error)] {
+      if (w->done) return;
+      if (!ok)
+        return self->waiter_fail(w, 503, "switching to model '" + w->job.model->name + "' failed: " + error, "switch_failed");
+      Lease lease = self->slots.acquire(w->job.model->name);
+      if (!lease)
+        return self->waiter_fail(w, 503, "model '" + w->job.model->name + "' was switched away before this request ran",
+                                 "model_switched_away");
+      auto snap = self->slots.snapshot();
+      self->release_waiter(w);
+      ProxyJob next = std::move(w->job);
+      next.lease = std::move(lease);
+      next.engine_host = snap.host;
+      next.engine_port = snap.port;
+      next.client_stream_started = w->stream && w->heartbeat_started;
+      start_proxy(self->shared, std::move(next));
+    });
+  });
+}
+
+void Gateway::Impl::release_waiter(const std::shared_ptr<Waiter>& w) {
+  w->done = true;
+  w->timeout.cancel();
+  w->heartbeat.cancel();
+  {
+    std::lock_guard lk(queue_mu);
+    --queued[w->job.model->name];
+  }
+  metrics.add_queued(-1);
+}
+
+void Gateway::Impl::waiter_heartbeat(const std::shared_ptr<Waiter>& w) {
+  if (opt.heartbeat_ms <= 0) return;
+  w->heartbeat.expires_after(std::chrono::milliseconds(opt.heartbeat_ms));
+  w->heartbeat.async_wait([this, w](boost::system::error_code ec) {
+    if (ec || w->done) return;
+    if (!w->heartbeat_started) {
+      w->heartbeat_started = true;
+      w->job.res->start_stream(200);
+    }
+    w->job.res->write(sse::format_comment("waiting for model " + w->job.model->name + " to load"));
+    waiter_heartbeat(w);
+  });
+}
+
+void Gateway::Impl::waiter_fail(const std::shared_ptr<Waiter>& w, int status, const std::string& message,
+                                const std::string& code) {
+  release_waiter(w);
+  auto& res = *w->job.res;
+  if (w->heartbeat_started) {
+    // The client already has a 200 stream: an error event and no [DONE].
+    res.write(sse::format_data(dump_json(make_error(message, "overloaded_error", code))));
+    res.end();
+    record_local_answer(shared, w->job.route, w->job.model->name, w->job.requested_id, w->stream, 200, code, w->job.start);
+    return;
+  }
+  http::send_error(res, status, message, "overloaded_error", code, false,
+                   {{"Retry-After", std::to_string(opt.retry_after_s)}});
+  record_local_answer(shared, w->job.route, w->job.model->name, w->job.requested_id, w->stream, status, code, w->job.start);
+}
+
+}  // namespace servedeck::gateway

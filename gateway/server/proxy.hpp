@@ -1,0 +1,76 @@
+// One proxied completion: client request → engine → client, streaming or not, with honest
+// endings (issue 3 §3):
+//   - the client's stream starts only with the first output (content, reasoning, tool call), so
+//     an engine that fails first (HTTP error, an error event, nothing at all) gets a real error
+//     status, not a 200 — unless `heartbeat_ms` passed first, when the stream starts with SSE
+//     comment heartbeats and errors become error events;
+//   - an engine error event after only the role chunk is retried once, transparently (G09);
+//   - upstream closing before a finish chunk or [DONE], an error event mid-stream (G23), a
+//     stream with no output, or a tripped deadline → an error event and no [DONE]; the
+//     non-streaming equivalents are 502 (engine fault), 504 (deadline) JSON bodies;
+//   - the client going away cancels the upstream request at once.
+// Every call ends with one request-log row (never bodies) and metrics.
+//
+// Threading: a call runs on its own strand of the upstream io_context; the Responder is
+// thread-safe. No exceptions on this path.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/http/server.hpp"
+#include "gateway/server/metrics.hpp"
+#include "gateway/state/store.hpp"
+#include "gateway/supervisor/slot_control.hpp"
+#include "registry/model_entry.hpp"
+
+namespace servedeck::policies {
+class ReasoningStore;
+}
+
+namespace servedeck::gateway {
+
+enum class Route { chat_completions, completions };
+std::string_view route_path(Route r);
+
+/// What every call shares; owned by the Gateway.
+struct ProxyShared {
+  boost::asio::io_context* upstream_ioc = nullptr;
+  Metrics* metrics = nullptr;
+  state::Store* store = nullptr;
+  /// Runs `fn` off the I/O threads (request-log writes); runs it inline when it returns false.
+  std::function<bool(std::function<void()>)> post_blocking;
+  int heartbeat_ms = 5000;                        // SSE comment heartbeat interval while waiting
+  policies::ReasoningStore* reasoning_store = nullptr;
+};
+
+/// One request, resolved and admitted (the model is running and `lease` holds it).
+struct ProxyJob {
+  Route route = Route::chat_completions;
+  const registry::ModelEntry* model = nullptr;    // base model
+  const registry::EffortPreset* preset = nullptr; // when the id is a preset alias
+  std::string requested_id;                       // the `model` the client sent
+  nlohmann::json body;                            // the client's body, parsed (an object)
+  std::string engine_host;
+  int engine_port = 0;
+  Lease lease;
+  std::shared_ptr<http::Responder> res;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  bool client_stream_started = false;             // heartbeats were already sent while queued
+};
+
+/// Starts the call; returns at once.
+void start_proxy(ProxyShared& shared, ProxyJob job);
+
+/// Logs and counts a request the gateway answered itself without reaching an engine
+/// (401/400/404/409/413/503...). Never throws.
+void record_local_answer(ProxyShared& shared, Route route, const std::string& model, const std::string& alias,
+                         bool stream, int status, const std::string& error_code,
+                         std::chrono::steady_clock::time_point start);
+
+}  // namespace servedeck::gateway

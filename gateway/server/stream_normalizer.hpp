@@ -1,0 +1,122 @@
+// Stream normalisation: turns the chunk sequence an OpenAI-compatible engine streams into the
+// shape real clients parse without breaking (issue 3 §4; field cases G10, G11, G20, G21, G23).
+//
+// What comes out, whatever came in:
+//   - content/reasoning/tool-call chunks with `finish_reason: null`;
+//   - exactly one finish chunk (empty delta) at the end, with `stop` or `tool_calls` supplied
+//     when the engine never sent one (G21b), then the usage chunk only if the client asked
+//     (`stream_options.include_usage`), then `data: [DONE]`;
+//   - optional fields that are null or empty (tool_calls, function_call, refusal, audio,
+//     reasoning, reasoning_content, logprobs) omitted (G11);
+//   - tool-call deltas: the first for an index carries a string id (`call_<hex>` generated when
+//     the engine sent none, "", null or a number; stable for the stream), `type: "function"` and
+//     the name; later deltas omit id, type and name (G10); a delta re-sending the complete
+//     arguments already streamed (a JSON document) is not forwarded again;
+//   - both `delta.reasoning` and `delta.reasoning_content` count as output; a reasoning-only
+//     chunk is never dropped (G20);
+//   - a stream with no content, reasoning or tool call at all ends with an error event, not
+//     with [DONE].
+// Also /v1/completions streams (`choices[].text`).
+//
+// Pure: no I/O, no clock. Not thread-safe (one per stream). Never throws on any input.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/openai_error.hpp"
+
+namespace servedeck::gateway {
+
+/// json::dump that never throws (invalid UTF-8 replaced by U+FFFD).
+std::string dump_json(const nlohmann::json& j);
+
+/// How a stream ended, as the normaliser saw it.
+enum class StreamEnd { none, done, error };
+
+class StreamNormalizer {
+ public:
+  struct Options {
+    std::string model_id;        // echoed as every chunk's `model` (the id the client sent); "" keeps the engine's
+    bool include_usage = false;  // the client asked for the usage chunk
+    bool chat = true;            // chat.completion.chunk (false: text_completion)
+    std::string id_seed;         // mixed into generated tool-call ids (e.g. the request id)
+  };
+
+  explicit StreamNormalizer(Options opt);
+
+  /// One upstream chunk (a JSON object that is not an error). Appends zero or more SSE events
+  /// to `out`. A non-object or a chunk without usable choices is dropped (usage kept).
+  void on_chunk(const nlohmann::json& chunk, std::string& out);
+
+  /// Upstream ended properly ([DONE], or closed after a finish chunk). Appends the finish
+  /// chunk, the usage chunk when asked, and [DONE] — or, when nothing was produced, an
+  /// "empty_stream" error event. Returns the ending written.
+  StreamEnd finish(std::string& out);
+
+  /// Appends an error event `data: {"error":{...}}` and no [DONE]. Idempotent per stream.
+  void fail(std::string_view message, std::string_view type, std::string_view code, ErrorSource source,
+            std::string& out);
+  /// Appends an upstream error object (the value of an upstream `{"error":...}` event),
+  /// normalised into the envelope with source "engine".
+  void fail_with_engine_error(const nlohmann::json& error, std::string& out);
+
+  /// True once anything beyond a role-only chunk was emitted (content, reasoning, tool call).
+  bool produced_output() const { return produced_output_; }
+  /// True once any event was emitted (including a role-only chunk).
+  bool emitted_any() const { return emitted_any_; }
+  /// True once the engine sent a finish_reason.
+  bool finish_seen() const { return finish_reason_.has_value(); }
+  StreamEnd ended() const { return ended_; }
+  /// Usage as reported by the engine (the last non-null `usage`), if any.
+  const std::optional<nlohmann::json>& usage() const { return usage_; }
+  /// Number of chunks that carried output (an estimate of completion tokens when the engine
+  /// reports no usage).
+  int64_t output_chunks() const { return output_chunks_; }
+
+  /// Normalises a non-streaming chat.completion / text_completion body in place: drops null or
+  /// empty optional message fields (G11), gives tool calls string ids, sets `model`.
+  /// Returns true when the body carries any content, reasoning or tool call.
+  static bool normalize_body(nlohmann::json& body, std::string_view model_id, std::string_view id_seed);
+
+ private:
+  struct ToolState {
+    bool header_sent = false;  // id and type sent
+    bool name_sent = false;
+    std::string arguments;     // accumulated argument text
+  };
+  struct ChoiceState {
+    std::map<int64_t, ToolState> tools;  // by tool-call index
+    bool any_tool = false;
+    bool role_sent = false;
+    std::optional<std::string> finish;   // the engine's finish_reason for this choice
+  };
+
+  void remember_meta(const nlohmann::json& chunk);
+  nlohmann::json envelope() const;  // {id, object, created, model} for chunks we synthesise
+  void emit(const nlohmann::json& chunk, std::string& out);
+  bool normalize_tool_calls(int64_t choice_index, nlohmann::json& tool_calls);
+
+  Options opt_;
+  std::string id_;
+  int64_t created_ = 0;
+  std::string engine_model_;
+  std::string system_fingerprint_;
+  std::map<int64_t, ChoiceState> choices_;
+  std::optional<std::string> finish_reason_;
+  std::optional<nlohmann::json> usage_;
+  bool produced_output_ = false;
+  bool emitted_any_ = false;
+  int64_t output_chunks_ = 0;
+  StreamEnd ended_ = StreamEnd::none;
+};
+
+/// `call_<24 hex>`: a stable id for tool call `index` of a stream seeded by `seed`.
+std::string make_tool_call_id(std::string_view seed, int64_t choice, int64_t index);
+
+}  // namespace servedeck::gateway

@@ -1,0 +1,68 @@
+// The gateway's asynchronous client to an engine: one HTTP/1.1 request per call, the response
+// body handed over as it arrives, with the model's deadlines (ModelEntry::connect_timeout_ms,
+// first_byte_timeout_ms, max_gap_ms) and cancel() for a client that went away.
+//
+// Deadlines:
+//   connect     — TCP connect (name resolution included);
+//   first byte  — from the request being written until the first body bytes arrive (for a
+//                 stream that is the first event, i.e. TTFT; for a non-streaming request the
+//                 whole generation);
+//   gap         — between two body reads after the first.
+//
+// Threading: every callback runs on `executor` (a strand the caller owns), one at a time, and
+// on_end runs exactly once unless cancel() came first (then it runs with `cancelled`).
+// cancel() may be called from any thread. Never throws.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/any_io_executor.hpp>
+
+namespace servedeck::gateway {
+
+enum class UpstreamFailure {
+  none,                // the body ended cleanly (Content-Length reached or final chunk)
+  connect,             // connection refused / unreachable
+  connect_timeout,
+  first_byte_timeout,
+  gap_timeout,
+  closed,              // the engine closed the connection before the body ended
+  io,                  // other read/write failure, malformed HTTP
+  cancelled,
+};
+std::string_view to_string(UpstreamFailure f);
+
+struct UpstreamRequest {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string method = "POST";
+  std::string target;
+  std::string body;
+  int connect_timeout_ms = 5000;
+  int first_byte_timeout_ms = 600000;
+  int max_gap_ms = 120000;
+};
+
+struct UpstreamCallbacks {
+  std::function<void(int status, const std::map<std::string, std::string>& headers)> on_head;
+  std::function<void(std::string_view bytes)> on_data;
+  std::function<void(UpstreamFailure failure, const std::string& detail)> on_end;
+};
+
+class UpstreamCall {
+ public:
+  virtual ~UpstreamCall() = default;
+  /// Closes the connection at once (the engine sees it closed and stops generating).
+  virtual void cancel() = 0;
+};
+
+/// Starts the request. The returned handle keeps nothing alive by itself; the call lives until
+/// on_end has run.
+std::shared_ptr<UpstreamCall> start_upstream(boost::asio::any_io_executor executor, UpstreamRequest req,
+                                             UpstreamCallbacks cb);
+
+}  // namespace servedeck::gateway
