@@ -3,7 +3,7 @@
 #include <bit>
 #include <functional>
 #include <limits>
-#include <queue>
+#include <algorithm>
 
 namespace servedeck::worker {
 
@@ -43,17 +43,22 @@ namespace {
 
 constexpr std::size_t k_shards = 64;
 
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 }  // namespace
 
+// Word cache: 64 shards, each a map from the word's 64-bit hash to (word, ids); the word is compared
+// on a hit, so a hash collision only costs a miss (the colliding word is not cached).
 struct BpeModel::Cache {
+  struct Entry {
+    std::string word;
+    std::vector<std::int32_t> ids;
+  };
+  struct IdentityHash {
+    std::size_t operator()(std::uint64_t h) const { return static_cast<std::size_t>(h); }
+  };
   struct Shard {
     std::mutex mutex;
-    std::unordered_map<std::string, std::vector<std::int32_t>, StringHash, std::equal_to<>> map;
+    std::unordered_map<std::uint64_t, Entry, IdentityHash> map;
+    std::size_t bytes = 0;
   };
   std::array<Shard, k_shards> shards;
 };
@@ -74,24 +79,28 @@ void BpeModel::encode_word(std::string_view word, std::vector<std::int32_t>& out
     merge_word(word, out);
     return;
   }
-  const std::size_t h = StringHash{}(word);
-  Cache::Shard& shard = cache_->shards[(h >> 7) % k_shards];
+  const std::uint64_t h = std::hash<std::string_view>{}(word);
+  Cache::Shard& shard = cache_->shards[(h >> 58) % k_shards];
   {
     std::lock_guard lock(shard.mutex);
-    const auto it = shard.map.find(word);
-    if (it != shard.map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    const auto it = shard.map.find(h);
+    if (it != shard.map.end() && it->second.word == word) {
+      out.insert(out.end(), it->second.ids.begin(), it->second.ids.end());
       return;
     }
   }
   const std::size_t first = out.size();
   merge_word(word, out);
   std::vector<std::int32_t> ids(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+  const std::size_t cost = word.size() + 4 * ids.size() + 64;
   std::lock_guard lock(shard.mutex);
-  // note: clearing a full shard (rather than LRU) keeps hits lock-short; 64 x 4096 words covers
-  // the working set of source code and prose (the reference caches 10,000 words).
-  if (shard.map.size() >= k_cache_shard_capacity) shard.map.clear();
-  shard.map.emplace(std::string(word), std::move(ids));
+  // note: clearing a full shard (rather than LRU) keeps the hit path short; 64 MiB of words covers
+  // the working set of source code and prose (the JS reference caches 10,000 words).
+  if (shard.bytes + cost > k_cache_shard_bytes) {
+    shard.map.clear();
+    shard.bytes = 0;
+  }
+  if (shard.map.try_emplace(h, Cache::Entry{std::string(word), std::move(ids)}).second) shard.bytes += cost;
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<std::int32_t>& out) const {
@@ -160,24 +169,30 @@ void BpeModel::merge_word_heap(std::string_view word, std::vector<std::int32_t>&
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   const auto n = static_cast<std::int32_t>(word.size());
-  std::vector<Symbol> sym(word.size());
+  thread_local std::vector<Symbol> sym;
+  thread_local std::vector<Candidate> storage;
+  sym.resize(word.size());
   for (std::int32_t i = 0; i < n; ++i)
     sym[static_cast<std::size_t>(i)] = {byte_ids_[static_cast<unsigned char>(word[static_cast<std::size_t>(i)])],
                                         i - 1, i + 1 < n ? i + 1 : -1, true};
-  std::vector<Candidate> storage;
-  storage.reserve(word.size());
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue(std::greater<>{}, std::move(storage));
+  // A binary min-heap on the reused per-thread vector (std::priority_queue would own a new one).
+  storage.clear();
+  auto push = [&](Candidate c) {
+    storage.push_back(c);
+    std::push_heap(storage.begin(), storage.end(), std::greater<>{});
+  };
   auto push_pair = [&](std::int32_t left) {
     if (left < 0) return;
     const std::int32_t right = sym[static_cast<std::size_t>(left)].next;
     if (right < 0) return;
     const MergeTable::Value* v = merges_.find(sym[static_cast<std::size_t>(left)].id, sym[static_cast<std::size_t>(right)].id);
-    if (v) queue.push({v->rank, left, v->merged});
+    if (v) push({v->rank, left, v->merged});
   };
   for (std::int32_t i = 0; i + 1 < n; ++i) push_pair(i);
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+  while (!storage.empty()) {
+    std::pop_heap(storage.begin(), storage.end(), std::greater<>{});
+    const Candidate top = storage.back();
+    storage.pop_back();
     Symbol& left = sym[static_cast<std::size_t>(top.pos)];
     if (!left.alive || left.next < 0) continue;
     Symbol& right = sym[static_cast<std::size_t>(left.next)];

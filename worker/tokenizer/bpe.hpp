@@ -78,9 +78,12 @@ class BpeModel {
   void merge_word_heap(std::string_view word, std::vector<std::int32_t>& out) const;
 
   /// Words up to this many bytes are cached.
-  static constexpr std::size_t k_max_cached_word_bytes = 128;
-  /// Entries per cache shard before the shard is cleared; 64 shards.
-  static constexpr std::size_t k_cache_shard_capacity = 4096;
+  /// note: long whitespace runs (indentation, padding) are frequent in code and cost ~50 us each
+  /// through the heap algorithm at 300 bytes; caching them is what makes repeats cheap.
+  static constexpr std::size_t k_max_cached_word_bytes = 2048;
+  /// Bytes (word bytes + 4 per id + 64 overhead) one of the 64 cache shards may hold before it is
+  /// cleared: 1 MiB, so at most 64 MiB per tokenizer.
+  static constexpr std::size_t k_cache_shard_bytes = std::size_t{1} << 20;
   /// Words longer than this use the O(n log n) heap algorithm, shorter ones the O(n^2) scan.
   static constexpr std::size_t k_short_word_bytes = 48;
 

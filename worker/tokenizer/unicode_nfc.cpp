@@ -104,9 +104,65 @@ bool nfc_quick_check(std::string_view s) {
   return true;
 }
 
+namespace {
+
+// Full NFC of one segment (valid UTF-8) appended to `out`.
+void normalize_segment(std::string_view s, std::vector<char32_t>& cps, std::string& out);
+
+}  // namespace
+
 std::string nfc_normalize(std::string_view s) {
   if (nfc_quick_check(s)) return std::string(s);
+  // note: only the runs around code points of the check set are normalised, each with the stable
+  // code point before it (which may decompose and recompose with the marks that follow, e.g.
+  // U+00E9 + U+0323). A stable code point (ccc 0, NFC_QC Yes, never the second of a pair)
+  // neither composes with what precedes it nor reorders, so the text splits there safely.
+  std::string out;
+  out.reserve(s.size() + 16);
   std::vector<char32_t> cps;
+  std::size_t copied = 0;        // s[0..copied) is in `out`
+  std::size_t last_stable = 0;   // start of the most recent stable code point at or after `copied`
+  bool have_stable = false;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<std::uint8_t>(s[i]);
+    if (b < 0xCC) {  // below U+0300: stable
+      last_stable = i;
+      have_stable = true;
+      i += b < 0x80 ? 1 : 2;
+      continue;
+    }
+    std::size_t n = utf8::valid_sequence_length(s, i);
+    if (n == 0) n = 1;  // precondition says valid; never read past the end regardless
+    const char32_t cp = utf8::decode_at(s, i, n);
+    if (!needs_check(cp)) {
+      last_stable = i;
+      have_stable = true;
+      i += n;
+      continue;
+    }
+    const std::size_t seg_begin = have_stable ? last_stable : copied;
+    std::size_t j = i + n;
+    while (j < s.size()) {
+      std::size_t m = utf8::valid_sequence_length(s, j);
+      if (m == 0) m = 1;
+      if (!needs_check(utf8::decode_at(s, j, m))) break;
+      j += m;
+    }
+    out.append(s.substr(copied, seg_begin - copied));
+    normalize_segment(s.substr(seg_begin, j - seg_begin), cps, out);
+    copied = j;
+    have_stable = false;
+    i = j;
+  }
+  out.append(s.substr(copied));
+  return out;
+}
+
+namespace {
+
+void normalize_segment(std::string_view s, std::vector<char32_t>& cps, std::string& out) {
+  cps.clear();
   cps.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
     std::size_t n = utf8::valid_sequence_length(s, i);
@@ -155,11 +211,10 @@ std::string nfc_normalize(std::string_view s) {
     cps[out_len++] = cp;
   }
   cps.resize(out_len);
-  std::string out;
-  out.reserve(s.size() + 8);
   for (const char32_t cp : cps) utf8::append(out, cp);
-  return out;
 }
+
+}  // namespace
 
 const char* nfc_unicode_version() { return k_ucd_version; }
 

