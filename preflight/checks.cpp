@@ -388,7 +388,7 @@ void measured(Context& c) {
 }
 
 void rules(Context& c) {
-  std::optional<int> cc = c.m.needs_gpu() ? c.readings.gpu_compute_capability(c.m.gpu) : std::nullopt;
+  std::optional<int> cc = c.readings.gpu_compute_capability(c.m.gpu);  // nullopt without a GPU
   registry::RuleSubject s = registry::make_rule_subject(c.m, c.reg.server, cc);
   // The launch as rendered for this port (make_rule_subject renders at m.port).
   if (!c.launch.argv.empty()) s.args.assign(c.launch.argv.begin() + 1, c.launch.argv.end());

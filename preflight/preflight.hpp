@@ -52,7 +52,8 @@ class Readings {
   virtual bool is_executable(const std::string& path) = 0;
 };
 
-/// The real machine.
+/// The real machine. Not thread-safe (one instance per thread, or guard it); NVML is loaded and
+/// initialised on the first GPU reading and shut down when the object is destroyed.
 std::unique_ptr<Readings> system_readings();
 
 /// The last figures measured for this model after a launch reached ready (the state store keeps

@@ -270,8 +270,14 @@ std::vector<Diagnostic> lint_registry(const std::string& path) {
     RuleSubject s = make_rule_subject(m, reg.server, std::nullopt);
     for (const auto& hit : evaluate_rules(reg.rules, s)) {
       std::string key = "models." + m.name;
-      Diagnostic diag{hit.rule->action == "refuse" ? "error" : "warning", m.location, key,
-                      key + ": rule " + hit.rule->id + " (" + hit.rule->action + ", rule at line " +
+      // A refusal that depends on the GPU model lint cannot see is a warning here; preflight,
+      // which reads the GPU, refuses.
+      bool refuse = hit.rule->action == "refuse" && !hit.gpu_cc_assumed;
+      std::string action = hit.rule->action + (hit.gpu_cc_assumed && hit.rule->action == "refuse"
+                                                   ? " on a matching GPU; preflight decides"
+                                                   : "");
+      Diagnostic diag{refuse ? "error" : "warning", m.location, key,
+                      key + ": rule " + hit.rule->id + " (" + action + ", rule at line " +
                           std::to_string(hit.rule->location.line) + "): " + hit.message()};
       (diag.severity == "error" ? out : warnings).push_back(std::move(diag));
     }

@@ -2,6 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <string>
@@ -224,4 +227,42 @@ TEST_CASE("arg_value forms") {
   CHECK(arg_value(a, "--flag") == "");
   CHECK(arg_value(a, "--last") == "");
   CHECK_FALSE(arg_value(a, "--z").has_value());
+}
+
+TEST_CASE("lint: a refusal that depends on the GPU is a warning; an unconditional one is an error") {
+  std::string text = R"([models.v]
+engine = "vllm"
+program = "vllm"
+ctx = 100
+args = ["--kernel-config", '{"moe_backend":"cutlass"}', "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']
+[[rules]]
+id = "cutlass"
+action = "refuse"
+reason = "one token forever"
+[rules.match]
+gpu_cc = [120]
+arg."--kernel-config" = { json = "moe_backend", equals = "cutlass" }
+[[rules]]
+id = "mtp1"
+action = "refuse"
+reason = "dies"
+[rules.match]
+arg."--speculative-config" = { json = "num_speculative_tokens", eq = 1 }
+)";
+  std::string dir = (std::filesystem::temp_directory_path() / "servedeck-rules-XXXXXX").string();
+  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  std::string path = dir + "/models.toml";
+  {
+    std::ofstream out(path);
+    out << text;
+  }
+  auto d = lint_registry(path);
+  std::filesystem::remove_all(dir);
+  REQUIRE(d.size() == 2);
+  CHECK(d[0].severity == "error");
+  CHECK(d[0].message.find("rule mtp1 (refuse, rule at line 13)") != std::string::npos);
+  CHECK(d[0].location.line == 1);
+  CHECK(d[1].severity == "warning");
+  CHECK(d[1].message.find("rule cutlass (refuse on a matching GPU; preflight decides") != std::string::npos);
+  CHECK(d[1].message.find("GPU compute capability unknown (rule applies to [120])") != std::string::npos);
 }
