@@ -170,7 +170,7 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
                        "invalid_request_error", "invalid_json");
   }
   auto state = std::make_shared<ChatState>();
-  if (auto e = parse_common_params(body, ApiKind::chat, state->params))
+  if (auto e = parse_common_params(body, ApiKind::chat, state->params, ctx.model.default_sampling))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
   ChatPrompt prompt;
   if (auto f = build_chat_prompt(body, *ctx.model.text, prompt))

@@ -144,7 +144,7 @@ void handle_completions(const RouteContext& ctx, const http::Request& req, std::
     return reply_error(ctx, k_route, *res, 400, "field 'echo': true is not supported by this engine; expected false or absent",
                        "invalid_request_error", "unsupported_parameter");
   auto state = std::make_shared<CompletionState>();
-  if (auto e = parse_common_params(body, ApiKind::completions, state->params))
+  if (auto e = parse_common_params(body, ApiKind::completions, state->params, ctx.model.default_sampling))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
   GenerationRequest& gen = state->params.gen;
   if (auto e = read_prompt(body, *ctx.model.text, gen.prompt))

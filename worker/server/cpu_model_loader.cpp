@@ -1,12 +1,28 @@
 #include "worker/server/cpu_model_loader.hpp"
 
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 #include "worker/cpu/cpu_backend.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/server/hf_text_model.hpp"
 
 namespace servedeck::worker {
+
+SamplingParams read_sampling_defaults(const std::string& dir) {
+  SamplingParams s;
+  std::ifstream in(std::filesystem::path(dir) / "generation_config.json");
+  if (!in) return s;
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return s;
+  if (j.contains("temperature") && j["temperature"].is_number()) s.temperature = j["temperature"].get<double>();
+  if (j.contains("top_p") && j["top_p"].is_number()) s.top_p = j["top_p"].get<double>();
+  if (j.contains("top_k") && j["top_k"].is_number_integer()) s.top_k = j["top_k"].get<int>();
+  return s;
+}
 
 std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress) {
   auto m = std::make_unique<LoadedModel>();
@@ -28,6 +44,7 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   m->backend = make_cpu_backend(*checkpoint, bo);
   m->keep_alive = checkpoint;
   progress(0.9);
+  m->default_sampling = read_sampling_defaults(options.dir);
   EngineOptions eo;
   eo.max_model_len = m->max_model_len;
   eo.kv_cache_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * m->backend->kv_bytes_per_token();

@@ -17,6 +17,10 @@ struct CpuModelOptions {
   std::size_t threads = 0;          // 0 → hardware_concurrency
 };
 
+/// generation_config.json's temperature, top_p and top_k in `dir` (absent fields and a missing
+/// or malformed file leave SamplingParams' defaults).
+SamplingParams read_sampling_defaults(const std::string& dir);
+
 /// Loads everything, reporting progress. Throws std::runtime_error (or the loaders' own errors)
 /// naming the file and the problem; also when max_model_len exceeds max_position_embeddings.
 std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress);

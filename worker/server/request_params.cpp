@@ -54,7 +54,8 @@ std::optional<std::string> read_bool(const nlohmann::json& body, const char* key
 
 }  // namespace
 
-std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out) {
+std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out,
+                                               const SamplingParams& defaults) {
   GenerationRequest& g = out.gen;
   if (auto e = read_bool(body, "stream", out.stream)) return e;
   if (const auto* so = get(body, "stream_options")) {
@@ -77,11 +78,11 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   if (auto e = read_number(body, "temperature", 0.0, 100.0, temperature)) return e;
   if (auto e = read_number(body, "top_p", 0.0, 1.0, top_p)) return e;
   if (top_p && *top_p <= 0.0) return expected("top_p", "a number in (0, 1]", body["top_p"]);
-  g.sampling.temperature = temperature.value_or(1.0);
-  g.sampling.top_p = top_p.value_or(1.0);
+  g.sampling.temperature = temperature.value_or(defaults.temperature);
+  g.sampling.top_p = top_p.value_or(defaults.top_p);
   std::optional<long long> top_k, seed, budget, prompt_logprobs;
   if (auto e = read_int(body, "top_k", -1, 1LL << 31, top_k)) return e;
-  g.sampling.top_k = top_k && *top_k > 0 ? static_cast<int>(*top_k) : 0;
+  g.sampling.top_k = top_k ? (*top_k > 0 ? static_cast<int>(*top_k) : 0) : defaults.top_k;
   if (const auto* s = get(body, "seed")) {
     if (!s->is_number_integer()) return expected("seed", "an integer", *s);
     g.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());

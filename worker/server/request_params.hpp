@@ -28,8 +28,10 @@ struct CommonParams {
 /// Maximum accepted top_logprobs / logprobs / prompt_logprobs (OpenAI allows 20).
 inline constexpr int k_max_top_logprobs = 20;
 
-/// Reads `body` (an object) into `out`. Returns an error message for the client, or nullopt.
-std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out);
+/// Reads `body` (an object) into `out`; temperature/top_p/top_k the body omits come from
+/// `defaults`. Returns an error message for the client, or nullopt.
+std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out,
+                                               const SamplingParams& defaults = {});
 
 /// "got <json>" text for messages: the value as JSON, shortened to 80 characters.
 std::string describe_value(const nlohmann::json& v);

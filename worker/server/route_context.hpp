@@ -21,6 +21,9 @@ struct LoadedModel {
   std::string root;                  // checkpoint directory (for /v1/models "root")
   std::size_t max_model_len = 0;     // tokens, prompt + output
   std::shared_ptr<void> keep_alive;  // what the backend reads from (e.g. the Checkpoint's mmap)
+  /// Sampling used for fields a request omits: generation_config.json's temperature, top_p and
+  /// top_k (vLLM's --generation-config auto), else OpenAI's defaults (1, 1, all).
+  SamplingParams default_sampling;
   std::unique_ptr<TextModel> text;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;

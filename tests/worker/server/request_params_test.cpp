@@ -1,0 +1,55 @@
+// Reading generation fields: defaults from the model's generation_config, OpenAI/vLLM names,
+// and errors that name the field, the value read and what was expected.
+#include <doctest/doctest.h>
+
+#include "worker/server/request_params.hpp"
+
+using namespace servedeck::worker;
+using nlohmann::json;
+
+TEST_CASE("omitted sampling fields take the model's defaults; given ones win") {
+  SamplingParams defaults{0.6, 20, 0.95, std::nullopt};
+  CommonParams p;
+  REQUIRE(!parse_common_params(json::object(), ApiKind::chat, p, defaults));
+  CHECK(p.gen.sampling.temperature == 0.6);
+  CHECK(p.gen.sampling.top_k == 20);
+  CHECK(p.gen.sampling.top_p == 0.95);
+  CHECK(!p.max_tokens_given);
+
+  CommonParams q;
+  REQUIRE(!parse_common_params(json{{"temperature", 0}, {"top_k", -1}, {"top_p", 1}, {"seed", 5}, {"max_completion_tokens", 7},
+                                    {"stop", "END"}, {"logprobs", true}, {"top_logprobs", 3}, {"thinking_token_budget", 100},
+                                    {"stream", true}, {"stream_options", {{"include_usage", true}}}},
+                               ApiKind::chat, q, defaults));
+  CHECK(q.gen.sampling.temperature == 0);
+  CHECK(q.gen.sampling.top_k == 0);
+  CHECK(q.gen.sampling.top_p == 1);
+  CHECK(q.gen.sampling.seed == 5u);
+  CHECK(q.gen.max_tokens == 7);
+  CHECK(q.gen.stop == std::vector<std::string>{"END"});
+  CHECK(q.gen.logprobs == 3);
+  CHECK(q.gen.thinking_token_budget == 100u);
+  CHECK(q.stream);
+  CHECK(q.include_usage);
+
+  CommonParams c;
+  REQUIRE(!parse_common_params(json{{"logprobs", 2}, {"prompt_logprobs", 0}}, ApiKind::completions, c));
+  CHECK(c.gen.logprobs == 2);
+  CHECK(c.gen.prompt_logprobs == 0);
+}
+
+TEST_CASE("bad fields are refused naming field, value and expectation") {
+  auto err = [](json body, ApiKind kind = ApiKind::chat) {
+    CommonParams p;
+    return parse_common_params(body, kind, p).value_or("");
+  };
+  CHECK(err({{"temperature", "hot"}}).find("field 'temperature': expected a number") == 0);
+  CHECK(err({{"temperature", "hot"}}).find("got \"hot\"") != std::string::npos);
+  CHECK(err({{"max_tokens", 0}}).find("field 'max_tokens'") == 0);
+  CHECK(err({{"stop", {1, 2}}}).find("field 'stop'") == 0);
+  CHECK(err({{"n", 2}}).find("field 'n'") == 0);
+  CHECK(err({{"top_logprobs", 50}}).find("field 'top_logprobs'") == 0);
+  CHECK(err({{"logprobs", true}}, ApiKind::completions).find("field 'logprobs'") == 0);
+  CHECK(err({{"stream_options", {{"include_usage", "yes"}}}}).find("stream_options.field 'include_usage'") == 0);
+  CHECK(err({{"top_p", 0}}).find("field 'top_p'") == 0);
+}
