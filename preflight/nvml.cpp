@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <map>
 
 namespace servedeck::preflight {
@@ -31,11 +32,11 @@ F sym(void* lib, const char* name) {
 
 }  // namespace
 
-Nvml::Nvml() {
-  lib_ = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+Nvml::Nvml(const std::string& library) {
+  lib_ = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib_) {
     const char* why = ::dlerror();
-    error_ = std::string("no GPU: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?): ") + (why ? why : "");
+    error_ = "no GPU: " + library + " could not be loaded (no NVIDIA driver?): " + (why ? why : "");
     return;
   }
   init_ = sym<int (*)()>(lib_, "nvmlInit_v2");
@@ -49,7 +50,7 @@ Nvml::Nvml() {
   graphics_procs_ = sym<int (*)(Device, unsigned*, void*)>(lib_, "nvmlDeviceGetGraphicsRunningProcesses_v3");
   if (!graphics_procs_) graphics_procs_ = sym<int (*)(Device, unsigned*, void*)>(lib_, "nvmlDeviceGetGraphicsRunningProcesses_v2");
   if (!init_ || !handle_by_index_ || !memory_info_) {
-    error_ = "no GPU: libnvidia-ml.so.1 lacks nvmlInit_v2/nvmlDeviceGetHandleByIndex_v2/nvmlDeviceGetMemoryInfo";
+    error_ = "no GPU: " + library + " lacks nvmlInit_v2/nvmlDeviceGetHandleByIndex_v2/nvmlDeviceGetMemoryInfo";
     return;
   }
   int rc = init_();

@@ -19,9 +19,10 @@ struct NvmlProcess {
 /// Thread-safety: not thread-safe; use one instance per thread or guard externally.
 class Nvml {
  public:
-  /// Loads the library and calls nvmlInit_v2. Never throws: on failure available() is false and
-  /// error() says why ("libnvidia-ml.so.1 not found (no NVIDIA driver): ...").
-  Nvml();
+  /// Loads `library` (the driver's libnvidia-ml.so.1 by default; tests pass a fake) and calls
+  /// nvmlInit_v2. Never throws: on failure available() is false and error() says why
+  /// ("no GPU: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?): ...").
+  explicit Nvml(const std::string& library = "libnvidia-ml.so.1");
   ~Nvml();
   Nvml(const Nvml&) = delete;
   Nvml& operator=(const Nvml&) = delete;

@@ -55,6 +55,8 @@ class Readings {
 /// The real machine. Not thread-safe (one instance per thread, or guard it); NVML is loaded and
 /// initialised on the first GPU reading and shut down when the object is destroyed.
 std::unique_ptr<Readings> system_readings();
+/// Same, loading NVML from `nvml_library` instead of libnvidia-ml.so.1 (tests use a fake).
+std::unique_ptr<Readings> system_readings(const std::string& nvml_library);
 
 /// The last figures measured for this model after a launch reached ready (the state store keeps
 /// them per (model, ctx, engine build); the caller passes them in so preflight does not depend on

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "preflight/nvml.hpp"
 #include "preflight/preflight.hpp"
@@ -20,6 +22,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 class SystemReadings final : public Readings {
  public:
+  explicit SystemReadings(std::string nvml_library) : nvml_library_(std::move(nvml_library)) {}
+
   std::optional<double> mem_available_gib() override {
     std::ifstream in("/proc/meminfo");
     std::string key;
@@ -90,14 +94,19 @@ class SystemReadings final : public Readings {
 
  private:
   Nvml& nvml() {
-    if (!nvml_) nvml_ = std::make_unique<Nvml>();
+    if (!nvml_) nvml_ = std::make_unique<Nvml>(nvml_library_);
     return *nvml_;
   }
+  std::string nvml_library_;
   std::unique_ptr<Nvml> nvml_;
 };
 
 }  // namespace
 
-std::unique_ptr<Readings> system_readings() { return std::make_unique<SystemReadings>(); }
+std::unique_ptr<Readings> system_readings() { return std::make_unique<SystemReadings>("libnvidia-ml.so.1"); }
+
+std::unique_ptr<Readings> system_readings(const std::string& nvml_library) {
+  return std::make_unique<SystemReadings>(nvml_library);
+}
 
 }  // namespace servedeck::preflight
