@@ -105,6 +105,11 @@ class Supervisor : public gateway::SlotControl {
   /// The log file of the current launch, or of the newest launch of `model` when given.
   std::string log_path(const std::string& model = "") const;
 
+  /// Makes a start in progress give up at its next poll ("the daemon is shutting down"; its
+  /// engine is stopped like any failed start) and stops accepting ensure_running calls. stop()
+  /// still works afterwards. Idempotent; the destructor calls it.
+  void begin_shutdown();
+
   const registry::Registry& registry() const { return reg_; }
 
  private:

@@ -16,13 +16,17 @@ Supervisor::Supervisor(const registry::Registry& reg, state::Store& store, prefl
   switcher_ = std::thread([this] { switch_loop(); });
 }
 
-Supervisor::~Supervisor() {
+void Supervisor::begin_shutdown() {
   {
     std::lock_guard lk(mu_);
     shutting_down_ = true;
   }
   shutdown_cv_.notify_all();
   queue_cv_.notify_all();
+}
+
+Supervisor::~Supervisor() {
+  begin_shutdown();
   if (switcher_.joinable()) switcher_.join();
   if (monitor_.joinable()) monitor_.join();
   // Callers still waiting on ensure_running hear about the shutdown.

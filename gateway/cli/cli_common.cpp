@@ -1,0 +1,153 @@
+#include "gateway/cli/cli_common.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "common/http/client.hpp"
+#include "common/sse.hpp"
+#include "registry/registry.hpp"
+
+namespace servedeck::cli {
+
+namespace {
+const std::set<std::string> k_value_flags = {"--config", "--state-dir", "--port", "--model", "--lines"};
+const std::set<std::string> k_bool_flags = {"--json", "-f", "--follow", "--help", "-h"};
+}  // namespace
+
+std::string Args::get(const std::string& flag, const std::string& fallback) const {
+  auto it = opts.find(flag);
+  return it == opts.end() ? fallback : it->second;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.size() > 1 && s[0] == '-') {
+      std::string name = s, value;
+      auto eq = s.find('=');
+      if (eq != std::string::npos) {
+        name = s.substr(0, eq);
+        value = s.substr(eq + 1);
+      }
+      if (k_value_flags.count(name)) {
+        if (eq == std::string::npos) {
+          if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
+          value = argv[++i];
+        }
+        a.opts[name] = value;
+      } else if (k_bool_flags.count(name)) {
+        a.opts[name == "-f" ? "--follow" : name == "-h" ? "--help" : name] = "1";
+      } else {
+        throw std::invalid_argument("unknown flag " + name);
+      }
+    } else if (a.verb.empty()) {
+      a.verb = s;
+    } else {
+      a.positional.push_back(s);
+    }
+  }
+  return a;
+}
+
+std::string config_path(const Args& a) {
+  if (a.has("--config")) return a.get("--config");
+  if (std::filesystem::exists("models.toml")) return "models.toml";
+  return "/etc/servedeck/models.toml";
+}
+
+std::string state_dir(const Args& a) {
+  if (a.has("--state-dir")) return a.get("--state-dir");
+  if (const char* e = std::getenv("SERVEDECK_STATE_DIR"); e && *e) return e;
+  try {
+    return registry::load_registry(config_path(a)).server.state_dir;
+  } catch (const std::exception&) {
+    return "/var/lib/servedeck";
+  }
+}
+
+std::string daemon_file(const std::string& dir) { return (std::filesystem::path(dir) / "daemon.json").string(); }
+
+std::optional<DaemonAddress> find_daemon(const std::string& dir, std::string& why) {
+  std::ifstream f(daemon_file(dir));
+  if (!f) {
+    why = "no " + daemon_file(dir);
+    return std::nullopt;
+  }
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("port") || !j["port"].is_number_integer()) {
+    why = daemon_file(dir) + " is not {\"host\",\"port\",...} JSON";
+    return std::nullopt;
+  }
+  DaemonAddress d;
+  d.host = j.value("host", "127.0.0.1");
+  if (d.host == "0.0.0.0" || d.host.empty()) d.host = "127.0.0.1";
+  if (d.host == "::") d.host = "::1";
+  d.port = j["port"].get<int>();
+  d.pid = j.value("pid", int64_t{0});
+  return d;
+}
+
+nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, const std::string& target,
+                          const nlohmann::json& body, int& status) {
+  http::ClientRequest r;
+  r.host = d.host;
+  r.port = d.port;
+  r.method = method;
+  r.target = target;
+  if (method != "GET") r.body = body.dump();
+  r.timeout_ms = 120000;  // preflight reads NVML; status reads /proc
+  auto res = http::fetch(r);
+  status = res.status;
+  auto j = nlohmann::json::parse(res.body, nullptr, false);
+  if (j.is_discarded()) return nlohmann::json{{"raw", res.body}};
+  return j;
+}
+
+nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, const nlohmann::json& body,
+                            const std::function<void(const std::string&)>& on_line) {
+  http::ClientRequest r;
+  r.host = d.host;
+  r.port = d.port;
+  r.method = "POST";
+  r.target = target;
+  r.body = body.dump();
+  // note: the gap between progress lines can be long (a silent model load is bounded by its
+  // start_timeout_s, 600 s by default, times the extension cap): allow an hour of silence.
+  r.timeout_ms = 3600 * 1000;
+  sse::Parser parser;
+  nlohmann::json result;
+  int status = 0;
+  std::string error_body;
+  auto take = [&](const sse::Event& e) {
+    if (e.comment) return;
+    if (e.event == "result") {
+      result = nlohmann::json::parse(e.data, nullptr, false);
+      if (result.is_discarded()) result = {{"ok", false}, {"error", "malformed result event: " + e.data}};
+    } else {
+      on_line(e.data);
+    }
+  };
+  http::fetch_stream(r, [&](int st, const std::map<std::string, std::string>&) { status = st; },
+                     [&](std::string_view chunk) {
+                       if (status != 200) {
+                         error_body += chunk;
+                         return true;
+                       }
+                       for (const auto& e : parser.feed(chunk)) take(e);
+                       return true;
+                     });
+  if (status != 200) {
+    auto j = nlohmann::json::parse(error_body, nullptr, false);
+    std::string msg = !j.is_discarded() && j.contains("error") ? j["error"].value("message", error_body) : error_body;
+    return {{"ok", false}, {"error", "daemon answered HTTP " + std::to_string(status) + ": " + msg}};
+  }
+  if (auto e = parser.finish()) take(*e);
+  if (result.is_null()) return {{"ok", false}, {"error", "the daemon closed the stream without a result"}};
+  return result;
+}
+
+}  // namespace servedeck::cli

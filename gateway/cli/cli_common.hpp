@@ -1,0 +1,66 @@
+// Shared pieces of the `servedeck` CLI verbs: argument parsing, config and state-dir
+// resolution, finding the daemon, and talking to its admin API.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace servedeck::cli {
+
+/// Parsed command line: `servedeck [global flags] VERB [args] [flags]` (flags anywhere).
+struct Args {
+  std::string verb;
+  std::vector<std::string> positional;      // after the verb
+  std::map<std::string, std::string> opts;  // "--config" → value; boolean flags → "1"
+  bool has(const std::string& flag) const { return opts.count(flag) != 0; }
+  std::string get(const std::string& flag, const std::string& fallback = "") const;
+};
+
+/// Throws std::invalid_argument naming the flag on a missing value or unknown flag.
+Args parse_args(int argc, char** argv);
+
+/// --config, else ./models.toml when it exists, else /etc/servedeck/models.toml.
+std::string config_path(const Args& a);
+
+/// --state-dir, else $SERVEDECK_STATE_DIR, else the registry's server.state_dir (when the config
+/// loads), else /var/lib/servedeck.
+std::string state_dir(const Args& a);
+
+/// Where the daemon writes its admin address: <state_dir>/daemon.json
+/// {"host", "port", "pid", "config", "started_ms"}.
+std::string daemon_file(const std::string& state_dir);
+
+struct DaemonAddress {
+  std::string host;
+  int port = 0;
+  int64_t pid = 0;
+};
+
+/// The address in daemon.json, or nullopt (with `why`) when there is none.
+std::optional<DaemonAddress> find_daemon(const std::string& state_dir, std::string& why);
+
+/// GET/POST to the admin API. Throws http::ClientError when the daemon does not answer.
+nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, const std::string& target,
+                          const nlohmann::json& body, int& status);
+
+/// POSTs to a streaming admin route (/admin/switch, /admin/stop), prints each progress line as it
+/// arrives, returns the result event's JSON ({"ok", "error", "seconds"}).
+nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, const nlohmann::json& body,
+                            const std::function<void(const std::string&)>& on_line);
+
+// The verbs. Each returns the process exit code.
+int cmd_serve(const Args& a);
+int cmd_switch(const Args& a);
+int cmd_stop(const Args& a);
+int cmd_status(const Args& a);
+int cmd_models(const Args& a);
+int cmd_logs(const Args& a);
+int cmd_lint(const Args& a);
+int cmd_preflight(const Args& a);
+
+}  // namespace servedeck::cli

@@ -1,0 +1,265 @@
+// Verbs that talk to a running daemon: switch, stop, status, models, logs. `status`, `models`
+// and `logs` fall back to local files when the daemon is down.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "common/http/client.hpp"
+#include "gateway/cli/cli_common.hpp"
+#include "gateway/state/store.hpp"
+#include "gateway/supervisor/launch_log.hpp"
+#include "gateway/supervisor/proc_scan.hpp"
+#include "registry/registry.hpp"
+
+namespace servedeck::cli {
+
+namespace {
+
+std::string fmt_gib(const nlohmann::json& v) {
+  if (!v.is_number()) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GiB", v.get<double>());
+  return b;
+}
+
+std::string fmt_duration(double s) {
+  long t = static_cast<long>(s);
+  char b[48];
+  if (t >= 3600) std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+  else if (t >= 60) std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(b, sizeof b, "%lds", t);
+  return b;
+}
+
+std::string fmt_time(int64_t ms) {
+  if (ms <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M:%S", &tm);
+  return b;
+}
+
+/// The daemon, or nullopt after printing why to stderr (for verbs that need it).
+std::optional<DaemonAddress> need_daemon(const Args& a) {
+  std::string why;
+  auto d = find_daemon(state_dir(a), why);
+  if (!d) std::cerr << "servedeck: the daemon is not running (" << why << "); start it with `servedeck serve`\n";
+  return d;
+}
+
+int run_stream(const Args& a, const std::string& target, const nlohmann::json& body, const std::string& what) {
+  auto d = need_daemon(a);
+  if (!d) return 2;
+  nlohmann::json r;
+  try {
+    r = admin_stream(*d, target, body, [](const std::string& line) {
+      std::cout << line << std::endl;
+    });
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: " << what << ": cannot reach the daemon at " << d->host << ":" << d->port << ": "
+              << e.what() << "\n";
+    return 2;
+  }
+  if (r.value("ok", false)) return 0;
+  std::cerr << "servedeck: " << what << " failed: " << r.value("error", std::string("(no reason)")) << "\n";
+  return 1;
+}
+
+nlohmann::json launch_json(const state::LaunchRecord& l) {
+  bool alive = false;
+  if (l.pid > 0)
+    if (auto st = supervisor::read_proc_stat(l.pid))
+      alive = st->start_time == static_cast<uint64_t>(l.pid_start_time) && st->state != 'Z';
+  return {{"id", l.id},           {"model", l.model},       {"state", l.state},     {"pid", l.pid},
+          {"pid_alive", alive},   {"port", l.port},         {"start_ms", l.start_ms}, {"ready_ms", l.ready_ms},
+          {"stop_ms", l.stop_ms}, {"exit_status", l.exit_status ? nlohmann::json(*l.exit_status) : nlohmann::json()},
+          {"why", l.why},         {"log_path", l.log_path}};
+}
+
+/// `status` with the daemon down: what the state store last recorded.
+int status_offline(const Args& a, const std::string& dir, const std::string& why) {
+  nlohmann::json j = {{"daemon", {{"up", false}, {"why", why}}}, {"state_dir", dir}};
+  std::optional<state::LaunchRecord> last;
+  std::vector<nlohmann::json> events;
+  std::string store_error;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "state.db")) {
+    store_error = "no state store at " + dir + "/state.db";
+  } else {
+    try {
+      state::Store store(dir);
+      last = store.latest_launch();
+      events = store.recent_events(5);
+    } catch (const std::exception& e) {
+      store_error = e.what();
+    }
+  }
+  j["last_launch"] = last ? launch_json(*last) : nlohmann::json();
+  j["recent_events"] = events;
+  if (!store_error.empty()) j["store_error"] = store_error;
+  if (a.has("--json")) {
+    std::cout << j.dump(2) << "\n";
+    return 3;
+  }
+  std::cout << "servedeck daemon: DOWN (" << why << ")\n";
+  if (!store_error.empty()) {
+    std::cout << "state store: " << store_error << "\n";
+    return 3;
+  }
+  std::cout << "from the state store " << dir << "/state.db:\n";
+  if (!last) {
+    std::cout << "  no launch recorded\n";
+    return 3;
+  }
+  auto l = j["last_launch"];
+  std::cout << "  last launch #" << last->id << ": " << last->model << ", state " << last->state << ", pid "
+            << last->pid << (l["pid_alive"].get<bool>() ? " (still running)" : " (gone)") << "\n"
+            << "  started " << fmt_time(last->start_ms) << ", ready " << fmt_time(last->ready_ms) << ", stopped "
+            << fmt_time(last->stop_ms) << "\n";
+  if (!last->why.empty()) std::cout << "  why: " << last->why << "\n";
+  if (!last->log_path.empty()) std::cout << "  log: " << last->log_path << "\n";
+  return 3;
+}
+
+}  // namespace
+
+int cmd_switch(const Args& a) {
+  if (a.positional.size() != 1) {
+    std::cerr << "usage: servedeck switch MODEL\n";
+    return 2;
+  }
+  return run_stream(a, "/admin/switch", {{"model", a.positional[0]}}, "switch to " + a.positional[0]);
+}
+
+int cmd_stop(const Args& a) { return run_stream(a, "/admin/stop", nlohmann::json::object(), "stop"); }
+
+int cmd_status(const Args& a) {
+  std::string dir = state_dir(a);
+  std::string why;
+  auto d = find_daemon(dir, why);
+  if (!d) return status_offline(a, dir, why);
+  nlohmann::json s;
+  int status = 0;
+  try {
+    s = admin_json(*d, "GET", "/admin/status", nullptr, status);
+  } catch (const std::exception& e) {
+    return status_offline(a, dir, "no answer at " + d->host + ":" + std::to_string(d->port) + ": " + e.what());
+  }
+  if (status != 200) {
+    std::cerr << "servedeck: status: daemon answered HTTP " << status << ": " << s.dump() << "\n";
+    return 1;
+  }
+  if (a.has("--json")) {
+    std::cout << s.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "servedeck daemon: up (pid " << s["daemon"].value("pid", 0) << ", " << d->host << ":" << d->port
+            << ")\n";
+  std::cout << "slot " << s.value("slot", "main") << ": " << s.value("state", "?");
+  if (!s.value("model", std::string()).empty())
+    std::cout << "  model " << s.value("model", "") << " (" << s.value("served_name", "") << ")";
+  std::cout << "\n";
+  if (s.value("pid", 0) != 0)
+    std::cout << "  pid " << s.value("pid", 0) << "  port " << s.value("port", 0) << "  uptime "
+              << fmt_duration(s.value("uptime_s", 0.0)) << "  ctx " << s.value("ctx", 0) << "\n"
+              << "  VRAM " << fmt_gib(s["vram_gib"]) << "  host RAM " << fmt_gib(s["host_rss_gib"]) << "  in flight "
+              << s.value("in_flight", 0) << "\n";
+  if (!s.value("switching_to", std::string()).empty()) std::cout << "  switching to " << s["switching_to"] << "\n";
+  if (!s.value("log_path", std::string()).empty()) std::cout << "  log " << s.value("log_path", "") << "\n";
+  if (!s.value("blocker", std::string()).empty()) std::cout << "  BLOCKED: " << s.value("blocker", "") << "\n";
+  if (!s.value("last_error", std::string()).empty()) std::cout << "  last error: " << s.value("last_error", "") << "\n";
+  return 0;
+}
+
+int cmd_models(const Args& a) {
+  std::string why;
+  nlohmann::json models;
+  if (auto d = find_daemon(state_dir(a), why)) {
+    try {
+      int status = 0;
+      auto j = admin_json(*d, "GET", "/admin/models", nullptr, status);
+      if (status == 200) models = j["models"];
+    } catch (const std::exception&) {
+    }
+  }
+  if (models.is_null()) {
+    try {
+      auto reg = registry::load_registry(config_path(a));
+      models = nlohmann::json::array();
+      for (const auto& m : reg.models)
+        models.push_back({{"name", m.name}, {"served_name", m.served_name}, {"ids", m.all_ids()},
+                          {"engine", std::string(registry::to_string(m.engine))}, {"ctx", m.ctx},
+                          {"description", m.description}, {"state", "unknown (daemon down)"}});
+    } catch (const registry::RegistryError& e) {
+      for (const auto& diag : e.diagnostics) std::cerr << diag.to_string() << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      std::cerr << "servedeck: models: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  if (a.has("--json")) {
+    std::cout << models.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& m : models) {
+    std::string ids;
+    for (const auto& id : m["ids"]) ids += (ids.empty() ? "" : ", ") + id.get<std::string>();
+    std::printf("%-16s %-10s ctx %-8lld %-10s %s\n", m.value("name", "").c_str(), m.value("engine", "").c_str(),
+                static_cast<long long>(m.value("ctx", int64_t{0})), m.value("state", "").c_str(), ids.c_str());
+  }
+  return 0;
+}
+
+int cmd_logs(const Args& a) {
+  std::string dir = state_dir(a);
+  std::string model = a.has("--model") ? a.get("--model") : (a.positional.empty() ? "" : a.positional[0]);
+  std::string lines = a.get("--lines", "100");
+  std::string why;
+  if (auto d = find_daemon(dir, why)) {
+    http::ClientRequest r;
+    r.host = d->host;
+    r.port = d->port;
+    r.target = "/admin/logs?lines=" + lines + (model.empty() ? "" : "&model=" + model) +
+               (a.has("--follow") ? "&follow=1" : "");
+    r.timeout_ms = a.has("--follow") ? 24 * 3600 * 1000 : 30000;
+    int status = 0;
+    std::string err;
+    try {
+      http::fetch_stream(r, [&](int st, const std::map<std::string, std::string>&) { status = st; },
+                         [&](std::string_view chunk) {
+                           if (status != 200) err += chunk;
+                           else std::cout.write(chunk.data(), static_cast<std::streamsize>(chunk.size())).flush();
+                           return true;
+                         });
+      if (status == 200) return 0;
+      std::cerr << "servedeck: logs: HTTP " << status << ": " << err << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // Daemon down: read the newest launch log recorded in the store.
+  try {
+    state::Store store(dir);
+    for (const auto& l : store.recent_launches(200)) {
+      if (!model.empty() && l.model != model) continue;
+      if (l.log_path.empty()) continue;
+      std::cerr << "servedeck: daemon down (" << why << "); " << l.log_path << ":\n";
+      std::cout << supervisor::tail_lines(l.log_path, std::atoi(lines.c_str())) << "\n";
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: logs: " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "servedeck: no launch log" << (model.empty() ? "" : " for " + model) << "\n";
+  return 1;
+}
+
+}  // namespace servedeck::cli

@@ -1,0 +1,55 @@
+// `servedeck`: the daemon (`serve`) and its thin command-line client. See docs/supervisor.md.
+#include <iostream>
+#include <map>
+
+#include "gateway/cli/cli_common.hpp"
+
+namespace {
+
+constexpr const char* k_usage = R"(usage: servedeck [--config models.toml] [--state-dir DIR] VERB [args]
+
+verbs:
+  serve [--port N]          run the daemon (gateway + admin API + slot supervisor)
+  switch MODEL              bring MODEL up (drain, stop, reap /dev/shm, preflight, start); prints each step
+  stop                      stop the running engine
+  status [--json]           slot, model, state, pid, uptime, ctx, VRAM, host RAM, last error
+                            (daemon down: what the state store last recorded; exit status 3)
+  models [--json]           the registry's models
+  logs [MODEL] [--lines N] [-f]   the engine's launch log (current launch, or MODEL's newest)
+  lint                      check models.toml; exit 1 on errors
+  preflight MODEL [--json]  run the preflight checks here, without a daemon; exit 1 on a refusal
+
+--config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir defaults to
+$SERVEDECK_STATE_DIR, else the registry's server.state_dir.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace servedeck::cli;
+  Args a;
+  try {
+    a = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: " << e.what() << "\n" << k_usage;
+    return 2;
+  }
+  if (a.verb.empty() || a.has("--help") || a.verb == "help") {
+    std::cout << k_usage;
+    return a.verb.empty() && !a.has("--help") ? 2 : 0;
+  }
+  static const std::map<std::string, int (*)(const Args&)> verbs = {
+      {"serve", cmd_serve}, {"switch", cmd_switch}, {"stop", cmd_stop},   {"status", cmd_status},
+      {"models", cmd_models}, {"logs", cmd_logs},   {"lint", cmd_lint},   {"preflight", cmd_preflight}};
+  auto it = verbs.find(a.verb);
+  if (it == verbs.end()) {
+    std::cerr << "servedeck: unknown verb '" << a.verb << "'\n" << k_usage;
+    return 2;
+  }
+  try {
+    return it->second(a);
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: " << a.verb << ": " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,168 @@
+// `servedeck serve`: the daemon. Loads the registry, opens the state store, adopts or reaps the
+// engine a previous daemon left, serves the gateway and the admin API, starts the default model,
+// and on SIGTERM/SIGINT stops serving, then stops the engine cleanly.
+//
+// note: on SIGTERM the engine is stopped, not left for adoption. A daemon stop is how an operator
+// (and systemd, KillMode=mixed) says "give the GPU back"; leaving a 100 GiB engine without a
+// supervisor until some later daemon maybe adopts it would hide it from every check. Adoption
+// exists for the other case: the daemon died without a chance to stop anything.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "gateway/admin/admin_api.hpp"
+#include "gateway/cli/cli_common.hpp"
+#include "gateway/server/gateway.hpp"
+#include "gateway/service/notify.hpp"
+#include "gateway/state/store.hpp"
+#include "gateway/supervisor/supervisor.hpp"
+#include "preflight/preflight.hpp"
+#include "registry/registry.hpp"
+
+namespace servedeck::cli {
+
+namespace {
+
+std::mutex g_log_mu;
+
+void log_line(const std::string& line) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%H:%M:%S", &tm);
+  std::lock_guard lk(g_log_mu);
+  std::cerr << b << " servedeck: " << line << std::endl;
+}
+
+void write_daemon_file(const std::string& dir, const std::string& host, int port, const std::string& config) {
+  std::string path = daemon_file(dir);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
+                        {"config", config}, {"started_ms", state::now_ms()}}.dump()
+      << "\n";
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+int cmd_serve(const Args& a) {
+  // Signals are taken synchronously by sigwait below; block them before any thread exists so
+  // every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::string config = config_path(a);
+  registry::Registry reg;
+  try {
+    reg = registry::load_registry(config);
+  } catch (const registry::RegistryError& e) {
+    for (const auto& d : e.diagnostics) std::cerr << d.to_string() << "\n";
+    std::cerr << "servedeck: serve: " << config << " has errors; not starting\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: serve: " << e.what() << "\n";
+    return 2;
+  }
+  if (a.has("--state-dir")) reg.server.state_dir = a.get("--state-dir");
+  if (a.has("--port")) {
+    try {
+      reg.server.listen_port = std::stoi(a.get("--port"));
+    } catch (const std::exception&) {
+      std::cerr << "servedeck: --port expects an integer, got '" << a.get("--port") << "'\n";
+      return 2;
+    }
+  }
+  const std::string dir = reg.server.state_dir;
+  try {
+    state::Store store(dir);
+    auto readings = preflight::system_readings();
+    int gpu = 0;
+    if (const auto* dm = reg.find_by_name(reg.server.default_model)) gpu = dm->gpu;
+    std::unique_ptr<supervisor::GpuMemoryProbe> probe;
+    if (readings->gpu_total_gib(gpu)) probe = std::make_unique<supervisor::ReadingsGpuProbe>(*readings, gpu);
+    else log_line("no GPU readings (" + readings->gpu_error() + "); the VRAM-release wait is skipped");
+    supervisor::SupervisorOptions opt;
+    opt.state_dir = dir;
+    supervisor::Supervisor sup(reg, store, *readings, std::move(probe), opt);
+    sup.recover(log_line);
+
+    gateway::GatewayOptions gopt;
+    gopt.host = reg.server.listen_host;
+    gopt.port = reg.server.listen_port;
+    gateway::Gateway gw(reg, store, sup, gopt);
+    admin::AdminContext ctx;
+    ctx.supervisor = &sup;
+    ctx.registry = &reg;
+    ctx.store = &store;
+    ctx.readings = readings.get();
+    ctx.post_blocking = [&gw](std::function<void()> fn) { return gw.post_blocking(std::move(fn)); };
+    ctx.daemon_info = [&gw, &reg, config, dir] {
+      return nlohmann::json{{"pid", static_cast<int64_t>(getpid())}, {"config", config}, {"state_dir", dir},
+                            {"listen", reg.server.listen_host + ":" + std::to_string(gw.port())}};
+    };
+    for (auto& r : admin::admin_routes(ctx)) gw.add_route(r.method, r.path, r.handler);
+    gw.start();
+    write_daemon_file(dir, reg.server.listen_host, gw.port(), config);
+    log_line("listening on " + reg.server.listen_host + ":" + std::to_string(gw.port()) + " (state " + dir + ")");
+    service::notify_ready("listening on port " + std::to_string(gw.port()));
+    service::Watchdog watchdog;
+
+    std::thread starter;
+    const std::string& def = reg.server.default_model;
+    if (!def.empty()) {
+      auto snap = sup.snapshot();
+      if (!(snap.state == gateway::SlotState::ready && snap.model == def)) {
+        starter = std::thread([&sup, def] {
+          service::notify_status("starting " + def);
+          auto r = sup.switch_to(def, [](const std::string& l) {
+            log_line(l);
+            service::notify_status(l);
+          });
+          if (r.ok) service::notify_status(def + " ready");
+          else log_line("default model " + def + " did not start: " + r.error);
+        });
+      }
+    }
+
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    log_line(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
+             ": stopping the gateway, then the engine");
+    service::notify_stopping();
+    sup.begin_shutdown();  // a start in progress gives up
+    gw.stop();
+    if (starter.joinable()) starter.join();
+    auto r = sup.stop("daemon shutdown", log_line);
+    std::error_code ec;
+    std::filesystem::remove(daemon_file(dir), ec);
+    if (!r.ok) {
+      log_line("engine stop failed: " + r.error);
+      return 1;
+    }
+    log_line("stopped");
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck: serve: " << e.what() << "\n";
+    std::error_code ec;
+    std::filesystem::remove(daemon_file(dir), ec);
+    return 1;
+  }
+}
+
+}  // namespace servedeck::cli
