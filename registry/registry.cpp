@@ -222,8 +222,8 @@ Registry parse_registry(std::string_view text, const std::string& path, std::vec
       !reg.find_by_id(reg.server.default_model)) {
     std::string valid;
     for (const auto& m : reg.models) valid += (valid.empty() ? "" : ", ") + m.name;
-    sink.error(top.has("server") ? TableReader(*root["server"].as_table(), "server", sink, {}).line("default_model") : 0,
-               "server.default_model",
+    const toml::node* dm = root.at_path("server.default_model").node();
+    sink.error(dm ? detail::line_of(*dm) : 0, "server.default_model",
                "server.default_model = \"" + reg.server.default_model + "\" names no model; valid: " + valid);
   }
   diagnostics = std::move(sink.diagnostics);

@@ -256,8 +256,11 @@ chat_template_kwargs = { reasoning_effort = "xhigh" }
 [models.a.policies]
 accepted_reasoning_efforts = ["low", "high", "max"]
 )";
-  std::string all = all_text(diagnose(text));
+  auto d = diagnose(text);
+  std::string all = all_text(d);
   INFO(all);
+  CHECK(d.size() == 2);
+  CHECK(all.find("models.toml:2: error: server.default_model") != std::string::npos);
   CHECK(all.find("reasoning_effort = \"xhigh\" is not in policies.accepted_reasoning_efforts; valid: low, high, max") != std::string::npos);
   CHECK(all.find("server.default_model = \"nope\" names no model; valid: a") != std::string::npos);
 }
