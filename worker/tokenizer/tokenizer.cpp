@@ -13,6 +13,7 @@
 #include "worker/tokenizer/byte_level.hpp"
 #include "worker/tokenizer/normalizer.hpp"
 #include "worker/tokenizer/pre_tokenizer.hpp"
+#include "worker/tokenizer/tokenizer_json.hpp"
 #include "worker/tokenizer/utf8.hpp"
 
 namespace servedeck::worker {
@@ -87,18 +88,15 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 
 Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view origin_view) {
   const std::string origin(origin_view);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw TokenizerError(origin + ": not valid JSON: " + e.what());
-  }
+  TokenizerJson doc = parse_tokenizer_json(text, origin);
+  const json& root = doc.rest;
   if (!root.is_object()) fail(origin, "(root)", "expected an object, got " + std::string(root.type_name()));
   auto impl = std::make_unique<Impl>();
   impl->origin = origin;
 
   // --- model ---
   const json& model = field(root, "model", origin, "(root)");
+  if (!model.is_object()) fail(origin, "model", "expected an object, got " + std::string(model.type_name()));
   if (model.contains("type") && model.at("type") != "BPE")
     fail(origin, "model.type", "unsupported model " + model.at("type").dump() + " (supported: BPE)");
   if (model.contains("dropout") && !model.at("dropout").is_null())
@@ -110,17 +108,14 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view orig
       fail(origin, std::string("model.") + k, "not supported (got " + model.at(k).dump() + ")");
   }
   const bool ignore_merges = flag(model, "ignore_merges", false, origin, "model");
+  if (!doc.has_vocab) fail(origin, "model.vocab", "missing");
+  if (!doc.has_merges) fail(origin, "model.merges", "missing");
 
-  const json& vocab = field(model, "vocab", origin, "model");
-  if (!vocab.is_object()) fail(origin, "model.vocab", "expected an object of token -> id");
   std::unordered_map<std::string_view, std::int32_t> by_form;  // byte-level form -> id
-  by_form.reserve(vocab.size());
+  by_form.reserve(doc.vocab.size());
   std::int32_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0 || it.value().get<std::int64_t>() > INT32_MAX)
-      fail(origin, "model.vocab[\"" + it.key() + "\"]", "expected a non-negative integer id, got " + it.value().dump());
-    const auto id = it.value().get<std::int32_t>();
-    by_form[it.key()] = id;
+  for (const auto& [form, id] : doc.vocab) {
+    by_form[form] = id;
     max_id = std::max(max_id, id);
   }
   const json& added = root.contains("added_tokens") && !root.at("added_tokens").is_null() ? root.at("added_tokens") : json::array();
@@ -134,12 +129,11 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view orig
   const auto n_ids = static_cast<std::size_t>(max_id + 1);
   impl->id_bytes.assign(n_ids, std::string());
   impl->special.assign(n_ids, 0);
-  impl->vocab.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = it.value().get<std::int32_t>();
-    auto bytes = byte_level::to_bytes(it.key());
+  impl->vocab.reserve(doc.vocab.size());
+  for (const auto& [form, id] : doc.vocab) {
+    auto bytes = byte_level::to_bytes(form);
     if (bytes) impl->vocab.emplace(*bytes, id);
-    impl->id_bytes[static_cast<std::size_t>(id)] = bytes ? std::move(*bytes) : it.key();
+    impl->id_bytes[static_cast<std::size_t>(id)] = bytes ? std::move(*bytes) : form;
   }
 
   std::array<std::int32_t, 256> byte_ids{};
@@ -155,28 +149,11 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view orig
     byte_ids[b] = it->second;
   }
 
-  const json& merges = field(model, "merges", origin, "model");
-  if (!merges.is_array()) fail(origin, "model.merges", "expected an array");
-  MergeTable table(merges.size());
+  MergeTable table(doc.merges.size());
   std::string joined;
-  for (std::size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
+  for (std::size_t i = 0; i < doc.merges.size(); ++i) {
+    const std::string_view a = doc.merges[i].first, b = doc.merges[i].second;
     const std::string where = "model.merges[" + std::to_string(i) + "]";
-    std::string_view a, b;
-    std::string line;
-    if (m.is_string()) {
-      line = m.get<std::string>();
-      const std::size_t sp = line.find(' ');
-      if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
-        fail(origin, where, "expected \"left right\" (two tokens separated by one space), got " + m.dump());
-      a = std::string_view(line).substr(0, sp);
-      b = std::string_view(line).substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get_ref<const std::string&>();
-      b = m[1].get_ref<const std::string&>();
-    } else {
-      fail(origin, where, "expected \"left right\" or [left, right], got " + m.dump());
-    }
     joined.assign(a);
     joined.append(b);
     const auto ia = by_form.find(a), ib = by_form.find(b), ij = by_form.find(joined);

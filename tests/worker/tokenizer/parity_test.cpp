@@ -25,6 +25,14 @@ namespace {
 // differences"); those are covered by whitespace_class_test below instead.
 const std::map<std::string, std::string> k_js_known_differences = {};
 
+// Loaded once per model for the whole binary (loading takes seconds under sanitizers).
+const Tokenizer& reference_model(const std::string& model) {
+  static std::map<std::string, Tokenizer> loaded;
+  auto it = loaded.find(model);
+  if (it == loaded.end()) it = loaded.emplace(model, Tokenizer::from_file(t::reference_tokenizer_json(model))).first;
+  return it->second;
+}
+
 std::string show_ids(const Tokenizer& tok, const std::vector<int32_t>& ids, std::size_t at) {
   std::ostringstream ss;
   const std::size_t from = at > 6 ? at - 6 : 0;
@@ -47,7 +55,7 @@ std::string show_ids(const Tokenizer& tok, const std::vector<int32_t>& ids, std:
 void check_parity(const std::string& model, bool nfc) {
   const auto [node_rc, node_version] = t::run_command("node --version 2>/dev/null");
   REQUIRE_MESSAGE(node_rc == 0, "`node` is not available: the tokenizer parity test needs Node.js (CI has it)");
-  const Tokenizer tok = Tokenizer::from_file(t::reference_tokenizer_json(model));
+  const Tokenizer& tok = reference_model(model);
   const std::string cmd = "SERVEDECK_SOURCE_DIR='" + t::source_dir() + "' node '" + t::source_dir() +
                           "/tests/worker/tokenizer/reference_encode.mjs' " + model + " '" + t::corpus_dir() + "'";
   const auto [rc, out] = t::run_command(cmd);
@@ -109,7 +117,7 @@ std::vector<std::string> random_texts(std::size_t count, std::uint32_t seed) {
 void check_random_parity(const std::string& model) {
   const auto [node_rc, node_version] = t::run_command("node --version 2>/dev/null");
   REQUIRE_MESSAGE(node_rc == 0, "`node` is not available: the tokenizer parity test needs Node.js (CI has it)");
-  const Tokenizer tok = Tokenizer::from_file(t::reference_tokenizer_json(model));
+  const Tokenizer& tok = reference_model(model);
   const auto texts = random_texts(1500, 20261129);
   char dir_template[] = "/tmp/tokenizer_parity_XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);

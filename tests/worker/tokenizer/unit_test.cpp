@@ -184,6 +184,18 @@ TEST_CASE("load errors name the file and the field") {
   cfg = tiny_tokenizer({});
   cfg["added_tokens"] = json::array({{{"id", "x"}, {"content", "<s>"}}});
   CHECK(error_of(cfg.dump()).find("added_tokens[0].id: expected a non-negative integer") != std::string::npos);
+  cfg = tiny_tokenizer({});
+  cfg["model"]["vocab"]["zz"] = "7";
+  CHECK(error_of(cfg.dump()).find("model.vocab[\"zz\"]: expected a non-negative integer id, got \"7\"") != std::string::npos);
+  cfg = tiny_tokenizer({});
+  cfg["model"]["merges"] = json::array({json::array({"a"})});
+  CHECK(error_of(cfg.dump()).find("model.merges[0]: expected [left, right], got 1 strings") != std::string::npos);
+  cfg = tiny_tokenizer({});
+  cfg["model"]["merges"] = nullptr;
+  CHECK(error_of(cfg.dump()).find("model.merges: expected an array, got null") != std::string::npos);
+  cfg = tiny_tokenizer({});
+  cfg["model"].erase("merges");
+  CHECK(error_of(cfg.dump()).find("unit.json: model.merges: missing") != std::string::npos);
   CHECK_THROWS_WITH_AS(Tokenizer::from_file("/nonexistent/tokenizer.json"),
                        doctest::Contains("/nonexistent/tokenizer.json: cannot open"), TokenizerError);
 }
