@@ -89,6 +89,12 @@ class Supervisor : public gateway::SlotControl {
   /// On a failed start with server.restore_previous_on_failed_start, starts the previous model.
   OpResult switch_to(const std::string& model, const Progress& progress = {});
 
+  /// A switch asked for by a client request (ensure_running) rather than by the operator: it
+  /// first waits until the running model has been ready for its min_residency_s (G28: a model
+  /// that just came up is not evicted at once by a request for another), then switches. The
+  /// wait is bounded by min_residency_s; leases still in flight are then drained as usual.
+  OpResult switch_for_request(const std::string& model, const Progress& progress = {});
+
   /// Drains, stops the engine (if any) and reaps /dev/shm. Blocking.
   OpResult stop(const std::string& why, const Progress& progress = {});
 

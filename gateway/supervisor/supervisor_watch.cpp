@@ -100,7 +100,7 @@ void Supervisor::switch_loop() {
       target = queue_.front();
       queue_.pop_front();
     }
-    OpResult r = switch_to(target);
+    OpResult r = switch_for_request(target);
     std::vector<std::function<void(bool, std::string)>> dones;
     {
       std::lock_guard lk(mu_);
@@ -109,6 +109,26 @@ void Supervisor::switch_loop() {
     }
     for (auto& d : dones) d(r.ok, r.error);
   }
+}
+
+OpResult Supervisor::switch_for_request(const std::string& model, const Progress& progress) {
+  const registry::ModelEntry* target = resolve(model);
+  std::unique_lock lk(mu_);
+  if (target && state_ == SlotState::ready && model_ != target->name) {
+    if (const auto* running = reg_.find_by_name(model_); running && running->min_residency_s > 0) {
+      int64_t until = ready_ms_ + int64_t{running->min_residency_s} * 1000;
+      int64_t wait_ms = until - state::now_ms();
+      if (wait_ms > 0) {
+        if (progress)
+          progress("waiting " + std::to_string(wait_ms) + " ms: " + model_ + " has min_residency_s = " +
+                   std::to_string(running->min_residency_s));
+        shutdown_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [this] { return shutting_down_; });
+        if (shutting_down_) return {false, "the daemon is shutting down", 0};
+      }
+    }
+  }
+  lk.unlock();
+  return switch_to(model, progress);
 }
 
 void Supervisor::monitor_loop() {

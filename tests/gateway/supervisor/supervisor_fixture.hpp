@@ -58,6 +58,19 @@ struct Lines {
   }
 };
 
+/// A GPU whose processes hold 512 MiB until `held_until_ms` (epoch ms), then nothing.
+class FakeGpuProbe : public servedeck::supervisor::GpuMemoryProbe {
+ public:
+  explicit FakeGpuProbe(std::shared_ptr<std::atomic<int64_t>> held_until) : held_until_(std::move(held_until)) {}
+  std::optional<double> used_mib(const std::vector<int64_t>& pids) override {
+    if (pids.empty()) return 0.0;
+    return servedeck::state::now_ms() < held_until_->load() ? 512.0 : 0.0;
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> held_until_;
+};
+
 struct Fixture {
   std::string state_dir = temp_dir("state");
   std::string shm_dir = temp_dir("shm");
@@ -66,6 +79,8 @@ struct Fixture {
   std::unique_ptr<servedeck::state::Store> store = std::make_unique<servedeck::state::Store>(state_dir);
   std::unique_ptr<servedeck::supervisor::Supervisor> sup;
   std::atomic<bool> refuse_preflight{false};
+  bool fake_gpu = false;  // make(): FakeGpuProbe instead of NoGpuProbe
+  std::shared_ptr<std::atomic<int64_t>> gpu_held_until = std::make_shared<std::atomic<int64_t>>(0);
 
   Fixture() {
     reg.path = "test-models.toml";
@@ -73,6 +88,7 @@ struct Fixture {
     reg.server.log_keep = 3;
   }
   ~Fixture() {
+    gpu_held_until->store(0);
     if (sup) sup->stop("test end");
     sup.reset();
     store.reset();
@@ -119,7 +135,10 @@ struct Fixture {
       return r;
     };
     sup = std::make_unique<servedeck::supervisor::Supervisor>(
-        reg, *store, readings, std::make_unique<servedeck::supervisor::NoGpuProbe>(), opt);
+        reg, *store, readings,
+        fake_gpu ? std::unique_ptr<servedeck::supervisor::GpuMemoryProbe>(std::make_unique<FakeGpuProbe>(gpu_held_until))
+                 : std::make_unique<servedeck::supervisor::NoGpuProbe>(),
+        opt);
     return *sup;
   }
 };

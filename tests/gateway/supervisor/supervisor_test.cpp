@@ -351,3 +351,72 @@ TEST_CASE("supervisor: daemon restart adopts a live engine and reaps a dead one'
   CHECK(rec->why.find("gone at daemon start") != std::string::npos);
   CHECK(f.store->unfinished_launches().empty());
 }
+
+TEST_CASE("supervisor: stopped means the GPU memory was released; memory never released blocks the next launch") {
+  Fixture f;
+  f.fake_gpu = true;
+  auto& a = f.add("a");
+  a.vram_release_timeout_s = 1;
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("a").ok);
+  CHECK(sup.status_json()["vram_gib"] == doctest::Approx(0.0));
+
+  // Released 600 ms after the stop begins: the stop waits for it.
+  f.gpu_held_until->store(state::now_ms() + 600);
+  Lines lines;
+  auto t0 = state::now_ms();
+  auto r = sup.stop("test", lines.sink());
+  REQUIRE_MESSAGE(r.ok, r.error);
+  CHECK(state::now_ms() - t0 >= 550);
+  CHECK(lines.any("waiting for the GPU to release 512.0 MiB"));
+  CHECK(lines.any("GPU memory released"));
+  CHECK(sup.snapshot().state == SlotState::stopped);
+
+  // Never released within vram_release_timeout_s: failed, and the next launch is blocked.
+  REQUIRE(sup.switch_to("a").ok);
+  int64_t pid = sup.snapshot().pid;
+  f.gpu_held_until->store(state::now_ms() + 3600 * 1000);
+  auto stuck = sup.stop("test");
+  CHECK_FALSE(stuck.ok);
+  CHECK(stuck.error.find("GPU memory not released 1 s after a exited: 512.0 MiB still held") != std::string::npos);
+  CHECK(sup.snapshot().state == SlotState::failed);
+  CHECK_FALSE(sdtest::alive(pid));
+  CHECK(sup.status_json()["blocker"].get<std::string>().find("GPU memory not released") != std::string::npos);
+  auto blocked = sup.switch_to("a");
+  CHECK_FALSE(blocked.ok);
+  CHECK(blocked.error.find("GPU memory not released") != std::string::npos);
+  CHECK(f.store->recent_launches(10).size() == 2);  // nothing launched while blocked
+
+  // Once the memory is back, the slot recovers.
+  f.gpu_held_until->store(0);
+  auto ok = sup.switch_to("a");
+  REQUIRE_MESSAGE(ok.ok, ok.error);
+  CHECK(sup.status_json()["blocker"] == "");
+}
+
+TEST_CASE("supervisor: G28 a request-triggered switch waits out the running model's min_residency_s") {
+  Fixture f;
+  auto& a = f.add("a");
+  a.min_residency_s = 1;
+  f.add("b");
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("a").ok);
+  int64_t a_ready = f.store->latest_launch()->ready_ms;
+  std::atomic<bool> done{false}, ok{false};
+  sup.ensure_running("b", [&](bool good, std::string) {
+    ok = good;
+    done = true;
+  });
+  REQUIRE(sdtest::wait_for([&] { return done.load(); }, 10000));
+  CHECK(ok);
+  auto b = f.store->latest_launch();
+  REQUIRE(b);
+  CHECK(b->model == "b");
+  CHECK(b->start_ms - a_ready >= 950);
+  // The operator's switch is not held back by residency.
+  auto& sup_ref = sup;
+  f.reg.models[1].min_residency_s = 60;
+  auto t0 = state::now_ms();
+  REQUIRE(sup_ref.switch_to("a").ok);
+  CHECK(state::now_ms() - t0 < 5000);
+}
