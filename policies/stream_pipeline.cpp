@@ -392,9 +392,9 @@ const std::optional<PolicyError>& StreamPipeline::error() const { return state_-
 std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
   State& s = *state_;
   if (s.error) return {};
-  if (!chunk.is_object() || !ctx_->model) return {chunk};
+  if (!chunk.is_object()) return {chunk};
   s.last_chunk = chunk;
-  if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
+  if (!ctx_->model || !chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
     json c = chunk;
     echo_requested_model(c, ctx_->requested_id);
     return {c};
