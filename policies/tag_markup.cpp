@@ -24,6 +24,19 @@ TagKind kind_of(std::string_view name, bool closing) {
 
 }  // namespace
 
+std::string_view to_string(TagKind k) {
+  switch (k) {
+    case TagKind::open_tool_call: return "open_tool_call";
+    case TagKind::close_tool_call: return "close_tool_call";
+    case TagKind::open_key: return "open_key";
+    case TagKind::close_key: return "close_key";
+    case TagKind::open_value: return "open_value";
+    case TagKind::close_value: return "close_value";
+    case TagKind::unknown: break;
+  }
+  return "unknown";
+}
+
 std::string_view trim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);

@@ -20,6 +20,9 @@ namespace servedeck::policies::markup {
 /// Which tag; `unknown` for a partial tag whose name is ambiguous ("<arg_" could open either).
 enum class TagKind { open_tool_call, close_tool_call, open_key, close_key, open_value, close_value, unknown };
 
+/// "open_tool_call", "close_key", ... ("unknown").
+std::string_view to_string(TagKind k);
+
 /// The tag names, e.g. "<arg_key>".
 inline constexpr std::string_view kTags[] = {"<tool_call>", "</tool_call>", "<arg_key>",
                                              "</arg_key>",  "<arg_value>",  "</arg_value>"};

@@ -68,6 +68,7 @@ TEST_CASE("markup scanner: complete, damaged and ordinary text") {
   CHECK(tags[0].kind == markup::TagKind::close_key);
   CHECK_FALSE(tags[1].complete);
   CHECK(tags[1].kind == markup::TagKind::open_value);
+  CHECK(markup::to_string(tags[0].kind) == "close_key");
   CHECK(markup::scan_tags("if (a<b && c</a>) {}").empty());
   CHECK(markup::is_partial_tag("</arg_k"));
   CHECK_FALSE(markup::is_partial_tag("</arg_key>"));
