@@ -15,11 +15,12 @@ namespace servedeck::worker::tmpl {
 
 namespace {
 
-constexpr std::array<std::string_view, 40> k_filters = {
+constexpr std::array<std::string_view, 41> k_filters = {
     "abs", "attr", "batch", "capitalize", "count", "d", "default", "dictsort", "e", "escape",
     "first", "float", "forceescape", "indent", "int", "items", "join", "last", "length", "list",
     "lower", "map", "max", "min", "reject", "rejectattr", "replace", "reverse", "round", "safe",
-    "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper"};
+    "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper",
+    "format"};
 
 const Value k_none = Value::none();
 const Value k_false = Value::boolean(false);
@@ -301,6 +302,11 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& args
       check_string_size(out.size());
     }
     return Value::string(std::move(out));
+  }
+  if ((name == "int" || name == "float" || name == "indent" || name == "format") && v.is_undefined()) fail_undefined(v);
+  if (name == "format") {
+    if (!args.kwargs.empty()) throw EvalError("format: keyword arguments are unsupported");
+    return Value::string(printf_format(to_str(v), args.positional));
   }
   if (name == "int") {
     const Value& fallback = args.get(0, "default", Value::integer(0));

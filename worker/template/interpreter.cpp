@@ -122,7 +122,7 @@ class Renderer {
   }
 
   void install_builtins(Scope& s) {
-    s.set("range", Value::function("range", [](CallArgs& a) {
+    s.set("range", Value::function("range", [this](CallArgs& a) {
       if (!a.kwargs.empty() || a.positional.empty() || a.positional.size() > 3) throw EvalError("range expected 1 to 3 integer arguments");
       int64_t v[3] = {0, 0, 1};
       for (size_t i = 0; i < a.positional.size(); ++i) {
@@ -145,6 +145,7 @@ class Renderer {
           throw EvalError("range too big, the sandbox refuses more than " + std::to_string(k_max_range) + " items");
         }
         out.push_back(Value::integer(i));
+        step();
         if ((stepv > 0 && i > INT64_MAX - stepv) || (stepv < 0 && i < INT64_MIN - stepv)) break;
       }
       return Value::list(std::move(out));
@@ -299,6 +300,7 @@ class Renderer {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      step();
       auto iter = child(scope);
       Value loop = Value::object();
       auto& d = loop.dict_data();
@@ -487,6 +489,7 @@ class Renderer {
         if (v.is_undefined()) fail_undefined(v);
         if (!v.is_number()) throw EvalError("bad operand type for unary " + e.name + ": '" + to_string(v.kind()) + "'");
         if (e.name == "+") return v.is(Kind::boolean) ? Value::integer(v.as_bool() ? 1 : 0) : v;
+        if (v.is(Kind::floating)) return Value::floating(-v.as_float());
         return arithmetic("-", Value::integer(0), v);
       }
       case ExprKind::binary: {

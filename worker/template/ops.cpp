@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdio>
+#include <cstring>
 
 namespace servedeck::worker::tmpl {
 
@@ -178,6 +180,55 @@ void check_overflow(bool overflow) {
 }
 
 }  // namespace
+
+std::string printf_format(const std::string& fmt, const std::vector<Value>& args) {
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out.push_back(fmt[i]);
+      continue;
+    }
+    if (++i >= fmt.size()) throw EvalError("incomplete format");
+    if (fmt[i] == '%') {
+      out.push_back('%');
+      continue;
+    }
+    if (fmt[i] == '(') throw EvalError("unsupported printf-style format: named fields '%(name)'");
+    std::string spec = "%";
+    while (i < fmt.size() && std::strchr("-+ 0#", fmt[i])) spec.push_back(fmt[i++]);
+    while (i < fmt.size() && spec.size() < 8 && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec.push_back(fmt[i++]);
+    if (i < fmt.size() && fmt[i] == '.') {
+      spec.push_back(fmt[i++]);
+      while (i < fmt.size() && spec.size() < 12 && std::isdigit(static_cast<unsigned char>(fmt[i]))) spec.push_back(fmt[i++]);
+    }
+    if (i >= fmt.size()) throw EvalError("incomplete format");
+    const char type = fmt[i];
+    if (next >= args.size()) throw EvalError("not enough arguments for format string");
+    const Value& v = args[next++];
+    char buf[512];
+    if (type == 's' || type == 'r' || type == 'a') {
+      if (spec != "%") throw EvalError("unsupported printf-style format '" + spec + type + "'");
+      out += type == 's' ? to_str(v) : to_repr(v);
+    } else if (type == 'd' || type == 'i' || type == 'x' || type == 'X' || type == 'o') {
+      if (!v.is_number()) throw EvalError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+      const double f = v.as_double();
+      if (v.is(Kind::floating) && !(std::fabs(f) < 9.2e18)) throw EvalError("%d format: number out of range");
+      const long long n = v.is(Kind::floating) ? static_cast<long long>(f) : as_index(v);
+      std::snprintf(buf, sizeof buf, (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(), n);
+      out += buf;
+    } else if (type == 'f' || type == 'F' || type == 'e' || type == 'E' || type == 'g' || type == 'G') {
+      if (!v.is_number()) throw EvalError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+      std::snprintf(buf, sizeof buf, (spec + type).c_str(), v.as_double());
+      out += buf;
+    } else {
+      throw EvalError(std::string("unsupported format character '") + type + "'");
+    }
+    check_string_size(out.size());
+  }
+  if (next < args.size()) throw EvalError("not all arguments converted during string formatting");
+  return out;
+}
 
 void set_max_string_bytes(size_t bytes) { t_max_string_bytes = bytes; }
 size_t max_string_bytes() { return t_max_string_bytes; }
@@ -411,7 +462,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq->items().begin(), seq->items().end());
     return Value::list(std::move(out), seq->list_data().is_tuple);
   }
-  if (op == "%" && a.is_string()) throw EvalError("unsupported printf-style string formatting ('%' on a string)");
+  if (op == "%" && a.is_string()) {
+    if (b.is(Kind::list) && b.list_data().is_tuple) return Value::string(printf_format(a.str(), b.items()));
+    return Value::string(printf_format(a.str(), {b}));
+  }
   throw unsupported();
 }
 

@@ -47,6 +47,10 @@ bool contains(const Value& container, const Value& item);
 /// Python `a <op> b` for op in + - * / // % **.
 Value arithmetic(const std::string& op, const Value& a, const Value& b);
 
+/// Python printf-style `fmt % args` for %s %r %d %i %x %o %f %e %g %% with flags, width
+/// and precision on numbers; named fields and widths on %s are errors.
+std::string printf_format(const std::string& fmt, const std::vector<Value>& args);
+
 /// JSON (nlohmann ordered_json, key order kept) -> Value.
 Value from_json(const nlohmann::ordered_json& j);
 

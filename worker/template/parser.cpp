@@ -113,7 +113,11 @@ class Parser {
       switch (t.kind) {
         case TokenKind::eof:
           if (ends.size() != 0) {
-            fail(t, "unexpected end of template, expected '{% " + std::string(*ends.begin()) + " %}'");
+            std::string_view want = *ends.begin();
+            for (const auto e : ends) {
+              if (e.rfind("end", 0) == 0) want = e;
+            }
+            fail(t, "unexpected end of template, expected '{% " + std::string(want) + " %}'");
           }
           return;
         case TokenKind::text: {

@@ -52,7 +52,7 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& args) {
   if (name == "mapping") return v.is(Kind::dict);
   if (name == "iterable") return v.is_undefined() || v.is_string() || v.is(Kind::list) || v.is(Kind::dict);
   if (name == "sequence") return v.is_undefined() || v.is_string() || v.is(Kind::list) || v.is(Kind::dict);
-  if (name == "callable") return v.is(Kind::function);
+  if (name == "callable") return v.is(Kind::function) || v.is_undefined();
   if (name == "escaped") return false;
   if (name == "odd") return remainder_of(v, Value::integer(2)) != 0.0;
   if (name == "even") return remainder_of(v, Value::integer(2)) == 0.0;
@@ -70,7 +70,7 @@ bool apply_test(const std::string& name, const Value& v, const CallArgs& args) {
   if (name == "in") return contains(arg(args, name), v);
   if (name == "sameas") {
     const Value& o = arg(args, name);
-    if (v.kind() != o.kind()) return false;
+    if (v.kind() != o.kind() || v.is_undefined()) return false;
     if (v.is(Kind::list)) return v.list_ptr() == o.list_ptr();
     if (v.has_attrs()) return v.dict_ptr() == o.dict_ptr();
     if (v.is(Kind::function)) return &v.fn() == &o.fn();
