@@ -1,5 +1,6 @@
 #include "policies/flatten_content.hpp"
 
+#include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
 
 namespace servedeck::policies {
@@ -17,7 +18,7 @@ std::optional<std::string> join_text_parts(const json& content) {
       continue;
     }
     if (!part.is_object() || !part.contains("text") || !part["text"].is_string()) return std::nullopt;
-    std::string type = part.value("type", "text");
+    std::string type = part.contains("type") ? string_field(part, "type") : std::string("text");
     if (type != "text" && type != "input_text" && type != "output_text") return std::nullopt;
     out += (first ? "" : "\n") + part["text"].get<std::string>();
     first = false;
@@ -30,7 +31,7 @@ void apply_flatten_content(json& body, RequestContext& ctx) {
   if (!body.contains("messages") || !body["messages"].is_array()) return;
   for (auto& m : body["messages"]) {
     if (!m.is_object() || !m.contains("content")) continue;
-    std::string role = m.value("role", "");
+    std::string role = string_field(m, "role");
     if (role != "tool" && role != "system" && role != "assistant" && role != "developer") continue;
     if (auto joined = join_text_parts(m["content"])) {
       m["content"] = *joined;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
 
 namespace servedeck::policies {
@@ -59,10 +60,10 @@ int64_t estimate_prompt_tokens(const json& body) {
   if (!body.is_object()) return 0;
   int64_t bytes = 0, messages = 0;
   if (body.contains("messages")) {
-    bytes += static_cast<int64_t>(body["messages"].dump().size());
+    bytes += static_cast<int64_t>(dump_safe(body["messages"]).size());
     if (body["messages"].is_array()) messages = static_cast<int64_t>(body["messages"].size());
   }
-  if (body.contains("tools")) bytes += static_cast<int64_t>(body["tools"].dump().size());
+  if (body.contains("tools")) bytes += static_cast<int64_t>(dump_safe(body["tools"]).size());
   return (bytes + 1) / 2 + 8 * messages;
 }
 

@@ -4,6 +4,7 @@
 #include "policies/answer_rescue.hpp"
 #include "policies/effort_presets.hpp"
 #include "policies/flatten_content.hpp"
+#include "policies/json_util.hpp"
 #include "policies/min_output_tokens.hpp"
 #include "policies/reasoning_dialects.hpp"
 #include "policies/repair_count.hpp"
@@ -25,7 +26,7 @@ std::string arguments_text(const json& function) {
   const auto& a = function["arguments"];
   if (a.is_string()) return a.get<std::string>();
   if (a.is_null()) return {};
-  return a.dump();
+  return dump_safe(a);
 }
 
 // sanitize_tool_tags on the echoed history: assistant tool_calls in later requests, so a broken
@@ -35,7 +36,7 @@ void sanitize_history(json& body, RequestContext& ctx) {
   if (!ctx.model->policies.sanitize_tool_tags || !body.contains("messages") || !body["messages"].is_array()) return;
   auto tools = declared_tools(body);
   for (auto& m : body["messages"]) {
-    if (!m.is_object() || m.value("role", "") != "assistant" || !m.contains("tool_calls") ||
+    if (!m.is_object() || string_field(m, "role") != "assistant" || !m.contains("tool_calls") ||
         !m["tool_calls"].is_array()) {
       continue;
     }
@@ -60,7 +61,7 @@ void sanitize_history(json& body, RequestContext& ctx) {
       }
       if (repaired) {
         count_repair(ctx, "sanitize_tool_tags");
-        log_note(ctx, "sanitize_tool_tags", "repaired echoed tool call '" + f.value("name", std::string()) + "'");
+        log_note(ctx, "sanitize_tool_tags", "repaired echoed tool call '" + string_field(f, "name") + "'");
       }
     }
   }

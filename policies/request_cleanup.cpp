@@ -1,5 +1,6 @@
 #include "policies/request_cleanup.hpp"
 
+#include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
 
 namespace servedeck::policies {
@@ -26,7 +27,7 @@ void apply_request_cleanup(json& body, RequestContext& ctx) {
   std::vector<std::string> changes;
   if (body.contains("messages") && body["messages"].is_array()) {
     for (auto& m : body["messages"]) {
-      if (!m.is_object() || m.value("role", "") != "assistant") continue;
+      if (!m.is_object() || string_field(m, "role") != "assistant") continue;
       for (const char* k : {"refusal", "audio", "function_call", "tool_calls"}) {
         if (m.contains(k) && (m[k].is_null() || (std::string_view(k) == "tool_calls" && m[k].is_array() && m[k].empty()))) {
           m.erase(k);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "policies/flatten_content.hpp"
+#include "policies/json_util.hpp"
 #include "policies/reasoning_dialects.hpp"
 #include "policies/repair_count.hpp"
 
@@ -69,14 +70,14 @@ std::vector<std::string> ReasoningStore::keys_of(const json& message) {
       }
       if (tc.contains("function") && tc["function"].is_object()) {
         const auto& f = tc["function"];
-        normalised += "\n" + f.value("name", std::string());
+        normalised += "\n" + string_field(f, "name");
         if (f.contains("arguments")) {
           json args = f["arguments"];
           if (args.is_string()) {
             auto parsed = json::parse(args.get<std::string>(), nullptr, false);
             args = parsed.is_discarded() ? json(collapse_whitespace(args.get<std::string>())) : parsed;
           }
-          normalised += " " + args.dump();
+          normalised += " " + dump_safe(args);
         }
       }
     }
@@ -141,7 +142,7 @@ void apply_restore_reasoning(json& body, RequestContext& ctx) {
   if (!body.contains("messages") || !body["messages"].is_array()) return;
   int restored = 0;
   for (auto& m : body["messages"]) {
-    if (!m.is_object() || m.value("role", "") != "assistant") continue;
+    if (!m.is_object() || string_field(m, "role") != "assistant") continue;
     auto existing = reasoning_of(m);
     if (existing && !existing->empty()) continue;
     if (auto r = ctx.reasoning_store->recall(m)) {

@@ -1,5 +1,6 @@
 #include "policies/sanitize_tool_tags.hpp"
 
+#include "policies/json_util.hpp"
 #include "policies/tag_markup.hpp"
 
 namespace servedeck::policies {
@@ -273,7 +274,7 @@ void ArgumentRepair::end_key() {
   if (top && tool_) {
     if (auto canon = tool_->canonical_key(fixed)) fixed = *canon;
   }
-  emit(json(fixed).dump());
+  emit(dump_safe(json(fixed)));
 }
 
 void ArgumentRepair::end_resplit() {
@@ -328,7 +329,7 @@ void ArgumentRepair::end_resplit() {
   std::string out;
   for (const auto& [k, v] : pairs) {
     if (!out.empty()) out += ",";
-    out += json(k).dump() + ":" + v.dump();
+    out += dump_safe(json(k)) + ":" + dump_safe(v);
   }
   emit(out);
 }
@@ -423,7 +424,7 @@ std::string ArgumentRepair::finish() {
       }
       if (changed) {
         coerced_ = true;
-        out = j.dump();
+        out = dump_safe(j);
       }
     }
   } else {

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "policies/json_util.hpp"
+
 namespace servedeck::policies::markup {
 namespace {
 
@@ -156,7 +158,7 @@ ParsedCall parse_block_body(std::string_view body) {
     const auto& args = j.contains("arguments") ? j["arguments"]
                        : j.contains("parameters") ? j["parameters"] : nlohmann::json::object();
     if (args.is_string()) call.json_arguments = args.get<std::string>();
-    else if (args.is_object()) call.json_arguments = args.dump();
+    else if (args.is_object()) call.json_arguments = dump_safe(args);
     else return call;
     call.ok = !call.name.empty();
     return call;

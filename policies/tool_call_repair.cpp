@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "policies/json_util.hpp"
 #include "policies/sanitize_tool_tags.hpp"
 #include "policies/tag_markup.hpp"
 
@@ -25,7 +26,7 @@ std::optional<std::string> arguments_from(const markup::ParsedCall& call, const 
       args[key] = typed_from_text(v, tool.property(key));
     }
   }
-  std::string text = args.dump();
+  std::string text = dump_safe(args);
   if (!missing_required(text, tool).empty()) return std::nullopt;
   return text;
 }
@@ -110,7 +111,7 @@ std::string arguments_after_split(std::string_view arguments, const DeclaredTool
     std::string text = j.is_discarded() ? std::string(t) : j.get<std::string>();
     out[param] = typed_from_text(text, tool.property(param));
   }
-  return out.dump();
+  return dump_safe(out);
 }
 
 bool is_empty_arguments(std::string_view arguments) {

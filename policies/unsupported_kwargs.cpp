@@ -1,5 +1,6 @@
 #include "policies/unsupported_kwargs.hpp"
 
+#include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
 
 namespace servedeck::policies {
@@ -30,7 +31,7 @@ void apply_unsupported_kwargs(json& body, RequestContext& ctx) {
     json value = kw[key];
     kw.erase(key);
     count_repair(ctx, "unsupported_kwargs");
-    std::string note = "chat_template_kwargs." + key + "=" + value.dump() + " is ignored by " +
+    std::string note = "chat_template_kwargs." + key + "=" + dump_safe(value) + " is ignored by " +
                        ctx.model->name + "'s template: removed";
     if (asks_for_less(value) && !config.accepted_reasoning_efforts.empty() && !kw.contains("reasoning_effort")) {
       kw["reasoning_effort"] = config.accepted_reasoning_efforts.front();
