@@ -141,6 +141,7 @@ void Engine::generate(Job& job) {
       stats_.forward_calls += forwards;
       stats_.ttft_sum_s += result.ttft_s;
       stats_.decode_sum_s += result.decode_s;
+      current_.reset();  // not running any more once anyone hears it finished
     }
     if (job.on_done) job.on_done(result);
   };
