@@ -11,7 +11,7 @@ jobs=${SERVEDECK_JOBS:-$(nproc)}
 
 apt_packages=(build-essential cmake ninja-build pkg-config git libboost-dev libtomlplusplus-dev
   nlohmann-json3-dev libsqlite3-dev libpcre2-dev doctest-dev libsystemd-dev nodejs npm
-  systemd clang)
+  systemd clang libclang-rt-14-dev sqlite3)
 
 setup() {
   local missing=()

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# End-to-end: the daemon launches the real native worker on the tiny model (CPU), then real
+# clients talk to the gateway: the official `openai` npm SDK (chat streaming and not, Responses
+# streaming and not, /v1/models) and the Codex CLI (`codex exec`, Responses wire API).
+# Also: /tokenize agrees with the worker's tokenizer; a request over the KV cap is refused with
+# both numbers; the request log holds a /v1/responses row.
+# Usage: e2e_daemon.sh BUILD_DIR SOURCE_DIR        (ctest passes both)
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+servedeck="$build/gateway/servedeck"
+worker="$build/worker/servedeck-worker"
+node_modules="$src/node_modules"
+for f in "$servedeck" "$worker" "$src/models/tiny/config.json" "$node_modules/openai/package.json"; do
+  [ -e "$f" ] || { echo "FAIL: missing $f (run scripts/dev.sh test, which builds and prepares it)"; exit 1; }
+done
+
+tmp=$(mktemp -d /tmp/servedeck-e2e-XXXXXX)
+daemon_pid=""
+cleanup() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -TERM "$daemon_pid"
+    for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$daemon_pid" 2>/dev/null || true
+  fi
+  if [ "${E2E_KEEP:-0}" != 1 ]; then rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$tmp/daemon.log" || true; echo "--- engine logs"; tail -20 "$tmp"/state/logs/* 2>/dev/null || true; exit 1; }
+
+cat > "$tmp/models.toml" <<TOML
+[server]
+listen = "127.0.0.1:0"
+state_dir = "$tmp/state"
+
+[models.tiny]
+engine = "native"
+served_name = "tiny"
+aliases = ["tiny-alias"]
+checkpoint = "$src/models/tiny"
+program = "$worker"
+args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
+        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "24"]
+port = 0
+ctx = 16384
+validated_ctx = 16384
+kv_cache_bytes_per_token = 512
+requires_gpu = false
+start_timeout_s = 120
+TOML
+
+"$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
+"$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 1 300); do [ -s "$tmp/state/daemon.json" ] && break; sleep 0.1; done
+[ -s "$tmp/state/daemon.json" ] || fail "daemon did not write daemon.json"
+port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).port)' "$tmp/state/daemon.json")
+base="http://127.0.0.1:$port/v1"
+echo "daemon up on port $port"
+
+"$servedeck" --config "$tmp/models.toml" switch tiny || fail "switch tiny"
+"$servedeck" --config "$tmp/models.toml" status | tee "$tmp/status.txt"
+grep -q "ready" "$tmp/status.txt" || fail "status does not say ready"
+
+# The official openai SDK: chat (stream and not), responses (stream and not), models.
+NODE_PATH="$node_modules" node "$src/tests/e2e/openai_sdk.mjs" "$base" tiny || fail "openai SDK checks"
+
+# /tokenize on the engine agrees with what the engine counts as prompt tokens.
+engine_port=$("$servedeck" --config "$tmp/models.toml" status --json |
+  node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log((j.slot||j).port)})')
+[ -n "$engine_port" ] && [ "$engine_port" != "undefined" ] || fail "status --json has no engine port"
+strings='["Hello, world! 你好 🙂", "def f(x):\n    return x ** 2  # 12345", "<|im_start|>user\nhi<|im_end|>"]'
+echo "$strings" > "$tmp/strings.json"
+ref=$(SERVEDECK_SOURCE_DIR="$src" node "$src/tests/worker/tokenizer/reference_encode.mjs" qwen3 --strings "$tmp/strings.json") ||
+  fail "reference tokenizer"
+ours=$(node -e '
+  const strings = JSON.parse(require("fs").readFileSync(process.argv[1]));
+  Promise.all(strings.map(s => fetch(`http://127.0.0.1:${process.argv[2]}/tokenize`, {method: "POST",
+      headers: {"content-type": "application/json"},
+      body: JSON.stringify({model: "tiny", prompt: s, add_special_tokens: false})}).then(r => r.json()).then(j => j.tokens)))
+    .then(all => console.log(JSON.stringify(all)));' "$tmp/strings.json" "$engine_port")
+[ "$(echo "$ref" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.stringify(JSON.parse(s))))')" = "$ours" ] ||
+  fail "/tokenize disagrees with the reference tokenizer: ours $ours, reference $ref"
+echo "ok: /tokenize agrees with the reference tokenizer on $(echo "$strings" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).length))') strings"
+
+# A request whose prompt + max_tokens exceed the KV cache is refused with both numbers.
+over=$(node -e '
+  const body = {model: "tiny", max_tokens: 20000, messages: [{role: "user", content: "hi"}]};
+  fetch(process.argv[1] + "/chat/completions", {method: "POST", headers: {"content-type": "application/json"}, body: JSON.stringify(body)})
+    .then(async r => console.log(r.status + " " + await r.text()));' "$base")
+echo "over the KV cap: $over"
+case "$over" in 400*16384*|400*20000*) ;; *) fail "KV-cap refusal should be HTTP 400 naming both numbers, got: $over";; esac
+
+# Codex CLI against the gateway through the Responses API.
+codex="$node_modules/.bin/codex"
+if [ -x "$codex" ]; then
+  mkdir -p "$tmp/codex-home" "$tmp/work"
+  cat > "$tmp/codex-home/config.toml" <<TOML
+model = "tiny"
+model_provider = "servedeck"
+[model_providers.servedeck]
+name = "servedeck"
+base_url = "$base"
+env_key = "SERVEDECK_API_KEY"
+wire_api = "responses"
+TOML
+  ( cd "$tmp/work" && CODEX_HOME="$tmp/codex-home" SERVEDECK_API_KEY=unused timeout 180 "$codex" exec \
+      --skip-git-repo-check --color never "Say hi." > "$tmp/codex.out" 2> "$tmp/codex.err" ) ||
+    { cat "$tmp/codex.err" | tail -30; fail "codex exec exited non-zero"; }
+  echo "--- codex output"; tail -5 "$tmp/codex.out"
+  [ -s "$tmp/codex.out" ] || fail "codex printed no text"
+else
+  fail "node_modules/.bin/codex missing (npm ci installs @openai/codex)"
+fi
+
+# The gateway logged the Responses requests (SDK and Codex) in the state store, never bodies.
+n=$(sqlite3 "$tmp/state/state.db" "SELECT COUNT(*) FROM requests WHERE route = '/v1/responses';") || fail "reading the request log"
+echo "request log: $n /v1/responses rows"
+[ "$n" -ge 3 ] || fail "expected at least 3 logged /v1/responses requests (SDK x2 + codex), found $n"
+echo "e2e: all checks passed"
