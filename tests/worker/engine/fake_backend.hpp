@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +112,8 @@ class FakeBackend final : public Backend {
       throw KvCacheFull("fake cache full: " + std::to_string(c.length() + tokens.size()) + " > " +
                         std::to_string(c.capacity()));
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (fail_after_calls >= 0 && forward_calls.load() >= static_cast<std::size_t>(fail_after_calls))
+      throw std::runtime_error("fake backend failure after " + std::to_string(fail_after_calls) + " forward calls");
     ++forward_calls;
     std::vector<float> out;
     for (int32_t t : tokens) c.tokens.push_back(t);
@@ -147,6 +150,7 @@ class FakeBackend final : public Backend {
   std::atomic<int> live_caches{0};
   std::atomic<std::size_t> forward_calls{0};
   int delay_ms = 0;
+  std::atomic<int> fail_after_calls{-1};  // >= 0: forward() throws once this many calls were made
 
  private:
   Script script_;

@@ -6,6 +6,7 @@
 // disconnect cancelling generation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -351,4 +352,32 @@ TEST_CASE("a client that goes away cancels its generation and frees the cache") 
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(f.handles.backend->forward_calls.load() == calls);  // the scheduler stopped
   CHECK(f.get("/metrics").body.find("route=\"chat\",status=\"499\"") != std::string::npos);
+}
+
+TEST_CASE("a backend failure mid-stream ends with an error event and no [DONE]; before any token it is a 500") {
+  Fixture f;
+  f.handles.backend->fail_after_calls = static_cast<int>(f.handles.backend->forward_calls.load()) + 4;
+  int status = 0;
+  const auto events = f.stream("/v1/chat/completions", chat_body("hi", true).dump(), &status);
+  CHECK(status == 200);
+  REQUIRE(events.size() >= 2);
+  CHECK(std::find(events.begin(), events.end(), "[DONE]") == events.end());
+  const auto last = json::parse(events.back());
+  REQUIRE(last.contains("error"));
+  CHECK(last["error"]["message"].get<std::string>().find("fake backend failure") != std::string::npos);
+  CHECK(last["error"]["source"] == "engine");
+  std::string content;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    const auto c = json::parse(events[i])["choices"][0]["delta"];
+    content += c.value("content", std::string());
+  }
+  CHECK(content == "Hell");  // prefill + 3 decode steps sample 4 tokens; the 5th forward fails
+
+  f.handles.backend->fail_after_calls = static_cast<int>(f.handles.backend->forward_calls.load());  // fails at prefill
+  const auto early = f.stream("/v1/chat/completions", chat_body("hi", true).dump(), &status);
+  CHECK(status == 500);
+  REQUIRE(early.empty());  // a plain JSON error, not an SSE stream
+  auto plain = f.post("/v1/chat/completions", chat_body("hi", false).dump());
+  CHECK(plain.status == 500);
+  CHECK(json::parse(plain.body)["error"]["message"].get<std::string>().find("prefill failed") != std::string::npos);
 }
