@@ -270,6 +270,7 @@ std::string Supervisor::wait_ready(const registry::ModelEntry& m, EngineProcess&
       std::lock_guard lk(mu_);
       if (shutting_down_) return "the daemon is shutting down";
     }
+    if (abort_start_) return "start aborted by stop";
     if (!engine.running()) {
       auto st = engine.exit_status();
       return "engine exited during start" + (st ? " with status " + std::to_string(*st) : std::string());
@@ -505,7 +506,9 @@ void Supervisor::record_measured_memory(const registry::ModelEntry& m, double lo
 
 OpResult Supervisor::stop(const std::string& why, const Progress& progress) {
   auto t0 = Clock::now();
+  abort_start_ = true;
   std::lock_guard op(op_mu_);
+  abort_start_ = false;
   std::string err;
   bool have_engine;
   {

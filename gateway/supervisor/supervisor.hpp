@@ -95,7 +95,8 @@ class Supervisor : public gateway::SlotControl {
   /// wait is bounded by min_residency_s; leases still in flight are then drained as usual.
   OpResult switch_for_request(const std::string& model, const Progress& progress = {});
 
-  /// Drains, stops the engine (if any) and reaps /dev/shm. Blocking.
+  /// Drains, stops the engine (if any) and reaps /dev/shm. Blocking. A start in progress is
+  /// abandoned at its next poll ("start aborted by stop") rather than waited for.
   OpResult stop(const std::string& why, const Progress& progress = {});
 
   /// At daemon start: for each launch the store records as unfinished, adopt it when its pid and
@@ -171,6 +172,7 @@ class Supervisor : public gateway::SlotControl {
   std::deque<std::string> queue_;
   std::condition_variable queue_cv_;
 
+  std::atomic<bool> abort_start_{false};  // set by stop(): a start in progress gives up
   bool shutting_down_ = false;
   std::condition_variable shutdown_cv_;
   std::thread monitor_;

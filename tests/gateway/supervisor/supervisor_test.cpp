@@ -420,3 +420,54 @@ TEST_CASE("supervisor: G28 a request-triggered switch waits out the running mode
   REQUIRE(sup_ref.switch_to("a").ok);
   CHECK(state::now_ms() - t0 < 5000);
 }
+
+TEST_CASE("supervisor: an engine crashing mid-stream is noticed; the slot fails with its log tail") {
+  Fixture f;
+  f.add("crashy", {"--crash-mid-stream-after", "2"});
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("crashy").ok);
+  int port = sup.snapshot().port;
+  std::string body;
+  http::ClientRequest r;
+  r.port = port;
+  r.method = "POST";
+  r.target = "/v1/chat/completions";
+  r.body = R"({"model":"crashy-served","stream":true,"messages":[{"role":"user","content":"hi"}]})";
+  r.timeout_ms = 5000;
+  try {
+    http::fetch_stream(r, [](int, const auto&) {}, [&](std::string_view c) {
+      body += c;
+      return true;
+    });
+  } catch (const std::exception&) {
+    // the connection may be reset by the crash
+  }
+  CHECK(body.find("data: [DONE]") == std::string::npos);
+  REQUIRE(sdtest::wait_for([&] { return sup.snapshot().state == SlotState::failed; }, 5000));
+  CHECK(sup.snapshot().last_error.find("exited after ready with status 1") != std::string::npos);
+  CHECK(sup.snapshot().last_error.find("crashing mid-stream after 2 chunks") != std::string::npos);
+}
+
+TEST_CASE("supervisor: stop during a long start abandons the start instead of waiting for it") {
+  Fixture f;
+  auto& slow = f.add("slow", {"--slow-start-ms", "30000", "--log-progress"});
+  slow.start_timeout_s = 60;
+  auto& sup = f.make();
+  std::atomic<bool> done{false};
+  std::string error;
+  std::thread starter([&] {
+    auto r = sup.switch_to("slow");
+    error = r.error;
+    done = true;
+  });
+  REQUIRE(sdtest::wait_for([&] { return sup.snapshot().state == SlotState::starting; }, 5000));
+  int64_t pid = sup.snapshot().pid;
+  auto t0 = state::now_ms();
+  auto r = sup.stop("operator");
+  starter.join();
+  CHECK(r.ok);
+  CHECK(state::now_ms() - t0 < 10000);
+  CHECK(error.find("start aborted by stop") != std::string::npos);
+  CHECK_FALSE(sdtest::alive(pid));
+  CHECK(sup.snapshot().state == SlotState::stopped);
+}
