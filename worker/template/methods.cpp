@@ -13,7 +13,7 @@ using Fn = std::function<Value(CallArgs&)>;
 
 Value make_method(const std::string& name, Fn fn) { return Value::function(name, std::move(fn)); }
 
-const std::string& require_str(const Value& v, const char* what) {
+std::string require_str(const Value& v, const char* what) {
   if (!v.is_string()) throw EvalError(std::string(what) + " must be str, not " + to_string(v.kind()));
   return v.str();
 }
@@ -94,7 +94,7 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
     return make_method(name, [s, left, right](CallArgs& a) {
       const Value& chars = a.get(0, "chars", Value::none());
       if (chars.is_none()) return Value::string(py_strip(s, nullptr, left, right));
-      const std::string& set = require_str(chars, "strip chars");
+      const std::string set = require_str(chars, "strip chars");
       return Value::string(py_strip(s, &set, left, right));
     });
   }
@@ -107,7 +107,7 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
       if (sep.is_none()) {
         parts = py_split_whitespace(s, maxsplit, from_right);
       } else {
-        const std::string& sp = require_str(sep, "sep");
+        const std::string sp = require_str(sep, "sep");
         if (sp.empty()) throw EvalError("empty separator");
         parts = py_split(s, sp, maxsplit, from_right);
       }
@@ -134,8 +134,8 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
   if (name == "replace") {
     return make_method(name, [s](CallArgs& a) {
       if (a.positional.size() < 2 && !(a.has(0, "old") && a.has(1, "new"))) throw EvalError("replace() takes at least 2 arguments");
-      const std::string& from = require_str(a.get(0, "old", Value()), "replace old");
-      const std::string& to = require_str(a.get(1, "new", Value()), "replace new");
+      const std::string from = require_str(a.get(0, "old", Value()), "replace old");
+      const std::string to = require_str(a.get(1, "new", Value()), "replace new");
       const int64_t count = require_int(a.get(2, "count", Value::integer(-1)), "replace count");
       return Value::string(py_replace(s, from, to, count));
     });
@@ -156,7 +156,7 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     return make_method(name, [s, name](CallArgs& a) {
-      const std::string& sub = require_str(a.get(0, "sub", Value()), name.c_str());
+      const std::string sub = require_str(a.get(0, "sub", Value()), name.c_str());
       if (name == "count") {
         if (sub.empty()) return Value::integer(static_cast<int64_t>(utf8_length(s) + 1));
         int64_t n = 0;
@@ -195,7 +195,7 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
   if (name == "removeprefix" || name == "removesuffix") {
     const bool prefix = name == "removeprefix";
     return make_method(name, [s, prefix](CallArgs& a) {
-      const std::string& x = require_str(a.get(0, "affix", Value()), "affix");
+      const std::string x = require_str(a.get(0, "affix", Value()), "affix");
       if (x.size() <= s.size()) {
         if (prefix && s.compare(0, x.size(), x) == 0) return Value::string(s.substr(x.size()));
         if (!prefix && s.compare(s.size() - x.size(), x.size(), x) == 0) return Value::string(s.substr(0, s.size() - x.size()));

@@ -341,7 +341,7 @@ bool Value::truthy() const {
   }
 }
 
-const Value& CallArgs::get(size_t index, std::string_view name, const Value& fallback) const {
+Value CallArgs::get(size_t index, std::string_view name, const Value& fallback) const {
   if (index < positional.size()) return positional[index];
   for (const auto& [k, v] : kwargs) {
     if (k == name) return v;

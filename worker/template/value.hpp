@@ -116,8 +116,9 @@ class Value {
 struct CallArgs {
   std::vector<Value> positional;
   std::vector<std::pair<std::string, Value>> kwargs;
-  /// Argument `index` or keyword `name`, else `fallback`. Marks nothing consumed.
-  const Value& get(size_t index, std::string_view name, const Value& fallback) const;
+  /// Argument `index` or keyword `name`, else `fallback` (a copy: callers often pass a
+  /// temporary fallback).
+  Value get(size_t index, std::string_view name, const Value& fallback) const;
   bool has(size_t index, std::string_view name) const;
 };
 
