@@ -2,6 +2,7 @@
 // pre-tokenizer -> BPE). See tokenizer.hpp for the contract and docs/tokenizer.md for the design.
 #include "worker/tokenizer/tokenizer.hpp"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -37,6 +38,10 @@ struct Tokenizer::Impl {
 };
 
 namespace {
+
+// note: the id space is allocated densely (bytes and flags per id); real vocabularies stay below
+// 300,000 ids, so a file asking for more than 2^24 is malformed, not large.
+constexpr std::int32_t k_max_token_id = 1 << 24;
 
 [[noreturn]] void fail(const std::string& origin, const std::string& field, const std::string& what) {
   throw TokenizerError(origin + ": " + field + ": " + what);
@@ -115,6 +120,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view orig
   by_form.reserve(doc.vocab.size());
   std::int32_t max_id = -1;
   for (const auto& [form, id] : doc.vocab) {
+    if (id >= k_max_token_id)
+      fail(origin, "model.vocab[\"" + form + "\"]", "id " + std::to_string(id) + " exceeds the supported maximum " + std::to_string(k_max_token_id - 1));
     by_form[form] = id;
     max_id = std::max(max_id, id);
   }
@@ -122,8 +129,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view orig
   if (!added.is_array()) fail(origin, "added_tokens", "expected an array");
   for (std::size_t i = 0; i < added.size(); ++i) {
     const json& id = field(added[i], "id", origin, "added_tokens[" + std::to_string(i) + "]");
-    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > INT32_MAX)
-      fail(origin, "added_tokens[" + std::to_string(i) + "].id", "expected a non-negative integer, got " + id.dump());
+    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() >= k_max_token_id)
+      fail(origin, "added_tokens[" + std::to_string(i) + "].id", "expected an integer in [0, " + std::to_string(k_max_token_id) + "), got " + id.dump());
     max_id = std::max(max_id, id.get<std::int32_t>());
   }
   const auto n_ids = static_cast<std::size_t>(max_id + 1);

@@ -183,7 +183,10 @@ TEST_CASE("load errors name the file and the field") {
   CHECK(error_of(cfg.dump()).find("model.vocab: no token for byte 0x20") != std::string::npos);
   cfg = tiny_tokenizer({});
   cfg["added_tokens"] = json::array({{{"id", "x"}, {"content", "<s>"}}});
-  CHECK(error_of(cfg.dump()).find("added_tokens[0].id: expected a non-negative integer") != std::string::npos);
+  CHECK(error_of(cfg.dump()).find("added_tokens[0].id: expected an integer in [0, 16777216), got \"x\"") != std::string::npos);
+  cfg = tiny_tokenizer({});
+  cfg["model"]["vocab"]["big"] = 2147483647;
+  CHECK(error_of(cfg.dump()).find("model.vocab[\"big\"]: id 2147483647 exceeds the supported maximum 16777215") != std::string::npos);
   cfg = tiny_tokenizer({});
   cfg["model"]["vocab"]["zz"] = "7";
   CHECK(error_of(cfg.dump()).find("model.vocab[\"zz\"]: expected a non-negative integer id, got \"7\"") != std::string::npos);
