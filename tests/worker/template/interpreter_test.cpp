@@ -2,9 +2,12 @@
 // renders in transformers' configuration (trim_blocks, lstrip_blocks, sandbox, its tojson).
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "worker/template/chat_template.hpp"
+#include "worker/template/template_source.hpp"
 
 using servedeck::worker::ChatTemplate;
 using servedeck::worker::RenderLimits;
@@ -247,4 +250,32 @@ TEST_CASE("context key order is kept (ordered_json); nlohmann::json input still 
   const auto t = ChatTemplate::parse("{{ d|tojson }}");
   CHECK(t.render(ojson::parse(R"({"d": {"z": 1, "a": 2}})")) == R"({"z": 1, "a": 2})");
   CHECK(t.render(nlohmann::json::parse(R"({"d": {"z": 1, "a": 2}})")) == R"({"a": 2, "z": 1})");
+}
+
+TEST_CASE("template source: tokenizer_config.json string or named list, chat_template.jinja first") {
+  using servedeck::worker::chat_template_from_config;
+  using servedeck::worker::load_chat_template_source;
+  using servedeck::worker::special_token;
+  CHECK(chat_template_from_config(nlohmann::json::parse(R"({"chat_template": "A"})")) == "A");
+  const auto listed = nlohmann::json::parse(
+      R"({"chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]})");
+  CHECK(chat_template_from_config(listed) == "D");
+  CHECK(chat_template_from_config(listed, "tool_use") == "T");
+  CHECK_THROWS_WITH(chat_template_from_config(listed, "rag"), doctest::Contains("have: default, tool_use"));
+  CHECK_THROWS_WITH(chat_template_from_config(nlohmann::json::object()), doctest::Contains("no \"chat_template\""));
+  const auto cfg = nlohmann::json::parse(R"({"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+                                             "pad_token": null})");
+  CHECK(special_token(cfg, "bos_token") == "<s>");
+  CHECK(special_token(cfg, "eos_token") == "</s>");
+  CHECK_FALSE(special_token(cfg, "pad_token").has_value());
+
+  char dir[] = "/tmp/servedeck_template_source_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string d = dir;
+  CHECK_THROWS_WITH(load_chat_template_source(d), doctest::Contains("expected chat_template.jinja or tokenizer_config.json"));
+  { std::ofstream(d + "/tokenizer_config.json") << R"({"chat_template": "from config"})"; }
+  CHECK(load_chat_template_source(d) == "from config");
+  { std::ofstream(d + "/chat_template.jinja") << "from jinja"; }
+  CHECK(load_chat_template_source(d) == "from jinja");
+  std::filesystem::remove_all(d);
 }
