@@ -1,5 +1,7 @@
 #include "worker/parsers/tool_call_parser.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <random>
 #include <utility>
 
@@ -106,13 +108,114 @@ class BlockParser : public ToolCallParser {
   int calls_ = 0;
 };
 
+// Hermes calls stream their arguments when the body starts the usual way,
+// {"name": "<name>", "arguments": {  — the start delta goes out once the name is known and the
+// arguments text follows as it arrives, holding back a final "}" (it may close the outer object)
+// and whitespace or a partial closing tag after it. Any other shape (e.g. "arguments" first) is
+// buffered and parsed whole at the closing tag.
 class HermesParser final : public BlockParser {
  public:
   using BlockParser::BlockParser;
 
  protected:
-  void begin_block() override {}
+  void begin_block() override {
+    index_ = -1;
+    streamed_ = 0;
+  }
+
   bool on_body(std::vector<ParseDelta>& out, bool at_end) override {
+    const auto pos = buf_.find(k_close);
+    const bool closed = pos != std::string::npos;
+    if (index_ < 0) {
+      std::string name;
+      std::size_t len = 0;
+      const Prefix m = match_prefix(closed ? std::string_view(buf_).substr(0, pos) : std::string_view(buf_), name, len);
+      if (m == Prefix::matched) {
+        index_ = start_call(out, std::move(name));
+        buf_.erase(0, len);
+        return on_body(out, at_end);
+      }
+      if (m == Prefix::need_more && !closed && !at_end) return false;
+      return parse_whole_block(out, at_end);
+    }
+    if (!closed && !at_end) {
+      // Hold back from the last '}' when only whitespace or a partial closing tag follows it.
+      std::size_t keep = buf_.size() - partial_tag_suffix(buf_, k_close);
+      std::size_t k = keep;
+      while (k > 0 && std::isspace(static_cast<unsigned char>(buf_[k - 1]))) --k;
+      if (k > 0 && buf_[k - 1] == '}') keep = k - 1;
+      emit_args(out, buf_.substr(0, keep));
+      buf_.erase(0, keep);
+      return false;
+    }
+    std::string rest = closed ? buf_.substr(0, pos) : buf_;
+    buf_.erase(0, closed ? pos + k_close.size() : buf_.size());
+    while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.back()))) rest.pop_back();
+    if (!rest.empty() && rest.back() == '}') rest.pop_back();  // the outer object's brace
+    emit_args(out, rest);
+    if (streamed_ == 0) add_args(out, index_, "{}");
+    return true;
+  }
+
+ private:
+  enum class Prefix { matched, need_more, mismatch };
+
+  // Matches `{ "name" : "<name>" , "arguments" : ` followed by '{' (not consumed).
+  static Prefix match_prefix(std::string_view b, std::string& name, std::size_t& len) {
+    std::size_t i = 0;
+    auto ws = [&] { while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i; };
+    auto lit = [&](std::string_view l) -> Prefix {
+      const std::size_t n = std::min(l.size(), b.size() - i);
+      if (b.substr(i, n) != l.substr(0, n)) return Prefix::mismatch;
+      if (n < l.size()) return Prefix::need_more;
+      i += n;
+      return Prefix::matched;
+    };
+    Prefix r;
+    ws();
+    if ((r = lit("{")) != Prefix::matched) return r;
+    ws();
+    if ((r = lit("\"name\"")) != Prefix::matched) return r;
+    ws();
+    if ((r = lit(":")) != Prefix::matched) return r;
+    ws();
+    if ((r = lit("\"")) != Prefix::matched) return r;
+    const std::size_t name_begin = i;
+    while (i < b.size() && b[i] != '"') {
+      if (b[i] == '\\') return Prefix::mismatch;  // escaped names: parse the whole block
+      ++i;
+    }
+    if (i >= b.size()) return Prefix::need_more;
+    name = std::string(b.substr(name_begin, i - name_begin));
+    ++i;
+    ws();
+    if ((r = lit(",")) != Prefix::matched) return r;
+    ws();
+    if ((r = lit("\"arguments\"")) != Prefix::matched) return r;
+    ws();
+    if ((r = lit(":")) != Prefix::matched) return r;
+    ws();
+    if (i >= b.size()) return Prefix::need_more;
+    if (b[i] != '{' || name.empty()) return Prefix::mismatch;
+    len = i;
+    return Prefix::matched;
+  }
+
+  void emit_args(std::vector<ParseDelta>& out, const std::string& text) {
+    if (text.empty()) return;
+    // Leading whitespace before the arguments object is not part of it.
+    if (streamed_ == 0) {
+      const auto b = text.find_first_not_of(" \t\r\n");
+      if (b == std::string::npos) return;
+      add_args(out, index_, text.substr(b));
+      streamed_ += text.size() - b;
+      return;
+    }
+    add_args(out, index_, text);
+    streamed_ += text.size();
+  }
+
+  bool parse_whole_block(std::vector<ParseDelta>& out, bool at_end) {
     const auto pos = buf_.find(k_close);
     if (pos == std::string::npos && !at_end) return false;
     const std::string body = pos == std::string::npos ? buf_ : buf_.substr(0, pos);
@@ -135,6 +238,9 @@ class HermesParser final : public BlockParser {
     }
     return true;
   }
+
+  int index_ = -1;
+  std::size_t streamed_ = 0;  // argument bytes emitted for the current call
 };
 
 class GlmParser final : public BlockParser {

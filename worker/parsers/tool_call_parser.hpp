@@ -3,8 +3,10 @@
 //   hermes (Qwen2.5/Qwen3, Hermes):  <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
 //   glm    (GLM-4.5 and later):      <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n…</tool_call>
 // Streaming-safe: text that may be the start of "<tool_call>" is held back; content around calls
-// passes through. A hermes call is emitted whole when its closing tag arrives (start + one
-// arguments delta). A glm call is emitted incrementally: start once the name line is complete,
+// passes through. A hermes call written {"name": …, "arguments": {…}} (the usual order) starts as
+// soon as its name is read and streams its arguments text as it arrives (a final "}" is held
+// until it is known not to close the outer object); other shapes are emitted whole at the
+// closing tag (start + one arguments delta). A glm call is emitted incrementally: start once the name line is complete,
 // then one arguments fragment per completed <arg_key>/<arg_value> pair, then the closing "}".
 // Markup that does not parse as a call is passed through as content, unchanged.
 //

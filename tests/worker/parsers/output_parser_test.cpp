@@ -223,3 +223,36 @@ TEST_CASE("streamed glm call starts before its arguments arrive") {
   CHECK(d2[0].kind == DeltaKind::tool_call_arguments);
   CHECK(d2[0].text == "{\"file\": \"x\"");
 }
+
+TEST_CASE("hermes: a call starts and streams its arguments before the closing tag") {
+  OutputParser p(opts(false, false, ToolParserKind::hermes));
+  auto d1 = p.push("<tool_call>\n{\"name\": \"write\", \"arguments\": {\"text\": \"long");
+  REQUIRE(d1.size() == 2);
+  CHECK(d1[0].kind == DeltaKind::tool_call_start);
+  CHECK(d1[0].name == "write");
+  CHECK(d1[1].kind == DeltaKind::tool_call_arguments);
+  CHECK(d1[1].text == "{\"text\": \"long");
+  auto d2 = p.push(" body\"}");
+  REQUIRE(d2.size() == 1);
+  CHECK(d2[0].text == " body\"");  // the '}' is held: it may close the outer object
+  auto d3 = p.push("}\n</tool_call>");
+  REQUIRE(d3.size() == 1);
+  CHECK(d3[0].text == "}");
+  CHECK(p.finish().empty());
+}
+
+TEST_CASE("hermes: other key orders, escaped names and missing arguments parse whole") {
+  for (const std::string& text : {
+           std::string("<tool_call>\n{\"arguments\": {\"q\": \"x\"}, \"name\": \"search\"}\n</tool_call>"),
+           std::string("<tool_call>{\"name\": \"se\\u0061rch\", \"arguments\": {\"q\": \"x\"}}</tool_call>"),
+           std::string("<tool_call>\n{\"name\": \"search\"}\n</tool_call>"),
+           std::string("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"}}\"}}\n</tool_call>tail"),
+       }) {
+    const auto r = parse_whole(text, opts(false, false, ToolParserKind::hermes));
+    REQUIRE_MESSAGE(r.tool_calls.size() == 1, text);
+    CHECK(r.tool_calls[0].name == "search");
+    const auto args = nlohmann::json::parse(r.tool_calls[0].arguments, nullptr, false);
+    CHECK_MESSAGE(args.is_object(), r.tool_calls[0].arguments);
+    check_every_split(text, false, false, ToolParserKind::hermes);
+  }
+}
