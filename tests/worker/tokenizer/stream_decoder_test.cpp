@@ -1,8 +1,10 @@
 // StreamDecoder: fed token by token it never emits a partial UTF-8 sequence and its pieces add up
-// to decode(all ids).
+// to decode(all ids). Also: concurrent encode() (the Tokenizer's thread-safety contract).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "tests/worker/tokenizer/test_support.hpp"
 #include "worker/tokenizer/tokenizer.hpp"
@@ -74,4 +76,25 @@ TEST_CASE("flush emits held bytes as U+FFFD") {
   CHECK(out.empty());
   CHECK(dec.flush() == "\xEF\xBF\xBD");
   CHECK(dec.flush().empty());
+}
+
+TEST_CASE("concurrent encode from several threads equals sequential encode") {
+  // The header promises encode() may run concurrently; the word cache is the shared state.
+  const Tokenizer& tok = qwen3();
+  const auto corpus = test::load_corpus();
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& [name, text] : corpus) expected.push_back(tok.encode(text));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round)
+        for (std::size_t i = 0; i < corpus.size(); ++i) {
+          const std::size_t k = (i + static_cast<std::size_t>(t) * 7) % corpus.size();
+          if (tok.encode(corpus[k].second) != expected[k]) ++mismatches;
+        }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(mismatches.load() == 0);
 }
