@@ -228,6 +228,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     disconnect_cbs_.push_back(std::move(cb));
   }
+  void add_drain_cb(std::size_t below, std::function<void()> cb) {
+    if (closed_ || pending_bytes.load() <= below) return cb();
+    drain_cbs_.emplace_back(below, std::move(cb));
+  }
   auto executor() { return stream_.get_executor(); }
   std::atomic<bool> gone{false};
   std::atomic<std::size_t> pending_bytes{0};
@@ -320,11 +324,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void send_simple_and_close(int status, std::string body) {
     keep_alive_ = false;
     response_done_ = false;
-    queue(status_line(status) + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-              "\r\nConnection: close\r\n\r\n" + body,
-          true);
+    std::string bytes = status_line(status) + "Content-Type: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+    pending_bytes += bytes.size();
+    queue(std::move(bytes), true);
   }
-
   // The watch read: detects a peer that closes while its response is being produced.
   void start_watch() {
     if (watching_ || closed_ || buffer_.size() > 64 * 1024) return;
@@ -369,6 +373,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_write(error_code ec, std::size_t n) {
     writing_ = false;
     pending_bytes.fetch_sub(std::min(n, pending_bytes.load()));
+    fire_drained();
     if (ec) {
       mark_gone();
       return close();
@@ -392,6 +397,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  void fire_drained() {
+    if (drain_cbs_.empty()) return;
+    std::vector<std::pair<std::size_t, std::function<void()>>> keep;
+    std::vector<std::function<void()>> fire;
+    for (auto& [below, cb] : drain_cbs_) {
+      if (closed_ || pending_bytes.load() <= below)
+        fire.push_back(std::move(cb));
+      else
+        keep.emplace_back(below, std::move(cb));
+    }
+    drain_cbs_ = std::move(keep);
+    for (auto& cb : fire) cb();
+  }
+
   void mark_gone() {
     gone = true;
     if (gone_fired_) return;
@@ -409,6 +428,7 @@ class Session : public std::enable_shared_from_this<Session> {
     out_.clear();
     error_code ignored;
     stream_.socket().close(ignored);
+    fire_drained();
   }
 
   std::shared_ptr<ServerCore> core_;  // first member: destroyed last
@@ -420,6 +440,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> out_;
   std::vector<std::string> writing_bufs_;
   std::vector<std::function<void()>> disconnect_cbs_;
+  std::vector<std::pair<std::size_t, std::function<void()>>> drain_cbs_;
   bool writing_ = false;
   bool writing_is_last_ = false;
   bool abort_after_flush_ = false;
@@ -491,7 +512,7 @@ class ResponderImpl final : public Responder {
       session_->server().post(session_->executor(), [s = session_] { s->close_now(); });
       return false;
     }
-    post_locked(std::move(chunk), false);
+    post_locked(std::move(chunk), false, true);
     return true;
   }
 
@@ -504,13 +525,22 @@ class ResponderImpl final : public Responder {
 
   bool client_gone() const override { return session_->gone; }
 
+  std::size_t queued_bytes() const override { return session_->pending_bytes.load(); }
+
+  void when_drained(std::size_t below, std::function<void()> cb) override {
+    session_->server().dispatch(session_->executor(), [s = session_, below, cb = std::move(cb)]() mutable {
+      s->add_drain_cb(below, std::move(cb));
+    });
+  }
+
   void on_disconnect(std::function<void()> cb) override {
     session_->server().dispatch(session_->executor(),
                                 [s = session_, cb = std::move(cb)]() mutable { s->add_disconnect_cb(std::move(cb)); });
   }
 
  private:
-  void post_locked(std::string bytes, bool last) {
+  void post_locked(std::string bytes, bool last, bool counted = false) {
+    if (!counted) session_->pending_bytes += bytes.size();
     session_->server().post(session_->executor(),
                             [s = session_, b = std::move(bytes), last]() mutable { s->queue(std::move(b), last); });
   }

@@ -65,6 +65,17 @@ class Responder {
   /// `cb` runs once, on an I/O thread, when the client disconnects before end() (immediately if
   /// it already has). Used to cancel upstream requests and generation.
   virtual void on_disconnect(std::function<void()> cb) = 0;
+
+  /// Bytes queued for this connection and not yet taken by the socket (head, chunks, framing).
+  /// A producer faster than its client uses this for backpressure.
+  virtual std::size_t queued_bytes() const { return 0; }
+
+  /// `cb` runs once, on an I/O thread, when queued_bytes() falls to `below` or less, or the
+  /// connection closes (immediately if either already holds).
+  virtual void when_drained(std::size_t below, std::function<void()> cb) {
+    (void)below;
+    cb();
+  }
 };
 
 using Handler = std::function<void(Request, std::shared_ptr<Responder>)>;

@@ -28,6 +28,10 @@ std::string_view route_path(Route r) {
 namespace {
 
 constexpr std::size_t k_max_engine_body = 64u * 1024 * 1024;  // a non-streaming engine answer, bytes
+// note: far above what a client reading at token speed leaves queued (a few KiB), far below the
+// server's max_pending_write_bytes (8 MiB) that closes a stuck client.
+constexpr std::size_t k_high_water = 1024 * 1024;  // bytes queued for the client: pause the engine
+constexpr std::size_t k_low_water = 256 * 1024;    // resume below this
 
 double ms_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
@@ -137,7 +141,22 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     cb.on_head = [self](int status, const std::map<std::string, std::string>&) { self->upstream_status_ = status; };
     cb.on_data = [self](std::string_view bytes) { self->on_upstream_data(bytes); };
     cb.on_end = [self](UpstreamFailure f, const std::string& detail) { self->on_upstream_end(f, detail); };
+    cb.should_pause = [self] { return self->should_pause(); };
     upstream_ = start_upstream(strand_, std::move(req), std::move(cb));
+  }
+
+  /// Backpressure: above k_high_water bytes queued for the client, stop reading the engine
+  /// until the client took all but k_low_water.
+  bool should_pause() {
+    if (done_ || job_.res->queued_bytes() <= k_high_water) return false;
+    auto self = shared_from_this();
+    auto up = upstream_;
+    job_.res->when_drained(k_low_water, [self, up] {
+      asio::dispatch(self->strand_, [self, up] {
+        if (!self->done_ && up) up->resume();
+      });
+    });
+    return true;
   }
 
   // --- heartbeats while the engine has not produced its first output --------------------

@@ -43,6 +43,15 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     asio::dispatch(ex_, [self = shared_from_this()] { self->do_connect(); });
   }
 
+  void resume() override {
+    asio::dispatch(ex_, [self = shared_from_this()] {
+      if (!self->paused_ || self->done_) return;
+      self->paused_ = false;
+      self->arm(self->req_.max_gap_ms, UpstreamFailure::gap_timeout);
+      self->read_body();
+    });
+  }
+
   void cancel() override {
     asio::dispatch(ex_, [self = shared_from_this()] { self->finish(UpstreamFailure::cancelled, "cancelled by the gateway"); });
   }
@@ -142,6 +151,12 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
       if (done_) return;
     }
     if (ec) return finish(classify(ec), "reading the response body of " + where() + ": " + ec.message());
+    if (n > 0 && !parser_.is_done() && cb_.should_pause && cb_.should_pause()) {
+      paused_ = true;
+      ++timer_gen_;  // the client is slow, not the engine: no gap deadline while paused
+      timer_.cancel();
+      return;
+    }
     read_body();
   }
 
@@ -180,6 +195,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   int armed_ms_ = 0;
   uint64_t timer_gen_ = 0;
   bool got_body_ = false;
+  bool paused_ = false;
   bool done_ = false;
 };
 

@@ -51,6 +51,9 @@ struct UpstreamCallbacks {
   std::function<void(int status, const std::map<std::string, std::string>& headers)> on_head;
   std::function<void(std::string_view bytes)> on_data;
   std::function<void(UpstreamFailure failure, const std::string& detail)> on_end;
+  /// Asked after each on_data: true pauses reading (backpressure from a slow client) until
+  /// resume(). While paused the gap deadline does not run.
+  std::function<bool()> should_pause;
 };
 
 class UpstreamCall {
@@ -58,6 +61,8 @@ class UpstreamCall {
   virtual ~UpstreamCall() = default;
   /// Closes the connection at once (the engine sees it closed and stops generating).
   virtual void cancel() = 0;
+  /// Resumes reading after should_pause() returned true. Any thread; no effect otherwise.
+  virtual void resume() = 0;
 };
 
 /// Starts the request. The returned handle keeps nothing alive by itself; the call lives until

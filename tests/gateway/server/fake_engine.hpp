@@ -114,6 +114,9 @@ class FakeEngine {
       res->start_stream(s.status, s.content_type);
       for (const auto& p : s.pieces) {
         if (p.delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(p.delay_ms));
+        // Like a real engine, wait for the reader instead of queueing without bound.
+        while (res->queued_bytes() > 2 * 1024 * 1024 && !res->client_gone())
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (!res->write(p.bytes)) return;
       }
       if (s.ending == Script::Ending::end) {

@@ -468,3 +468,99 @@ TEST_CASE("/metrics: requests by model and status, repairs, slot state; admin ro
   CHECK(json::parse(h.body)["slot"]["model"] == "glm53");
   CHECK(rig.get("/nope").status == 404);
 }
+
+TEST_CASE("/v1/completions streams text chunks with one finish chunk") {
+  Rig rig;
+  rig.engine.push(test::sse_script({R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"ab","finish_reason":null}]})",
+                                    R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"c","finish_reason":"length"}]})",
+                                    "[DONE]"}));
+  http::ClientRequest r;
+  r.port = rig.gw.port();
+  r.method = "POST";
+  r.target = "/v1/completions";
+  r.body = R"({"model":"glm","prompt":"x","stream":true})";
+  std::string body;
+  http::fetch_stream(r, nullptr, [&](std::string_view c) { body.append(c); return true; });
+  sse::Parser p;
+  auto ev = p.feed(body);
+  REQUIRE(ev.size() == 4);
+  CHECK(json::parse(ev[0].data)["choices"][0]["text"] == "ab");
+  CHECK(json::parse(ev[1].data)["choices"][0]["finish_reason"].is_null());
+  CHECK(json::parse(ev[2].data)["choices"][0]["finish_reason"] == "length");
+  CHECK(ev[3].data == "[DONE]");
+  CHECK(rig.engine.last_body()["model"] == "glm53-flash");
+}
+
+TEST_CASE("an unreachable engine: 502 engine_unreachable") {
+  int closed_port = 0;
+  {
+    http::Server s({}, [](http::Request, std::shared_ptr<http::Responder> res) { res->send(200, "text/plain", ""); });
+    s.start();
+    closed_port = s.port();
+  }
+  TempDir dir;
+  auto reg = make_registry();
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", closed_port);
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.start();
+  http::ClientRequest r;
+  r.port = gw.port();
+  r.method = "POST";
+  r.target = "/v1/chat/completions";
+  r.body = chat();
+  auto a = http::fetch(r);
+  CHECK(a.status == 502);
+  CHECK(json::parse(a.body)["error"]["code"] == "engine_unreachable");
+  CHECK(wait_for([&] { return slots.leases() == 0; }));
+}
+
+TEST_CASE("admin routes registered with add_route are served") {
+  TempDir dir;
+  FakeEngine engine;
+  auto reg = make_registry();
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", engine.port());
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.add_route("POST", "/admin/switch", [](http::Request req, std::shared_ptr<http::Responder> res) {
+    res->send(202, "application/json", R"({"accepted":)" + req.body + "}");
+  });
+  gw.start();
+  http::ClientRequest r;
+  r.port = gw.port();
+  r.method = "POST";
+  r.target = "/admin/switch";
+  r.body = "1";
+  auto a = http::fetch(r);
+  CHECK(a.status == 202);
+  CHECK(json::parse(a.body)["accepted"] == 1);
+  r.method = "GET";
+  r.body.clear();
+  CHECK(http::fetch(r).status == 405);
+}
+
+TEST_CASE("backpressure: a fast engine and a slow client lose nothing") {
+  Rig rig;
+  // ~10 MiB at once from the engine: more than the server's 8 MiB stuck-client bound, so
+  // without pausing the engine the client would be cut off.
+  const std::string piece(2500, 'x');
+  const int n = 4000;
+  std::string wire = "data: " + role_ev() + "\n\n";
+  for (int i = 0; i < n; ++i) wire += "data: " + content_ev(piece) + "\n\n";
+  wire += "data: " + finish_ev() + "\n\ndata: [DONE]\n\n";
+  Script s;
+  s.pieces = test::split_pieces(wire, 1 << 20);
+  rig.engine.push(s);
+  std::size_t content = 0;
+  int reads = 0;
+  auto r = stream(rig, chat(), [&](const Received& got) {
+    if (++reads < 300) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a slow reader at first
+    (void)got;
+    return true;
+  });
+  for (std::size_t i = 1; i + 2 < r.data.size(); ++i)
+    content += r.event(i)["choices"][0]["delta"]["content"].get<std::string>().size();
+  CHECK(r.data.size() == static_cast<std::size_t>(n) + 3);
+  CHECK(content == piece.size() * n);
+  CHECK(r.done());
+}
