@@ -98,7 +98,11 @@ class Renderer {
     auto root = std::make_shared<Scope>();
     install_builtins(*root);
     if (context.is_object()) {
-      for (const auto& [k, v] : context.items()) root->set(k, from_json(v));
+      try {
+        for (const auto& [k, v] : context.items()) root->set(k, from_json(v));
+      } catch (const EvalError& e) {
+        throw TemplateError(std::string("render context: ") + e.what(), 0, 0);
+      }
     }
     auto top = child(root);
     captured_.push_back(root);

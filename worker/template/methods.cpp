@@ -59,6 +59,7 @@ std::string format_string(const std::string& fmt, const CallArgs& args) {
       }
       const Value* v = nullptr;
       if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+        if (field.size() > 6) throw EvalError("str.format: replacement index " + field + " out of range");
         const size_t idx = field.empty() ? auto_index++ : std::stoul(field);
         if (idx >= args.positional.size()) throw EvalError("str.format: replacement index " + std::to_string(idx) + " out of range");
         v = &args.positional[idx];

@@ -469,7 +469,11 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   throw unsupported();
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
+
+Value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  // note: contexts come from requests; bound the recursion like the rest of the renderer.
+  if (depth > 256) throw EvalError("context nested deeper than 256 levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -484,14 +488,14 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       Value d = Value::dict();
       auto& items = d.dict_data().items;
       items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) items.emplace_back(Value::string(k), from_json(e));
+      for (const auto& [k, e] : j.items()) items.emplace_back(Value::string(k), from_json_at(e, depth + 1));
       return d;
     }
     default: return Value::none();

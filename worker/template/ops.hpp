@@ -51,8 +51,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b);
 /// and precision on numbers; named fields and widths on %s are errors.
 std::string printf_format(const std::string& fmt, const std::vector<Value>& args);
 
-/// JSON (nlohmann ordered_json, key order kept) -> Value.
+/// JSON (nlohmann ordered_json, key order kept) -> Value. Nesting deeper than 256 levels
+/// throws EvalError.
 Value from_json(const nlohmann::ordered_json& j);
+Value from_json_at(const nlohmann::ordered_json& j, int depth);
 
 /// Python json.dumps(v, ensure_ascii, indent, separators, sort_keys) as transformers' tojson
 /// filter calls it. `indent` empty = single line; item/key separators default to

@@ -243,6 +243,11 @@ TEST_CASE("limits: recursion, steps, output size, nesting") {
   // A list appended into itself: printing it fails cleanly, and nothing leaks (LSan in CI).
   CHECK(error_of("{% set ns = namespace(l=[]) %}{{ ns.l.append(ns.l) or '' }}{{ ns.l }}").find("nested deeper") !=
         std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 1000; ++i) deep += "[";
+  for (int i = 0; i < 1000; ++i) deep += "]";
+  CHECK(error_of("{{ x }}", R"({"x": )" + deep + "}") == "chat template 0:0: render context: context nested deeper than 256 levels");
+  CHECK(error_of("{{ '{99999999999}'.format(1) }}").find("out of range") != std::string::npos);
   CHECK(render("{% set ns = namespace() %}{% set ns.self = ns %}{% macro m() %}{% endmacro %}{% set ns.m = m %}ok") == "ok");
 }
 
