@@ -37,11 +37,12 @@ std::string model_from_body(const http::Request& req, http::Responder& res) {
 /// the result event.
 void stream_operation(AdminContext& ctx, const Res& res,
                       std::function<supervisor::OpResult(const supervisor::Progress&)> op) {
-  bool posted = ctx.post_blocking([res, op = std::move(op)] {
+  bool posted = ctx.post_blocking([res, op = std::move(op), hook = ctx.on_progress] {
     res->start_stream(200, "text/event-stream");
     // note: the operation continues when the client goes away (a half-done switch is worse than
     // an unwatched one); writes to a gone client are simply dropped.
-    supervisor::Progress progress = [res](const std::string& line) {
+    supervisor::Progress progress = [res, hook](const std::string& line) {
+      if (hook) hook(line);
       res->write(sse::format_data(line));
     };
     supervisor::OpResult r = op(progress);

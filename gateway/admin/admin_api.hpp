@@ -40,6 +40,9 @@ struct AdminContext {
   preflight::Readings* readings = nullptr;
   /// Runs blocking work off the I/O threads (Gateway::post_blocking). Returns false when full.
   std::function<bool(std::function<void()>)> post_blocking;
+  /// Also gets every progress line of a switch/stop run through the API (the daemon's own log,
+  /// systemd STATUS=). May be empty.
+  std::function<void(const std::string&)> on_progress;
   /// Facts about the daemon for /admin/status ("daemon": pid, config path, listen address).
   std::function<nlohmann::json()> daemon_info;
 };

@@ -112,6 +112,10 @@ int cmd_serve(const Args& a) {
     ctx.store = &store;
     ctx.readings = readings.get();
     ctx.post_blocking = [&gw](std::function<void()> fn) { return gw.post_blocking(std::move(fn)); };
+    ctx.on_progress = [](const std::string& line) {
+      log_line(line);
+      service::notify_status(line);
+    };
     ctx.daemon_info = [&gw, &reg, config, dir] {
       return nlohmann::json{{"pid", static_cast<int64_t>(getpid())}, {"config", config}, {"state_dir", dir},
                             {"listen", reg.server.listen_host + ":" + std::to_string(gw.port())}};
