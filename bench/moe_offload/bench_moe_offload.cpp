@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
 
 using namespace servedeck::worker;
@@ -97,6 +99,126 @@ Ceilings measure_ceilings() {
   return c;
 }
 
+/// Per-kernel breakdown of one decode layer on the benchmark shapes: each fused launch timed
+/// as a CUDA graph of `reps` back-to-back PDL launches (as in the decode graph), each launch on
+/// a different weight copy / expert set so repeated launches do not hit in L2.
+void kernel_breakdown(double hbm_gbs) {
+  using bf16 = __nv_bfloat16;
+  constexpr int reps = 16, H = 2048, QD = 4096, KVD = 512, E = 128, K = 8, I = 768, V = 151936, CAP = 512;
+  cudaStream_t st;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto dalloc = [](std::size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    CUDA_CHECK(cudaMemset(p, 0x3c, bytes));  // bf16 0x3c3c ≈ 0.0115, fp32 ≈ 0.0115: finite, nonzero
+    return p;
+  };
+  const std::size_t block = 3ull * I * H;
+  auto* qkv_w = static_cast<bf16*>(dalloc(reps * static_cast<std::size_t>(QD + 2 * KVD) * H * 2));
+  auto* o_w = static_cast<bf16*>(dalloc(reps * static_cast<std::size_t>(H) * QD * 2));
+  auto* r_w = static_cast<bf16*>(dalloc(reps * static_cast<std::size_t>(E) * H * 2));
+  auto* experts = static_cast<bf16*>(dalloc(E * block * 2));
+  auto* lm = static_cast<bf16*>(dalloc(static_cast<std::size_t>(V) * H * 2));
+  auto* nw = static_cast<bf16*>(dalloc(H * 2));
+  auto* x = static_cast<float*>(dalloc(H * 4));
+  auto* xn = static_cast<float*>(dalloc(H * 4));
+  auto* qkv = static_cast<float*>(dalloc((QD + 2 * KVD) * 4));
+  auto* attn = static_cast<float*>(dalloc(QD * 4));
+  auto* kc = static_cast<float*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 4));
+  auto* vc = static_cast<float*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 4));
+  auto* logits = static_cast<float*>(dalloc(V * 4));
+  auto* act = static_cast<float*>(dalloc(K * I * 4));
+  auto* rw = static_cast<float*>(dalloc(K * 4));
+  auto* done = static_cast<unsigned int*>(dalloc(4));
+  CUDA_CHECK(cudaMemset(done, 0, 4));
+  auto* counters = static_cast<unsigned long long*>(dalloc(2 * 8));
+  auto* lc = static_cast<unsigned long long*>(dalloc(E * 8));
+  auto* flags = static_cast<uint8_t*>(dalloc(E));
+  std::vector<int32_t> hid(reps * K);
+  for (int i = 0; i < reps * K; ++i) hid[static_cast<std::size_t>(i)] = (i * 37 + i / K * 11) % E;
+  auto* ids = static_cast<int32_t*>(dalloc(hid.size() * 4));
+  auto* router_ids = static_cast<int32_t*>(dalloc(K * 4));
+  CUDA_CHECK(cudaMemcpy(ids, hid.data(), hid.size() * 4, cudaMemcpyHostToDevice));
+  const int32_t hpos = 255;
+  auto* pos = static_cast<int32_t*>(dalloc(4));
+  CUDA_CHECK(cudaMemcpy(pos, &hpos, 4, cudaMemcpyHostToDevice));
+  const std::vector<float> f = cuda::rope_inv_freq(1e6f, 128);
+  auto* freq = static_cast<float*>(dalloc(f.size() * 4));
+  CUDA_CHECK(cudaMemcpy(freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<const bf16*> ht(E);
+  for (int e = 0; e < E; ++e) ht[static_cast<std::size_t>(e)] = experts + block * static_cast<std::size_t>(e);
+  auto* table = static_cast<const bf16**>(dalloc(E * sizeof(void*)));
+  CUDA_CHECK(cudaMemcpy(table, ht.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
+  const cuda::ExpertTable t{table, H, I};
+  auto* ascratch = static_cast<float*>(dalloc(cuda::attention_scratch_floats(32, 128) * 4));
+  auto* acount = static_cast<unsigned int*>(dalloc(32 * 4));
+  CUDA_CHECK(cudaMemset(acount, 0, 32 * 4));
+  const cuda::AttentionShape shape{32, 4, 128, 128, 1e-6f, freq, CAP, ascratch, acount};
+  auto time_graph = [&](const char* name, double bytes, int n, const std::function<void(int)>& body) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; ++i) body(i);
+    CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<double> ts;
+    for (int r = 0; r < 6; ++r) {
+      CUDA_CHECK(cudaEventRecord(a, st));
+      CUDA_CHECK(cudaGraphLaunch(ge, st));
+      CUDA_CHECK(cudaEventRecord(b, st));
+      CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      if (r > 0) ts.push_back(ms * 1000.0 / n);
+    }
+    const double us = median(ts);
+    std::printf("%-28s %9.2f %10.2f %9.0f %8.1f%%\n", name, us, bytes / 1e6, bytes / us / 1e3, 100 * bytes / us / 1e3 / hbm_gbs);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return us;
+  };
+  std::printf("\nper-kernel decode breakdown (graph of %d PDL launches each, distinct weights per launch)\n", reps);
+  std::printf("%-28s %9s %10s %9s %9s\n", "kernel", "us", "MB read", "GB/s", "of HBM");
+  double layer = 0;
+  layer += time_graph("norm+qkv gemv (5120x2048)", (QD + 2.0 * KVD) * H * 2, reps, [&](int i) {
+    cuda::launch_norm_gemv_bf16(qkv_w + static_cast<std::size_t>(i) * (QD + 2 * KVD) * H, x, nw, 1e-6f, qkv, QD + 2 * KVD, H,
+                                false, nullptr, st, true);
+  });
+  layer += time_graph("attention fused (pos 255)", 256.0 * KVD * 4 * 2, reps, [&](int) {
+    cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
+  });
+  layer += time_graph("o-proj gemv (2048x4096)", 2.0 * H * QD, reps, [&](int i) {
+    cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
+  });
+  layer += time_graph("norm+router+topk (128x2048)", 2.0 * E * H, reps, [&](int i) {
+    cuda::launch_router_fused(r_w + static_cast<std::size_t>(i) * E * H, x, nw, 1e-6f, xn, E, H, K, true,
+                              cuda::RouterOutputs{logits, router_ids, rw, done, flags, counters, lc}, st, true);
+  });
+  layer += time_graph("moe gate_up+swiglu (8x1536)", 2.0 * K * 2 * I * H, reps, [&](int i) {
+    cuda::launch_moe_gate_up_fused(t, xn, ids + i * K, K, act, st, true);
+  });
+  layer += time_graph("moe down+reduce (8x2048x768)", 2.0 * K * H * I, reps, [&](int i) {
+    cuda::launch_moe_down_fused(t, act, ids + i * K, rw, K, x, st, true);
+  });
+  std::printf("%-28s %9.2f   (x 48 layers = %.2f ms)\n", "sum per layer", layer, layer * 48 / 1000);
+  time_graph("norm+lm_head (151936x2048)", 2.0 * V * H, 4, [&](int) {
+    cuda::launch_norm_gemv_bf16(lm, x, nw, 1e-6f, logits, V, H, false, nullptr, st, true);
+  });
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  for (void* p : {static_cast<void*>(qkv_w), static_cast<void*>(o_w), static_cast<void*>(r_w), static_cast<void*>(experts),
+                  static_cast<void*>(lm), static_cast<void*>(nw), static_cast<void*>(x), static_cast<void*>(xn),
+                  static_cast<void*>(qkv), static_cast<void*>(attn), static_cast<void*>(kc), static_cast<void*>(vc),
+                  static_cast<void*>(logits), static_cast<void*>(act), static_cast<void*>(rw), static_cast<void*>(done),
+                  static_cast<void*>(counters), static_cast<void*>(lc), static_cast<void*>(flags), static_cast<void*>(ids), static_cast<void*>(router_ids),
+                  static_cast<void*>(pos), static_cast<void*>(freq), static_cast<void*>(table), static_cast<void*>(ascratch),
+                  static_cast<void*>(acount)})
+    CUDA_CHECK(cudaFree(p));
+  CUDA_CHECK(cudaStreamDestroy(st));
+}
+
 double rss_gib() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -150,6 +272,8 @@ int main(int argc, char** argv) {
   std::printf("measured ceilings: pinned H2D copy %.1f GB/s, UVA reads (our GEMV) %.1f GB/s, HBM reads (our GEMV) %.1f GB/s\n",
               c.h2d_gbs, c.uva_gbs, c.hbm_gbs);
 
+  kernel_breakdown(c.hbm_gbs);
+
   ModelDescription d = qwen3_30b_a3b(layers);
   std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk)\n", layers);
   auto t0 = clk::now();
@@ -169,10 +293,11 @@ int main(int argc, char** argv) {
   // embedding table (one row) — attention, router and norm weights, and lm_head.
   const double dense_bytes = static_cast<double>(backend->resident_bytes()) - 151936.0 * 2048 * 2;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("\n%-8s %9s %10s %12s %14s %13s %12s %9s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
+  std::printf("\n%-10s %9s %10s %12s %14s %13s %12s %9s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
               "roofline t/s", "achieved", "ms/token");
-  for (int slots : {0, 32, 64, 128}) {
-    backend->set_hot_slots(slots);
+  for (auto [slots, pdl] : {std::pair{0, true}, std::pair{32, true}, std::pair{64, true}, std::pair{128, false}, std::pair{128, true}}) {
+    if (slots != backend->hot_slots()) backend->set_hot_slots(slots);
+    backend->set_use_pdl(pdl);
     auto cache = backend->new_cache(static_cast<std::size_t>(prompt + decode + 8));
     std::vector<int32_t> ids;
     for (int i = 0; i < prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
@@ -193,11 +318,12 @@ int main(int argc, char** argv) {
     const double roof_s = pcie_bytes / (c.uva_gbs * 1e9) + (dense_bytes + per_tok_hit * block) / (c.hbm_gbs * 1e9);
     const double tok_s = decode / decode_s;
     const double achieved = roof_s * tok_s;
-    char label[16];
-    std::snprintf(label, sizeof label, "%d%%", slots * 100 / 128);
-    std::printf("%-8s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f\n", slots == 128 ? "all" : label,
+    char label[24];
+    std::snprintf(label, sizeof label, "%d%%%s", slots * 100 / 128, pdl ? "" : " noPDL");
+    if (slots == 128) std::snprintf(label, sizeof label, "all%s", pdl ? "" : " noPDL");
+    std::printf("%-10s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f\n", label,
                 100 * st.hit_rate(), tok_s, prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode);
-    rows.push_back({{"hot_slots", slots}, {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
+    rows.push_back({{"hot_slots", slots}, {"pdl", pdl}, {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
                     {"prefill_tok_s_decode_path", prompt / prefill_s}, {"pcie_bytes_per_token", pcie_bytes},
                     {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved}});
   }

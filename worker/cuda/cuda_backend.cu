@@ -8,7 +8,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "worker/cuda/backend_impl.cuh"
 #include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/offload/expert_store.hpp"
 
@@ -17,16 +19,6 @@ namespace servedeck::worker::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// Counts hot hits and misses of one layer's routed experts; per-layer counts feed capture mode.
-__global__ void count_routes_kernel(const int32_t* ids, int k, const uint8_t* hot_flags, unsigned long long* counters,
-                                    unsigned long long* layer_counts) {
-  if (threadIdx.x < k) {
-    const int e = ids[threadIdx.x];
-    atomicAdd(&counters[hot_flags[e] ? 0 : 1], 1ull);
-    atomicAdd(&layer_counts[e], 1ull);
-  }
-}
 
 uint16_t f32_to_bf16_bits(float f) {
   uint32_t u;
@@ -96,153 +88,111 @@ void fill_random(uint16_t* dst, std::size_t count, uint64_t seed, float scale) {
   }
 }
 
-struct LayerDev {
-  const bf16 *input_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm;
-  const bf16 *router, *mlp_gate, *mlp_up, *mlp_down;
-  bool moe;
-};
-
-class CudaKvCache : public KvCache {
- public:
-  CudaKvCache(std::size_t capacity, int layers, int kv_dim, int heads) : capacity_(capacity), layers_(layers), kv_dim_(kv_dim) {
-    const std::size_t per = capacity * static_cast<std::size_t>(kv_dim) * sizeof(float);
-    CUDA_CHECK(cudaMalloc(&kv_, per * 2 * static_cast<std::size_t>(layers)));
-    CUDA_CHECK(cudaMalloc(&scores_, capacity * static_cast<std::size_t>(heads) * sizeof(float)));
-  }
-  ~CudaKvCache() override {
-    if (graph_) cudaGraphExecDestroy(graph_);
-    cudaFree(kv_);
-    cudaFree(scores_);
-  }
-  std::size_t length() const override { return length_; }
-  std::size_t capacity() const override { return capacity_; }
-  void truncate(std::size_t n) override { length_ = std::min(length_, n); }
-
-  float* k(int layer) { return kv_ + static_cast<std::size_t>(2 * layer) * capacity_ * kv_dim_; }
-  float* v(int layer) { return kv_ + static_cast<std::size_t>(2 * layer + 1) * capacity_ * kv_dim_; }
-
-  std::size_t capacity_;
-  int layers_, kv_dim_;
-  std::size_t length_ = 0;
-  float* kv_ = nullptr;
-  float* scores_ = nullptr;
-  cudaGraphExec_t graph_ = nullptr;
-};
-
 }  // namespace
 
-struct CudaBackend::Impl {
-  ModelDescription d;
-  CudaBackendOptions opt;
-  cudaStream_t stream = nullptr;
-  char* arena = nullptr;          // resident weights, VRAM
-  std::size_t arena_bytes = 0, arena_used = 0;
-  const bf16* embed = nullptr;
-  const bf16* lm_head = nullptr;
-  const bf16* final_norm = nullptr;
-  std::vector<LayerDev> layers;
-  std::vector<int> moe_index;     // layer → index in the expert store, -1 for dense
-  std::unique_ptr<offload::ExpertStore> store;
-  offload::ExpertProfile profile;
-  bool have_profile = false;
-  std::vector<std::string> warnings;
-  // Activations (device).
-  float *x, *xn, *q, *k, *v, *attn, *router_logits, *route_w, *scratch, *partial, *g, *u, *h, *logits;
-  int32_t *route_ids, *d_token, *d_pos;
-  unsigned long long *counters, *layer_counts;
-  int32_t* h_scalars = nullptr;   // pinned: token, pos
-  float* h_logits = nullptr;      // pinned: vocab floats
+using detail::CudaKvCache;
+using detail::LayerDev;
 
-  int hidden() const { return static_cast<int>(d.hidden_size); }
-  int q_dim() const { return static_cast<int>(d.num_heads * d.head_dim); }
-  int kv_dim() const { return static_cast<int>(d.num_kv_heads * d.head_dim); }
+int CudaBackend::Impl::rotary_dim() const {
+  return static_cast<int>(std::lround(d.rotary_fraction * static_cast<double>(d.head_dim))) / 2 * 2;
+}
 
-  const bf16* place(const std::vector<uint16_t>& host) {
-    const std::size_t bytes = host.size() * 2, at = (arena_used + 255) / 256 * 256;
-    if (at + bytes > arena_bytes) throw std::logic_error("cuda backend: resident arena overflow");
-    CUDA_CHECK(cudaMemcpy(arena + at, host.data(), bytes, cudaMemcpyHostToDevice));
-    arena_used = at + bytes;
-    return reinterpret_cast<const bf16*>(arena + at);
+AttentionShape CudaBackend::Impl::attention_shape(std::size_t max_len) const {
+  return AttentionShape{static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), static_cast<int>(d.head_dim),
+                        rotary_dim(), static_cast<float>(d.rms_norm_eps), inv_freq, static_cast<int>(max_len),
+                        attn_scratch, attn_counters};
+}
+
+const __nv_bfloat16* CudaBackend::Impl::place(const std::vector<uint16_t>& host) {
+  const std::size_t bytes = host.size() * 2, at = (arena_used + 255) / 256 * 256;
+  if (at + bytes > arena_bytes) throw std::logic_error("cuda backend: resident arena overflow");
+  CUDA_CHECK(cudaMemcpy(arena + at, host.data(), bytes, cudaMemcpyHostToDevice));
+  arena_used = at + bytes;
+  return reinterpret_cast<const bf16*>(arena + at);
+}
+
+std::size_t CudaBackend::Impl::resident_elems() const {
+  std::size_t n = static_cast<std::size_t>(d.vocab_size) * hidden() * (d.tie_word_embeddings ? 1 : 2) + hidden();
+  for (const auto& l : d.layers) {
+    n += 2 * static_cast<std::size_t>(hidden()) + 2 * static_cast<std::size_t>(d.head_dim);
+    n += static_cast<std::size_t>(hidden()) * (2 * q_dim() + 2 * kv_dim());
+    if (l.mlp == MlpKind::moe) n += static_cast<std::size_t>(d.moe.num_experts) * hidden();
+    else n += 3 * static_cast<std::size_t>(d.intermediate_size) * hidden();
   }
+  return n + 256 * (16 * d.layers.size() + 8);  // alignment slack
+}
 
-  std::size_t resident_elems() const {
-    std::size_t n = static_cast<std::size_t>(d.vocab_size) * hidden() * (d.tie_word_embeddings ? 1 : 2) + hidden();
-    for (const auto& l : d.layers) {
-      n += 2 * static_cast<std::size_t>(hidden()) + 2 * static_cast<std::size_t>(d.head_dim);
-      n += static_cast<std::size_t>(hidden()) * (2 * q_dim() + 2 * kv_dim());
-      if (l.mlp == MlpKind::moe) n += static_cast<std::size_t>(d.moe.num_experts) * hidden();
-      else n += 3 * static_cast<std::size_t>(d.intermediate_size) * hidden();
+void CudaBackend::Impl::allocate_activations() {
+  const std::size_t H = static_cast<std::size_t>(hidden());
+  const std::size_t topk = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
+  const std::size_t inter = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
+  const std::size_t dense = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
+  auto f = [](float** p, std::size_t n) { CUDA_CHECK(cudaMalloc(p, n * sizeof(float))); };
+  f(&x, H); f(&xn, H); f(&qkv, static_cast<std::size_t>(qkv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
+  f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
+  f(&route_w, topk); f(&act, topk * inter);
+  f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
+  CUDA_CHECK(cudaMalloc(&route_ids, topk * sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&d_token, sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&router_done, sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(router_done, 0, sizeof(unsigned int)));
+  CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
+  const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
+  CUDA_CHECK(cudaMalloc(&layer_counts, lc * sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(layer_counts, 0, lc * sizeof(unsigned long long)));
+  f(&attn_scratch, attention_scratch_floats(static_cast<int>(d.num_heads), static_cast<int>(d.head_dim)));
+  CUDA_CHECK(cudaMalloc(&attn_counters, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(attn_counters, 0, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int)));
+  const std::vector<float> freq = rope_inv_freq(static_cast<float>(d.rope_theta), rotary_dim());
+  CUDA_CHECK(cudaMalloc(&inv_freq, freq.size() * sizeof(float)));
+  CUDA_CHECK(cudaMemcpy(inv_freq, freq.data(), freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMallocHost(&h_scalars, 2 * sizeof(int32_t)));
+  CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
+}
+
+// Six launches per MoE layer (fused.cuh): norm+qkv, attention (q/k-norm, RoPE, KV append),
+// o-proj + residual, norm+router+top-k+counters, gate/up+SwiGLU, down+reduction+residual.
+void CudaBackend::Impl::step(CudaKvCache& c) {
+  const int H = hidden();
+  const float eps = static_cast<float>(d.rms_norm_eps);
+  const AttentionShape shape = attention_shape(c.capacity_);
+  const bool pdl = opt.use_pdl;
+  launch_embed(embed, d_token, x, H, stream);
+  for (std::size_t li = 0; li < layers.size(); ++li) {
+    const LayerDev& L = layers[li];
+    const int l = static_cast<int>(li);
+    launch_norm_gemv_bf16(L.qkv, x, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
+    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl);
+    launch_gemv_bf16_pdl(L.o, attn, x, H, q_dim(), true, stream, pdl);
+    if (L.moe) {
+      const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
+      const int si = moe_index[li];
+      const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
+                             store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
+                             layer_counts + static_cast<std::size_t>(si) * E};
+      launch_router_fused(L.router, x, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+      launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, x, stream, pdl);
+    } else {
+      const int I = static_cast<int>(d.intermediate_size);
+      launch_norm_gemv_bf16(L.mlp_gate, x, L.post_norm, eps, g, I, H, false, nullptr, stream);
+      launch_norm_gemv_bf16(L.mlp_up, x, L.post_norm, eps, u, I, H, false, nullptr, stream);
+      launch_swiglu(g, u, h, I, stream);
+      launch_gemv_bf16(L.mlp_down, h, x, H, I, true, stream);
     }
-    return n + 256 * (16 * d.layers.size() + 8);  // alignment slack
   }
+}
 
-  void allocate_activations() {
-    const std::size_t H = static_cast<std::size_t>(hidden());
-    const std::size_t topk = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
-    const std::size_t inter = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
-    const std::size_t dense = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
-    auto f = [](float** p, std::size_t n) { CUDA_CHECK(cudaMalloc(p, n * sizeof(float))); };
-    f(&x, H); f(&xn, H); f(&q, static_cast<std::size_t>(q_dim())); f(&k, static_cast<std::size_t>(kv_dim()));
-    f(&v, static_cast<std::size_t>(kv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
-    f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
-    f(&route_w, topk); f(&scratch, topk * 2 * inter); f(&partial, topk * H);
-    f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
-    CUDA_CHECK(cudaMalloc(&route_ids, topk * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&d_token, sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
-    const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
-    CUDA_CHECK(cudaMalloc(&layer_counts, lc * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemset(layer_counts, 0, lc * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMallocHost(&h_scalars, 2 * sizeof(int32_t)));
-    CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
-  }
-
-  /// The body of one decode step (everything up to the final norm), graph-capturable.
-  void step(CudaKvCache& c) {
-    const int H = hidden(), hd = static_cast<int>(d.head_dim);
-    const float eps = static_cast<float>(d.rms_norm_eps);
-    const int rotary = static_cast<int>(std::lround(d.rotary_fraction * hd)) / 2 * 2;
-    launch_embed(embed, d_token, x, H, stream);
-    for (std::size_t li = 0; li < layers.size(); ++li) {
-      const LayerDev& L = layers[li];
-      const int l = static_cast<int>(li);
-      launch_rmsnorm(x, L.input_norm, xn, 1, H, eps, stream);
-      launch_gemv_bf16(L.q, xn, q, q_dim(), H, false, stream);
-      launch_gemv_bf16(L.k, xn, k, kv_dim(), H, false, stream);
-      launch_gemv_bf16(L.v, xn, v, kv_dim(), H, false, stream);
-      if (d.qk_norm) {
-        launch_rmsnorm(q, L.q_norm, q, static_cast<int>(d.num_heads), hd, eps, stream);
-        launch_rmsnorm(k, L.k_norm, k, static_cast<int>(d.num_kv_heads), hd, eps, stream);
-      }
-      launch_rope(q, k, static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), hd, rotary, d_pos,
-                  static_cast<float>(d.rope_theta), stream);
-      launch_kv_append(k, v, c.k(l), c.v(l), d_pos, kv_dim(), stream);
-      launch_attention_decode(q, c.k(l), c.v(l), c.scores_, attn, static_cast<int>(d.num_heads),
-                              static_cast<int>(d.num_kv_heads), hd, d_pos, static_cast<int>(c.capacity_), stream);
-      launch_gemv_bf16(L.o, attn, x, H, q_dim(), true, stream);
-      launch_rmsnorm(x, L.post_norm, xn, 1, H, eps, stream);
-      if (L.moe) {
-        const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
-        const int si = moe_index[li];
-        launch_gemv_bf16(L.router, xn, router_logits, E, H, false, stream);
-        launch_router_topk(router_logits, E, K, d.moe.norm_topk_prob, route_ids, route_w, stream);
-        count_routes_kernel<<<1, 32, 0, stream>>>(route_ids, K, store->device_hot_flags() + static_cast<std::size_t>(si) * E,
-                                                  counters, layer_counts + static_cast<std::size_t>(si) * E);
-        CUDA_CHECK(cudaGetLastError());
-        launch_moe_decode(store->table(si), xn, route_ids, route_w, K, scratch, partial, x, stream);
-      } else {
-        const int I = static_cast<int>(d.intermediate_size);
-        launch_gemv_bf16(L.mlp_gate, xn, g, I, H, false, stream);
-        launch_gemv_bf16(L.mlp_up, xn, u, I, H, false, stream);
-        launch_swiglu(g, u, h, I, stream);
-        launch_gemv_bf16(L.mlp_down, h, x, H, I, true, stream);
-      }
-    }
-    launch_rmsnorm(x, final_norm, xn, 1, H, eps, stream);
-  }
-};
+void CudaBackend::Impl::logits_row(const float* x_row, std::vector<float>& out) {
+  const std::size_t V = static_cast<std::size_t>(d.vocab_size);
+  launch_norm_gemv_bf16(lm_head, x_row, final_norm, static_cast<float>(d.rms_norm_eps), logits, static_cast<int>(V),
+                        hidden(), false, nullptr, stream);
+  CUDA_CHECK(cudaMemcpyAsync(h_logits, logits, V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  out.insert(out.end(), h_logits, h_logits + V);
+}
 
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -264,15 +214,20 @@ CudaBackend::~CudaBackend() {
     }
   }
   m.store.reset();
-  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.xn), static_cast<void*>(m.q),
-                  static_cast<void*>(m.k), static_cast<void*>(m.v), static_cast<void*>(m.attn),
-                  static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w), static_cast<void*>(m.scratch),
-                  static_cast<void*>(m.partial), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
+  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
+                  static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
+                  static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),
                   static_cast<void*>(m.d_pos), static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
     if (p) cudaFree(p);
   if (m.h_scalars) cudaFreeHost(m.h_scalars);
   if (m.h_logits) cudaFreeHost(m.h_logits);
+  for (int b = 0; b < 2; ++b) {
+    if (m.stage_ready[b]) cudaEventDestroy(m.stage_ready[b]);
+    if (m.stage_free[b]) cudaEventDestroy(m.stage_free[b]);
+  }
+  if (m.cublas) cublasDestroy(m.cublas);
+  if (m.copy_stream) cudaStreamDestroy(m.copy_stream);
   if (m.stream) cudaStreamDestroy(m.stream);
 }
 
@@ -285,6 +240,8 @@ std::size_t CudaBackend::resident_bytes() const { return impl_->arena_used; }
 std::size_t CudaBackend::host_bytes_mapped() const { return impl_->store ? impl_->store->host_bytes_mapped() : 0; }
 std::size_t CudaBackend::expert_bytes() const { return impl_->store ? impl_->store->expert_bytes() : 0; }
 int CudaBackend::hot_slots() const { return impl_->store ? impl_->store->slots() : 0; }
+
+void CudaBackend::set_use_pdl(bool on) { impl_->opt.use_pdl = on; }
 
 void CudaBackend::set_hot_slots(int slots) {
   if (!impl_->store) return;
@@ -299,17 +256,18 @@ RoutingStats CudaBackend::stats() {
   RoutingStats s;
   s.hot_hits = c[0];
   s.misses = c[1];
+  s.staged_bytes = impl_->staged_bytes;
   return s;
 }
 
 void CudaBackend::reset_stats() {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   CUDA_CHECK(cudaMemset(impl_->counters, 0, 2 * sizeof(unsigned long long)));
+  impl_->staged_bytes = 0;
 }
 
 std::unique_ptr<KvCache> CudaBackend::new_cache(std::size_t max_tokens) {
-  return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim(),
-                                       static_cast<int>(impl_->d.num_heads));
+  return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim());
 }
 
 std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
@@ -320,11 +278,16 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
                       " new tokens exceed the capacity of " + std::to_string(c.capacity_) + " tokens");
   }
   const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
+  for (const int32_t t : tokens)
+    if (t < 0 || static_cast<std::size_t>(t) >= V)
+      throw std::out_of_range("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(V));
   std::vector<float> out;
   out.reserve(all_logits ? V * tokens.size() : V);
+  if (tokens.size() > 1 && m.opt.staged_prefill) {
+    m.prefill(c, tokens, all_logits, out);
+    return out;
+  }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || static_cast<std::size_t>(tokens[i]) >= V)
-      throw std::out_of_range("token id " + std::to_string(tokens[i]) + " outside the vocabulary of " + std::to_string(V));
     m.h_scalars[0] = tokens[i];
     m.h_scalars[1] = static_cast<int32_t>(c.length_);
     CUDA_CHECK(cudaMemcpyAsync(m.d_token, &m.h_scalars[0], sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
@@ -345,10 +308,7 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
     ++c.length_;
     const bool want = all_logits || i + 1 == tokens.size();
     if (want) {
-      launch_gemv_bf16(m.lm_head, m.xn, m.logits, static_cast<int>(V), m.hidden(), false, m.stream);
-      CUDA_CHECK(cudaMemcpyAsync(m.h_logits, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-      CUDA_CHECK(cudaStreamSynchronize(m.stream));
-      out.insert(out.end(), m.h_logits, m.h_logits + V);
+      m.logits_row(m.x, out);
     } else {
       // The scalars' pinned buffer is rewritten next token: the copies must have consumed it.
       CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -368,6 +328,14 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
   m->opt = opt;
   CUDA_CHECK(cudaSetDevice(opt.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m->copy_stream, cudaStreamNonBlocking));
+  for (int b = 0; b < 2; ++b) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_ready[b], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_free[b], cudaEventDisableTiming));
+  }
+  if (cublasCreate(&m->cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasCreate failed");
+  if (cublasSetStream(m->cublas, m->stream) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasSetStream failed");
+  m->stage_group = static_cast<std::size_t>(std::max(1, opt.stage_group));
   m->arena_bytes = m->resident_elems() * 2;
   CUDA_CHECK(cudaMalloc(&m->arena, m->arena_bytes));
   const std::size_t H = static_cast<std::size_t>(d.hidden_size);
@@ -384,9 +352,14 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     const std::string p = "layer " + std::to_string(l) + " ";
     LayerDev L{};
     L.input_norm = upload(p + "input_norm", H, 0.f);
-    L.q = upload(p + "q", static_cast<std::size_t>(m->q_dim()) * H, static_cast<float>(H));
-    L.k = upload(p + "k", static_cast<std::size_t>(m->kv_dim()) * H, static_cast<float>(H));
-    L.v = upload(p + "v", static_cast<std::size_t>(m->kv_dim()) * H, static_cast<float>(H));
+    {  // q | k | v concatenated: one GEMV (decode) or GEMM (prefill) computes all three
+      const std::size_t nq = static_cast<std::size_t>(m->q_dim()) * H, nkv = static_cast<std::size_t>(m->kv_dim()) * H;
+      std::vector<uint16_t> host(nq + 2 * nkv);
+      src(p + "q", host.data(), nq, static_cast<float>(H));
+      src(p + "k", host.data() + nq, nkv, static_cast<float>(H));
+      src(p + "v", host.data() + nq + nkv, nkv, static_cast<float>(H));
+      L.qkv = m->place(host);
+    }
     L.o = upload(p + "o", H * static_cast<std::size_t>(m->q_dim()), static_cast<float>(m->q_dim()));
     L.q_norm = d.qk_norm ? upload(p + "q_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
     L.k_norm = d.qk_norm ? upload(p + "k_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
@@ -499,6 +472,13 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&
     fill_random(block + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
   };
   return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+}
+
+std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string& dir, CudaBackendOptions opt) {
+  auto ck = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  std::unique_ptr<CudaBackend> b = make_cuda_backend(*ck, opt);
+  b->impl_->owned_checkpoint = std::move(ck);
+  return b;
 }
 
 bool cuda_device_available() {

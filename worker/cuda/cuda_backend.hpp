@@ -3,10 +3,12 @@
 // the expert store (worker/offload/expert_store.hpp): pinned host memory read through UVA, with
 // a per-layer hot-expert cache in VRAM. KV cache fp32 in VRAM.
 //
-// Each token runs the batch-1 decode step, captured once per KV cache as a CUDA graph (the
-// routed experts are chosen on the device through pointer tables, so capture needs no
-// device→host sync). Prefill runs the same step token by token: correct, not yet the staged
-// prefill path (experts DMA'd in groups through a staging buffer), which is not implemented.
+// A single token runs the batch-1 decode step (six fused launches per MoE layer, fused.cuh),
+// captured once per KV cache as a CUDA graph (the routed experts are chosen on the device
+// through pointer tables, so capture needs no device→host sync). More than one token runs the
+// chunked prefill path (prefill_path.cu): dense projections and expert GEMMs through cuBLAS,
+// attention for the chunk through batched GEMMs, and the routed experts of each MoE layer
+// staged in groups through two VRAM buffers on a copy stream (hot experts read in place).
 //
 // Thread-safety: one forward() at a time (the engine's scheduler thread).
 #pragma once
@@ -34,6 +36,15 @@ struct CudaBackendOptions {
   std::string profile_path;          // hot-expert profile to fill the cache from (optional)
   std::string capture_profile_path;  // when set, routing counts are written here on destruction
   bool use_graphs = true;
+  /// Decode step: launch the fused kernels with programmatic dependent launch (sm_90).
+  bool use_pdl = true;
+  /// Prefill: tokens per chunk when forward() gets more than one token (each chunk stages the
+  /// routed experts of every MoE layer once, so larger chunks move fewer bytes per token).
+  int prefill_chunk = 4096;
+  /// Prefill: experts per staging buffer (two buffers, double-buffered against compute).
+  int stage_group = 8;
+  /// When false, multi-token forwards run token by token through the decode step (reference).
+  bool staged_prefill = true;
 };
 
 /// Routing statistics since construction (or reset_stats()).
@@ -41,6 +52,7 @@ struct RoutingStats {
   uint64_t hot_hits = 0;     // routed experts served from VRAM
   uint64_t misses = 0;       // routed experts read from host memory over PCIe
   uint64_t tokens = 0;
+  uint64_t staged_bytes = 0; // expert bytes copied host→device by the prefill path
   double hit_rate() const { return hot_hits + misses ? static_cast<double>(hot_hits) / (hot_hits + misses) : 0; }
 };
 
@@ -54,6 +66,8 @@ class CudaBackend : public Backend {
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
 
+  /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
+  void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).
   void set_hot_slots(int slots);
   int hot_slots() const;
@@ -74,6 +88,7 @@ class CudaBackend : public Backend {
 
  private:
   friend std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint&, CudaBackendOptions);
+  friend std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string&, CudaBackendOptions);
   friend std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&, uint64_t, CudaBackendOptions);
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -87,6 +102,10 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& checkpoint, Cud
 /// benchmarks at sizes whose checkpoint would not fit the machine's disk).
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& description, uint64_t seed,
                                                          CudaBackendOptions options = {});
+
+/// Opens the checkpoint directory `dir` (config.json + safetensors) and uploads it; the backend
+/// owns the Checkpoint (it outlives the upload). Throws as Checkpoint::open and make_cuda_backend.
+std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string& dir, CudaBackendOptions options = {});
 
 /// True when a CUDA device is present and usable (for labelled GPU tests to skip cleanly).
 bool cuda_device_available();

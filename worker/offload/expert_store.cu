@@ -111,6 +111,7 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
   free_hot_cache();
   slots_ = slots;
   std::vector<uint8_t> flags(static_cast<std::size_t>(n_layers_) * n_experts_, 0);
+  vram_.assign(flags.size(), nullptr);
   for (int l = 0; l < n_layers_; ++l) {
     std::vector<int> order(static_cast<std::size_t>(n_experts_));
     std::iota(order.begin(), order.end(), 0);
@@ -139,6 +140,7 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
         CUDA_CHECK(cudaMemcpy(dst, host_block(l, e), block_bytes(), cudaMemcpyHostToDevice));
         table[static_cast<std::size_t>(e)] = dst;
         flags[static_cast<std::size_t>(l) * n_experts_ + e] = 1;
+        vram_[static_cast<std::size_t>(l) * n_experts_ + e] = dst;
       }
     }
     CUDA_CHECK(cudaMemcpy(const_cast<__nv_bfloat16**>(d_tables_[static_cast<std::size_t>(l)]), table.data(),

@@ -61,6 +61,11 @@ class ExpertStore {
 
   /// The device pointer table of a layer, for launch_moe_decode.
   cuda::ExpertTable table(int layer) const;
+  /// VRAM address of (layer, expert) in the hot-expert cache, or nullptr when it lives only in
+  /// host memory (the prefill path then stages it through a VRAM buffer).
+  const __nv_bfloat16* vram_block(int layer, int expert) const {
+    return vram_[static_cast<std::size_t>(layer) * n_experts_ + expert];
+  }
   /// Device array (n_layers × n_experts) of 1 = hot, 0 = host; for hit counting.
   const uint8_t* device_hot_flags() const { return d_hot_flags_; }
 
@@ -88,6 +93,7 @@ class ExpertStore {
   std::vector<__nv_bfloat16*> hot_;         // per layer, VRAM (slots blocks)
   std::vector<const __nv_bfloat16**> d_tables_;  // per layer, device array of n_experts pointers
   uint8_t* d_hot_flags_ = nullptr;
+  std::vector<const __nv_bfloat16*> vram_;  // (n_layers × n_experts) host copy: VRAM address or nullptr
 };
 
 }  // namespace servedeck::worker::offload

@@ -1,0 +1,128 @@
+// The fused decode kernels (fused.cuh) against the unfused kernels (kernels.cuh, each tested
+// against a CPU reference in kernels_test.cpp), on fresh random inputs with poisoned outputs.
+// Tolerances: the same fp32 arithmetic in another summation order → relative L2 error < 1e-5;
+// routing ids identical.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "tests/worker/cuda/gpu_test_support.hpp"
+#include "worker/cuda/fused.cuh"
+#include "worker/cuda/kernels.cuh"
+
+using namespace servedeck::worker::cuda;
+using gpu_test::DeviceBuffer;
+
+namespace {
+std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) {
+  return gpu_test::to_bf16(gpu_test::random_floats(n, seed, scale));
+}
+}  // namespace
+
+TEST_CASE("norm_gemv equals rmsnorm then gemv (and writes the normalised x)") {
+  gpu_test::skip_without_gpu();
+  for (auto [out, in] : {std::pair{40, 64}, std::pair{5120, 2048}, std::pair{3000, 1024}}) {
+    DeviceBuffer<__nv_bfloat16> W(rand_bf16(static_cast<std::size_t>(out) * in, 3 + out, 0.05f));
+    DeviceBuffer<__nv_bfloat16> nw(rand_bf16(static_cast<std::size_t>(in), 4, 1.f));
+    DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(in), 5 + in, 2.f));
+    DeviceBuffer<float> xn(static_cast<std::size_t>(in)), want(static_cast<std::size_t>(out)), got(static_cast<std::size_t>(out)),
+        xn2(static_cast<std::size_t>(in));
+    launch_rmsnorm(x.ptr, nw.ptr, xn.ptr, 1, in, 1e-6f, nullptr);
+    launch_gemv_bf16(W.ptr, xn.ptr, want.ptr, out, in, false, nullptr);
+    got.poison();
+    xn2.poison();
+    launch_norm_gemv_bf16(W.ptr, x.ptr, nw.ptr, 1e-6f, got.ptr, out, in, false, xn2.ptr, nullptr);
+    CHECK(gpu_test::compare(want.get(), got.get(), "norm_gemv") < 1e-5);
+    CHECK(gpu_test::compare(xn.get(), xn2.get(), "norm_gemv xn") < 1e-6);
+  }
+}
+
+TEST_CASE("fused attention equals q/k-norm + RoPE + KV append + attention") {
+  gpu_test::skip_without_gpu();
+  for (int hd : {32, 128, 48}) {
+    const int hq = 8, hk = 2, cap = 300, q_dim = hq * hd, kv_dim = hk * hd;
+    for (int pos : {0, 1, 37, 299}) {
+      auto qkv_h = gpu_test::random_floats(static_cast<std::size_t>(q_dim + 2 * kv_dim), 11 + pos + hd, 1.f);
+      auto cache_h = gpu_test::random_floats(static_cast<std::size_t>(cap) * kv_dim, 12 + pos, 1.f);
+      auto vcache_h = gpu_test::random_floats(static_cast<std::size_t>(cap) * kv_dim, 13 + pos, 1.f);
+      DeviceBuffer<__nv_bfloat16> qn(rand_bf16(static_cast<std::size_t>(hd), 14, 1.f)), kn(rand_bf16(static_cast<std::size_t>(hd), 15, 1.f));
+      DeviceBuffer<int32_t> dpos(std::vector<int32_t>{pos});
+      // Reference: unfused kernels on a copy.
+      DeviceBuffer<float> q(std::vector<float>(qkv_h.begin(), qkv_h.begin() + q_dim));
+      DeviceBuffer<float> k(std::vector<float>(qkv_h.begin() + q_dim, qkv_h.begin() + q_dim + kv_dim));
+      DeviceBuffer<float> v(std::vector<float>(qkv_h.begin() + q_dim + kv_dim, qkv_h.end()));
+      DeviceBuffer<float> kc1(cache_h), vc1(vcache_h), scores(static_cast<std::size_t>(hq) * cap), want(static_cast<std::size_t>(q_dim));
+      launch_rmsnorm(q.ptr, qn.ptr, q.ptr, hq, hd, 1e-6f, nullptr);
+      launch_rmsnorm(k.ptr, kn.ptr, k.ptr, hk, hd, 1e-6f, nullptr);
+      launch_rope(q.ptr, k.ptr, hq, hk, hd, hd, dpos.ptr, 1e6f, nullptr);
+      launch_kv_append(k.ptr, v.ptr, kc1.ptr, vc1.ptr, dpos.ptr, kv_dim, nullptr);
+      launch_attention_decode(q.ptr, kc1.ptr, vc1.ptr, scores.ptr, want.ptr, hq, hk, hd, dpos.ptr, cap, nullptr);
+      // Fused.
+      DeviceBuffer<float> qkv(qkv_h), kc2(cache_h), vc2(vcache_h), got(static_cast<std::size_t>(q_dim));
+      got.poison();
+      DeviceBuffer<float> freq(rope_inv_freq(1e6f, hd)), scratch2(attention_scratch_floats(hq, hd));
+      DeviceBuffer<unsigned int> counters(std::vector<unsigned int>(static_cast<std::size_t>(hq), 0u));
+      launch_attention_decode_fused(qkv.ptr, qn.ptr, kn.ptr, kc2.ptr, vc2.ptr, got.ptr,
+                                    AttentionShape{hq, hk, hd, hd, 1e-6f, freq.ptr, cap, scratch2.ptr, counters.ptr}, dpos.ptr,
+                                    nullptr);
+      for (unsigned int cnt : counters.get()) CHECK(cnt == 0u);
+      CHECK(gpu_test::compare(want.get(), got.get(), "fused attention") < 1e-5);
+      CHECK(gpu_test::compare(kc1.get(), kc2.get(), "k cache") < 1e-6);
+      CHECK(gpu_test::compare(vc1.get(), vc2.get(), "v cache") == 0);
+    }
+  }
+}
+
+TEST_CASE("fused router (last-block top-k, counters) and fused MoE equal the unfused kernels") {
+  gpu_test::skip_without_gpu();
+  const int E = 128, K = 8, H = 512, I = 96;
+  DeviceBuffer<__nv_bfloat16> R(rand_bf16(static_cast<std::size_t>(E) * H, 21, 0.2f)), nw(rand_bf16(static_cast<std::size_t>(H), 22, 1.f));
+  DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(H), 23, 1.f));
+  // Reference routing.
+  DeviceBuffer<float> xn(static_cast<std::size_t>(H)), logits(static_cast<std::size_t>(E)), w1(static_cast<std::size_t>(K));
+  DeviceBuffer<int32_t> ids1(static_cast<std::size_t>(K));
+  launch_rmsnorm(x.ptr, nw.ptr, xn.ptr, 1, H, 1e-6f, nullptr);
+  launch_gemv_bf16(R.ptr, xn.ptr, logits.ptr, E, H, false, nullptr);
+  launch_router_topk(logits.ptr, E, K, true, ids1.ptr, w1.ptr, nullptr);
+  // Fused routing, run twice (the done counter must reset itself).
+  std::vector<uint8_t> flags(E, 0);
+  for (int e = 0; e < E; e += 2) flags[static_cast<std::size_t>(e)] = 1;
+  DeviceBuffer<uint8_t> dflags(flags);
+  DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(E, 0));
+  DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0});
+  DeviceBuffer<float> xn2(static_cast<std::size_t>(H)), logits2(static_cast<std::size_t>(E)), w2(static_cast<std::size_t>(K));
+  DeviceBuffer<int32_t> ids2(static_cast<std::size_t>(K));
+  for (int rep = 0; rep < 2; ++rep) {
+    ids2.poison();
+    w2.poison();
+    launch_router_fused(R.ptr, x.ptr, nw.ptr, 1e-6f, xn2.ptr, E, H, K, true,
+                        RouterOutputs{logits2.ptr, ids2.ptr, w2.ptr, done.ptr, dflags.ptr, counters.ptr, lc.ptr}, nullptr);
+    CHECK(ids2.get() == ids1.get());
+    CHECK(gpu_test::compare(w1.get(), w2.get(), "router weights") < 1e-5);
+  }
+  CHECK(done.get()[0] == 0u);
+  auto ids = ids1.get();
+  unsigned long long hot = 0;
+  for (int j = 0; j < K; ++j) hot += flags[static_cast<std::size_t>(ids[static_cast<std::size_t>(j)])];
+  auto c = counters.get();
+  CHECK(c[0] == 2 * hot);
+  CHECK(c[0] + c[1] == 2ull * K);
+  auto lcv = lc.get();
+  for (int j = 0; j < K; ++j) CHECK(lcv[static_cast<std::size_t>(ids[static_cast<std::size_t>(j)])] == 2ull);
+
+  // Experts: a device table of E blocks (all in VRAM; the UVA case is covered by kernels_test).
+  const std::size_t block = 3ull * I * H;
+  DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 31, 0.1f));
+  std::vector<const __nv_bfloat16*> table(E);
+  for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
+  DeviceBuffer<const __nv_bfloat16*> dtable(table);
+  const ExpertTable t{dtable.ptr, H, I};
+  auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 32, 1.f);
+  DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
+      act(static_cast<std::size_t>(K) * I);
+  launch_moe_decode(t, xn.ptr, ids1.ptr, w1.ptr, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
+  act.poison();
+  launch_moe_gate_up_fused(t, xn2.ptr, ids2.ptr, K, act.ptr, nullptr);
+  launch_moe_down_fused(t, act.ptr, ids2.ptr, w2.ptr, K, out2.ptr, nullptr);
+  CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+}

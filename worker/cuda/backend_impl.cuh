@@ -1,0 +1,135 @@
+// Internals of the CUDA backend shared by cuda_backend.cu (load, decode step, forward) and
+// prefill_path.cu (the chunked prefill with staged experts). Not a public header.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "worker/cuda/cuda_backend.hpp"
+#include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/fused.cuh"
+#include "worker/offload/expert_store.hpp"
+
+namespace servedeck::worker::cuda {
+
+namespace detail {
+
+using bf16 = __nv_bfloat16;
+
+/// Device weights of one layer. qkv: q, k and v projections concatenated at load into one
+/// ((n_heads + 2 n_kv_heads) head_dim, hidden) matrix so one GEMV/GEMM computes all three.
+struct LayerDev {
+  const bf16 *input_norm, *qkv, *o, *q_norm, *k_norm, *post_norm;
+  const bf16 *router, *mlp_gate, *mlp_up, *mlp_down;
+  bool moe;
+};
+
+class CudaKvCache : public KvCache {
+ public:
+  CudaKvCache(std::size_t capacity, int layers, int kv_dim) : capacity_(capacity), layers_(layers), kv_dim_(kv_dim) {
+    const std::size_t per = capacity * static_cast<std::size_t>(kv_dim) * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&kv_, per * 2 * static_cast<std::size_t>(layers)));
+  }
+  ~CudaKvCache() override {
+    if (graph_) cudaGraphExecDestroy(graph_);
+    cudaFree(kv_);
+  }
+  std::size_t length() const override { return length_; }
+  std::size_t capacity() const override { return capacity_; }
+  void truncate(std::size_t n) override { length_ = std::min(length_, n); }
+
+  float* k(int layer) { return kv_ + static_cast<std::size_t>(2 * layer) * capacity_ * kv_dim_; }
+  float* v(int layer) { return kv_ + static_cast<std::size_t>(2 * layer + 1) * capacity_ * kv_dim_; }
+
+  std::size_t capacity_;
+  int layers_, kv_dim_;
+  std::size_t length_ = 0;
+  float* kv_ = nullptr;
+  cudaGraphExec_t graph_ = nullptr;
+};
+
+/// Device buffers of the prefill path, sized for `chunk` tokens and a cache of `capacity`.
+struct PrefillBuffers {
+  int chunk = 0;
+  std::size_t capacity = 0;
+  std::vector<void*> owned;
+  float *x = nullptr, *qkv = nullptr, *attn = nullptr, *scores = nullptr, *logits = nullptr, *route_w = nullptr;
+  float *gu = nullptr, *partial = nullptr, *xn32 = nullptr;
+  bf16 *xb = nullptr, *attn_b = nullptr, *xp = nullptr, *act = nullptr;
+  int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
+  bf16* stage[2] = {nullptr, nullptr};
+  int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
+  ~PrefillBuffers();
+};
+
+}  // namespace detail
+
+struct CudaBackend::Impl {
+  using bf16 = __nv_bfloat16;
+  ModelDescription d;
+  CudaBackendOptions opt;
+  cudaStream_t stream = nullptr;
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t stage_ready[2] = {nullptr, nullptr}, stage_free[2] = {nullptr, nullptr};
+  cublasHandle_t cublas = nullptr;
+  char* arena = nullptr;  // resident weights, VRAM
+  std::size_t arena_bytes = 0, arena_used = 0;
+  const bf16* embed = nullptr;
+  const bf16* lm_head = nullptr;
+  const bf16* final_norm = nullptr;
+  std::vector<detail::LayerDev> layers;
+  std::vector<int> moe_index;  // layer → index in the expert store, -1 for dense
+  std::unique_ptr<offload::ExpertStore> store;
+  std::unique_ptr<Checkpoint> owned_checkpoint;  // make_cuda_backend_from_dir keeps it alive
+  offload::ExpertProfile profile;
+  bool have_profile = false;
+  std::vector<std::string> warnings;
+  // Decode activations (device).
+  float *x, *xn, *qkv, *attn, *router_logits, *route_w, *act, *g, *u, *h, *logits;
+  int32_t *route_ids, *d_token, *d_pos;
+  unsigned int* router_done;
+  float* inv_freq = nullptr;  // RoPE table (rotary_dim / 2)
+  float* attn_scratch = nullptr;            // fused decode attention partials
+  unsigned int* attn_counters = nullptr;    // (n_heads), zero between launches
+  unsigned long long *counters, *layer_counts;
+  int32_t* h_scalars = nullptr;  // pinned: token, pos
+  float* h_logits = nullptr;     // pinned: vocab floats
+  detail::PrefillBuffers pre;
+  uint64_t staged_bytes = 0;     // host→device bytes copied by the prefill path
+  std::size_t stage_group = 8;   // experts per staging buffer
+
+  int hidden() const { return static_cast<int>(d.hidden_size); }
+  int q_dim() const { return static_cast<int>(d.num_heads * d.head_dim); }
+  int kv_dim() const { return static_cast<int>(d.num_kv_heads * d.head_dim); }
+  int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+  int rotary_dim() const;
+  AttentionShape attention_shape(std::size_t max_len) const;
+
+  const bf16* place(const std::vector<uint16_t>& host);
+  std::size_t resident_elems() const;
+  void allocate_activations();
+  /// The body of one decode step (everything before lm_head), graph-capturable.
+  void step(detail::CudaKvCache& c);
+  /// lm_head (with the final norm) on x, copied to the host and appended to `out`.
+  void logits_row(const float* x_row, std::vector<float>& out);
+  /// Runs tokens (> 1) through the chunked prefill path; appends logits of every row when
+  /// all_logits, else of the last row. Advances the cache.
+  void prefill(detail::CudaKvCache& c, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& out);
+
+ private:
+  void ensure_prefill_buffers(int chunk, std::size_t capacity);
+  void prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> tokens, int pos0);
+  void prefill_attention(detail::CudaKvCache& c, int layer, int n, int pos0);
+  void prefill_moe(int layer, int si, int n);
+  void gemm(const bf16* W, int out, int in, const bf16* X, int n, int ldx, float* Y, int ldy, float beta);
+};
+
+}  // namespace servedeck::worker::cuda

@@ -1,0 +1,121 @@
+// Device helpers shared by the GEMV-style kernels (internal to worker/cuda): bf16×fp32 dot
+// products over 16-byte loads and warp reductions with a fixed shuffle tree (deterministic).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace servedeck::worker::cuda::detail {
+
+/// 8 bf16 weights (one 16-byte load) times 8 fp32 activations.
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+  const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+  return f0.x * a.x + f0.y * a.y + f1.x * a.z + f1.y * a.w + f2.x * b.x + f2.y * b.y + f3.x * b.z + f3.y * b.w;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// This lane's share of row·x (not yet reduced over the warp); n % 8 == 0, row and x 16-byte
+/// aligned. Four independent 16-byte loads in flight per lane.
+__device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float* x, int n, int lane) {
+  const uint4* w = reinterpret_cast<const uint4*>(row);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int n8 = n / 8;
+  float acc = 0.f;
+  int i = lane;
+  for (; i + 96 < n8; i += 128) {
+    const uint4 w0 = w[i], w1 = w[i + 32], w2 = w[i + 64], w3 = w[i + 96];
+    acc += dot8(w0, x4[2 * i], x4[2 * i + 1]);
+    acc += dot8(w1, x4[2 * (i + 32)], x4[2 * (i + 32) + 1]);
+    acc += dot8(w2, x4[2 * (i + 64)], x4[2 * (i + 64) + 1]);
+    acc += dot8(w3, x4[2 * (i + 96)], x4[2 * (i + 96) + 1]);
+  }
+  for (; i < n8; i += 32) acc += dot8(w[i], x4[2 * i], x4[2 * i + 1]);
+  return acc;
+}
+
+// One warp: optional per-head RMSNorm, then RoPE (rotate_half) at position pos, into dst.
+// inv_freq: (rotary / 2) table computed on the host at load (rope_inv_freq in fused.cuh).
+__device__ __forceinline__ void norm_rope_head(const float* src, const __nv_bfloat16* nw, float* dst, int hd, int rotary,
+                                               float eps, const float* inv_freq, int pos, int lane) {
+  float v[8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.f;
+    ss += v[i] * v[i];
+  }
+  if (nw != nullptr) {
+    const float inv = rsqrtf(warp_sum(ss) / hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (lane + 32 * i < hd) v[i] = v[i] * inv * __bfloat162float(nw[lane + 32 * i]);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < hd) dst[lane + 32 * i] = v[i];
+  __syncwarp();
+  const int half = rotary / 2;
+  for (int i = lane; i < half; i += 32) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    const float x1 = dst[i], x2 = dst[i + half];
+    dst[i] = x1 * cs - x2 * sn;
+    dst[i + half] = x2 * cs + x1 * sn;
+  }
+  __syncwarp();
+}
+
+/// The first eight 16-byte weight loads of a lane's share of a row (elements lane*8 + 256*u,
+/// u < 8), issued early, e.g. before waiting for the previous kernel: weights are never written
+/// by it. Zero where the row is shorter.
+struct RowPrefetch {
+  uint4 w[8];
+};
+
+__device__ __forceinline__ RowPrefetch prefetch_row(const __nv_bfloat16* row, int n, int lane) {
+  RowPrefetch p;
+  const uint4* w = reinterpret_cast<const uint4*>(row);
+  const int n8 = n / 8;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) p.w[u] = lane + 32 * u < n8 ? w[lane + 32 * u] : make_uint4(0, 0, 0, 0);
+  return p;
+}
+
+/// lane_dot whose first eight steps use `p` (prefetch_row of the same row). Terms are added in
+/// the same order as lane_dot, so the result is bit-identical to it.
+__device__ __forceinline__ float lane_dot_prefetched(const RowPrefetch& p, const __nv_bfloat16* row, const float* x, int n,
+                                                     int lane) {
+  const uint4* w = reinterpret_cast<const uint4*>(row);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int n8 = n / 8;
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int i = lane + 32 * u;
+    if (i < n8) acc += dot8(p.w[u], x4[2 * i], x4[2 * i + 1]);
+  }
+  int i = lane + 256;
+  for (; i + 96 < n8; i += 128) {
+    const uint4 w0 = w[i], w1 = w[i + 32], w2 = w[i + 64], w3 = w[i + 96];
+    acc += dot8(w0, x4[2 * i], x4[2 * i + 1]);
+    acc += dot8(w1, x4[2 * (i + 32)], x4[2 * (i + 32) + 1]);
+    acc += dot8(w2, x4[2 * (i + 64)], x4[2 * (i + 64) + 1]);
+    acc += dot8(w3, x4[2 * (i + 96)], x4[2 * (i + 96) + 1]);
+  }
+  for (; i < n8; i += 32) acc += dot8(w[i], x4[2 * i], x4[2 * i + 1]);
+  return acc;
+}
+
+}  // namespace servedeck::worker::cuda::detail

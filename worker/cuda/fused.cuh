@@ -1,0 +1,93 @@
+// Launchers of the fused decode kernels (batch 1): six launches per MoE layer instead of ~17.
+//   1. launch_norm_gemv_bf16: RMSNorm of x computed per block into shared memory, then y = W·x̂
+//      (q|k|v concatenated at load → one launch; the router; lm_head with the final norm).
+//   2. launch_attention_decode_fused: q/k-norm + RoPE + KV append + single-query attention.
+//   3. launch_gemv_bf16 (kernels.cuh), accumulate: o-proj + residual.
+//   4. launch_router_fused: post-attention norm + router GEMV; the last block to finish computes
+//      softmax/top-k and folds the routing hit counters (no extra launches).
+//   5. launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
+//   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add.
+// pdl: launch with programmatic dependent launch (Hopper): the kernel may be scheduled while
+// its predecessor finishes and waits (griddepcontrol.wait) before touching memory, hiding most
+// of the launch gap between consecutive graph nodes. Results are identical with or without it.
+// Conventions as kernels.cuh: bf16 weights row-major (out, in), fp32 activations and KV cache,
+// fp32 accumulation; device-side scalars so the step stays graph-capturable (no device→host
+// sync); every reduction has a fixed order, so results do not depend on scheduling.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "worker/cuda/kernels.cuh"
+
+namespace servedeck::worker::cuda {
+
+/// y = W · (x / rms(x) * norm_w) (+ y when accumulate). W: (out, in) bf16, in % 8 == 0,
+/// in <= 12288 (the normalised x lives in shared memory); x: (in) fp32; norm_w: (in) bf16.
+/// When xn_out is non-null, block 0 also writes the normalised x there (in floats).
+void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
+                           int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false);
+
+/// Blocks per query head in the fused decode attention (split over positions).
+constexpr int k_attention_splits = 4;
+
+/// Shapes and scratch of the fused attention step.
+struct AttentionShape {
+  int n_heads, n_kv_heads, head_dim, rotary_dim;
+  float eps;
+  const float* inv_freq;   // device (rotary_dim / 2) table from rope_inv_freq
+  int max_len;             // KV cache rows
+  float* scratch;          // device, attention_scratch_floats(n_heads, head_dim)
+  unsigned int* counters;  // device, n_heads, zeroed once (each launch leaves them zero)
+};
+
+/// Floats of attention scratch: per head and split, (max, sum, head_dim partial outputs).
+inline std::size_t attention_scratch_floats(int n_heads, int head_dim) {
+  return static_cast<std::size_t>(n_heads) * k_attention_splits * (static_cast<std::size_t>(head_dim) + 2);
+}
+
+/// RoPE inverse frequencies as transformers and the CPU reference compute them:
+/// inv_freq[i] = 1 / theta^(fp32(2i / rotary_dim)) (power in double, rounded to fp32).
+std::vector<float> rope_inv_freq(float theta, int rotary_dim);
+
+/// qkv: (n_heads + 2 n_kv_heads) * head_dim fp32 = [q | k | v] at position *pos (pre-norm,
+/// pre-RoPE). Applies per-head RMSNorm (q_norm/k_norm, both null to skip), RoPE at *pos,
+/// writes k and v into the caches' row *pos, then attends over rows [0, *pos]. out: (n_heads,
+/// head_dim). head_dim % 32 == 0, head_dim <= 256.
+void launch_attention_decode_fused(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
+                                   float* k_cache, float* v_cache, float* out, const AttentionShape& s,
+                                   const int32_t* pos, cudaStream_t stream, bool pdl = false);
+
+/// Routing outputs and counters of one MoE layer.
+struct RouterOutputs {
+  float* logits;                    // (n_experts) scratch
+  int32_t* ids;                     // (k)
+  float* weights;                   // (k)
+  unsigned int* done;               // one zeroed counter (reset by the kernel itself)
+  const uint8_t* hot_flags;         // (n_experts): 1 = VRAM
+  unsigned long long* counters;     // [hot hits, misses]
+  unsigned long long* layer_counts; // (n_experts) routing counts of this layer
+};
+
+/// xn_out = rmsnorm(x) * norm_w; logits = R · xn; then softmax, top-k (ties → lower id),
+/// renormalised over the top-k when `renormalise`; counts hits/misses. n_experts <= 1024, k <= 32.
+void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bfloat16* norm_w, float eps, float* xn_out,
+                         int n_experts, int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream,
+                         bool pdl = false);
+
+/// act[j, r] = silu(gate_j[r]·xn) * (up_j[r]·xn), j < k, r < inter. act: (k, inter) fp32.
+void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
+                              cudaStream_t stream, bool pdl = false);
+
+/// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), one fixed order.
+void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
+                           float* out, cudaStream_t stream, bool pdl = false);
+
+/// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL.
+void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
+                          cudaStream_t stream, bool pdl = false);
+
+}  // namespace servedeck::worker::cuda

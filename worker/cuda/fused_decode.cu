@@ -1,0 +1,445 @@
+// Fused decode kernels (see fused.cuh for the launch plan per layer).
+#include <cmath>
+
+#include "worker/cuda/dot.cuh"
+#include "worker/cuda/fused.cuh"
+#include "worker/cuda/launch_check.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using detail::lane_dot;
+using detail::warp_max;
+using detail::warp_sum;
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+// Programmatic dependent launch: a kernel launched with `pdl` may be scheduled while its
+// predecessor in the stream finishes; it waits here, before touching any memory, until the
+// predecessor has completed and its writes are visible. Then it lets its own dependent be
+// scheduled early (that one waits in turn for this grid's completion before reading anything).
+// Without PDL both instructions do nothing.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
+template <class... KArgs, class... Args>
+void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t smem, cudaStream_t stream, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(block));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
+// Per block: xs = x / rms(x) * nw into shared memory (sum of squares in a fixed order).
+template <int WARPS>
+__device__ __forceinline__ void block_rmsnorm_to_shared(const float* __restrict__ x, const bf16* __restrict__ nw, float eps,
+                                                        int in, float* xs, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float ss = 0.f;
+  for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(x + i);
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) tot += red[w];
+  const float inv = rsqrtf(tot / in + eps);
+  for (int i = threadIdx.x; i < in; i += WARPS * 32) xs[i] = x[i] * inv * __bfloat162float(nw[i]);
+  __syncthreads();
+}
+
+template <int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
+                                                              const bf16* __restrict__ nw, float eps, float* __restrict__ y,
+                                                              int out, int in, int accumulate, float* __restrict__ xn_out) {
+  extern __shared__ float4 dyn4[];
+  float* xs = reinterpret_cast<float*>(dyn4);
+  __shared__ float red[WARPS];
+  const int lane = threadIdx.x % 32, row0 = blockIdx.x * WARPS + threadIdx.x / 32;
+  // Weights are never written by the predecessor: start loading before waiting for it.
+  const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
+  wait_for_predecessor();
+  block_rmsnorm_to_shared<WARPS>(x, nw, eps, in, xs, red);
+  if (xn_out != nullptr && blockIdx.x == 0)
+    for (int i = threadIdx.x; i < in; i += WARPS * 32) xn_out[i] = xs[i];
+  for (int row = row0; row < out; row += gridDim.x * WARPS) {
+    const bf16* wr = W + static_cast<size_t>(row) * in;
+    const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, xs, in, lane) : lane_dot(wr, xs, in, lane));
+    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+  }
+}
+
+// Router: norm + GEMV; the last block to finish does softmax + top-k + counters.
+constexpr int k_router_warps = 2;
+
+__global__ void __launch_bounds__(k_router_warps * 32) router_fused_kernel(
+    const bf16* __restrict__ R, const float* __restrict__ x, const bf16* __restrict__ nw, float eps,
+    float* __restrict__ xn_out, int n, int hidden, int k, int renormalise, RouterOutputs o) {
+  extern __shared__ float4 dyn4[];
+  float* xs = reinterpret_cast<float*>(dyn4);
+  __shared__ float red[k_router_warps];
+  __shared__ float p[1024];
+  __shared__ int is_last;
+  const int lane = threadIdx.x % 32, row0 = blockIdx.x * k_router_warps + threadIdx.x / 32;
+  const detail::RowPrefetch pre = detail::prefetch_row(R + static_cast<size_t>(row0 < n ? row0 : 0) * hidden, hidden, lane);
+  wait_for_predecessor();
+  block_rmsnorm_to_shared<k_router_warps>(x, nw, eps, hidden, xs, red);
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < hidden; i += k_router_warps * 32) xn_out[i] = xs[i];
+  for (int row = row0; row < n; row += gridDim.x * k_router_warps) {
+    const bf16* wr = R + static_cast<size_t>(row) * hidden;
+    const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, xs, hidden, lane) : lane_dot(wr, xs, hidden, lane));
+    if (lane == 0) o.logits[row] = acc;
+  }
+  // Last-block pattern: every block publishes its logits, then counts itself done.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last || threadIdx.x >= 32) return;
+  __threadfence();
+  float m = -INFINITY;
+  for (int e = lane; e < n; e += 32) {
+    p[e] = __ldcg(o.logits + e);
+    m = fmaxf(m, p[e]);
+  }
+  m = warp_max(m);
+  float s = 0.f;
+  for (int e = lane; e < n; e += 32) {
+    p[e] = expf(p[e] - m);
+    s += p[e];
+  }
+  const float total = warp_sum(s);
+  for (int e = lane; e < n; e += 32) p[e] = p[e] / total;
+  __syncwarp();
+  float chosen_sum = 0.f;
+  for (int r = 0; r < k; ++r) {
+    float bv = -1.f;
+    int bi = n;
+    for (int e = lane; e < n; e += 32)
+      if (p[e] > bv) {  // strided scan in increasing e: ties keep the lower id
+        bv = p[e];
+        bi = e;
+      }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      o.ids[r] = bi;
+      o.weights[r] = bv;
+      p[bi] = -1.f;
+      atomicAdd(&o.counters[o.hot_flags[bi] ? 0 : 1], 1ull);
+      atomicAdd(&o.layer_counts[bi], 1ull);
+    }
+    chosen_sum += bv;
+    __syncwarp();
+  }
+  if (lane == 0) {
+    if (renormalise)
+      for (int r = 0; r < k; ++r) o.weights[r] /= chosen_sum;
+    *o.done = 0u;  // ready for the next launch (the next kernel in the stream starts after this one)
+  }
+}
+
+// Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
+// warp g of a head takes positions g, g + G, g + 2G, ... (G = splits × warps) with an online
+// softmax; warps merge in a fixed order inside the block, blocks publish partials, and the last
+// block of the head to finish merges them in split order (the same result whichever is last).
+constexpr int k_attn_warps = 8;
+
+__global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(const float* __restrict__ qkv,
+                                                                           const bf16* __restrict__ qn,
+                                                                           const bf16* __restrict__ kn, float* kc,
+                                                                           float* vc, float* __restrict__ out,
+                                                                           AttentionShape s, const int32_t* pos_p) {
+  __shared__ float qs[256], ks[256], vs[256];
+  __shared__ float wm[k_attn_warps], wl[k_attn_warps];
+  __shared__ float wacc[k_attn_warps][256];
+  __shared__ int is_last;
+  const int h = blockIdx.x / k_attention_splits, split = blockIdx.x % k_attention_splits;
+  const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads, kvh = h / group;
+  const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  constexpr int G = k_attention_splits * k_attn_warps;
+  wait_for_predecessor();
+  const int pos = *pos_p;
+  if (warp == 0) detail::norm_rope_head(qkv + static_cast<size_t>(h) * hd, qn, qs, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
+  if (warp == 1) detail::norm_rope_head(qkv + q_dim + static_cast<size_t>(kvh) * hd, kn, ks, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
+  if (warp == 2)
+    for (int i = lane; i < hd; i += 32) vs[i] = qkv[q_dim + kv_dim + kvh * hd + i];
+  __syncthreads();
+  const size_t row = static_cast<size_t>(pos) * kv_dim + static_cast<size_t>(kvh) * hd;
+  if (h % group == 0 && split == 0)
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+      kc[row + i] = ks[i];
+      vc[row + i] = vs[i];
+    }
+  const float scale = rsqrtf(static_cast<float>(hd));
+  float q[8], acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    q[i] = lane + 32 * i < hd ? qs[lane + 32 * i] : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  // Four positions at a time so that eight rows' loads are in flight before the first reduction.
+  for (int t0 = split * k_attn_warps + warp; t0 <= pos; t0 += 4 * G) {
+    float d[4], vv[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int t = t0 + u * G;
+      const bool ok = t <= pos;
+      const float* kt = t == pos ? ks : kc + static_cast<size_t>(ok ? t : 0) * kv_dim + kvh * hd;
+      const float* vt = t == pos ? vs : vc + static_cast<size_t>(ok ? t : 0) * kv_dim + kvh * hd;
+      d[u] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool in = ok && lane + 32 * i < hd;
+        d[u] += in ? q[i] * kt[lane + 32 * i] : 0.f;
+        vv[u][i] = in ? vt[lane + 32 * i] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) d[u] = warp_sum(d[u]) * scale;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (t0 + u * G > pos) break;
+      const float mn = fmaxf(m, d[u]);
+      const float corr = expf(m - mn), pe = expf(d[u] - mn);
+      l = l * corr + pe;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = acc[i] * corr + pe * vv[u][i];
+      m = mn;
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < hd) wacc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  // Block partial: M, L and the unnormalised output, in warp order.
+  float* part = s.scratch + static_cast<size_t>(blockIdx.x) * (hd + 2);
+  float M = -INFINITY;
+  for (int w = 0; w < k_attn_warps; ++w) M = fmaxf(M, wm[w]);
+  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < k_attn_warps; ++w) o += wl[w] > 0.f ? wacc[w][dd] * expf(wm[w] - M) : 0.f;
+    part[2 + dd] = o;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.f;
+    for (int w = 0; w < k_attn_warps; ++w) L += wl[w] > 0.f ? wl[w] * expf(wm[w] - M) : 0.f;
+    part[0] = M;
+    part[1] = L;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&s.counters[h], 1u) == k_attention_splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);
+  float MM = -INFINITY;
+  for (int b = 0; b < k_attention_splits; ++b) MM = fmaxf(MM, __ldcg(hp + b * (hd + 2)));
+  float LL = 0.f;
+  for (int b = 0; b < k_attention_splits; ++b) {
+    const float Lb = __ldcg(hp + b * (hd + 2) + 1);
+    LL += Lb > 0.f ? Lb * expf(__ldcg(hp + b * (hd + 2)) - MM) : 0.f;
+  }
+  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+    float o = 0.f;
+    for (int b = 0; b < k_attention_splits; ++b) {
+      const float Lb = __ldcg(hp + b * (hd + 2) + 1);
+      o += Lb > 0.f ? __ldcg(hp + b * (hd + 2) + 2 + dd) * expf(__ldcg(hp + b * (hd + 2)) - MM) : 0.f;
+    }
+    out[static_cast<size_t>(h) * hd + dd] = o / LL;
+  }
+  if (threadIdx.x == 0) s.counters[h] = 0u;  // ready for the next launch
+}
+
+constexpr int k_moe_warps = 8;
+
+// gate row r and up row r of expert j, SwiGLU: one warp per (j, r).
+__global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(ExpertTable t, const float* __restrict__ xn,
+                                                                            const int32_t* __restrict__ ids, int k,
+                                                                            float* __restrict__ act) {
+  __shared__ const bf16* blocks[32];
+  const int lane = threadIdx.x % 32;
+  const int total = k * t.inter;
+  wait_for_predecessor();
+  if (threadIdx.x < k) blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
+  __syncthreads();
+  for (int gw = blockIdx.x * k_moe_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_moe_warps) {
+    const int j = gw / t.inter, r = gw % t.inter;
+    const bf16* block = blocks[j];
+    const float g = lane_dot(block + static_cast<size_t>(r) * t.hidden, xn, t.hidden, lane);
+    const float u = lane_dot(block + static_cast<size_t>(t.inter + r) * t.hidden, xn, t.hidden, lane);
+    const float gs = warp_sum(g), us = warp_sum(u);
+    if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
+  }
+}
+
+// down row h of every routed expert, weighted sum in the order j = 0..k-1, residual add. The
+// routed experts' down pointers and weights go to shared memory once per block; a lane then
+// walks its columns with the loads of up to eight experts in flight at once (per-expert sums in
+// column order, then tot += w_j * sum_j in expert order: a fixed order).
+__global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(ExpertTable t, const float* __restrict__ act,
+                                                                         const int32_t* __restrict__ ids,
+                                                                         const float* __restrict__ weights, int k,
+                                                                         float* __restrict__ out) {
+  __shared__ const bf16* down[32];
+  __shared__ float wj[32];
+  const int lane = threadIdx.x % 32;
+  wait_for_predecessor();
+  if (threadIdx.x < k) {
+    down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
+    wj[threadIdx.x] = weights[threadIdx.x];
+  }
+  __syncthreads();
+  const int n8 = t.inter / 8;
+  for (int h = blockIdx.x * k_moe_warps + threadIdx.x / 32; h < t.hidden; h += gridDim.x * k_moe_warps) {
+    float tot = 0.f;
+    for (int j0 = 0; j0 < k; j0 += 8) {
+      float part[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) part[u] = 0.f;
+      for (int i = lane; i < n8; i += 32) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (j0 + u < k) {
+            const uint4 w = reinterpret_cast<const uint4*>(down[j0 + u] + static_cast<size_t>(h) * t.inter)[i];
+            const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j0 + u) * t.inter);
+            part[u] += detail::dot8(w, a4[2 * i], a4[2 * i + 1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (j0 + u < k) tot += wj[j0 + u] * part[u];
+    }
+    tot = warp_sum(tot);
+    if (lane == 0) out[h] += tot;
+  }
+}
+
+// y (+)= W x with x from global memory (o-proj + residual).
+__global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
+                                                       float* __restrict__ y, int out, int in, int accumulate) {
+  const int lane = threadIdx.x % 32, row0 = blockIdx.x * 8 + threadIdx.x / 32;
+  const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
+  wait_for_predecessor();
+  for (int row = row0; row < out; row += gridDim.x * 8) {
+    const bf16* wr = W + static_cast<size_t>(row) * in;
+    const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, x, in, lane) : lane_dot(wr, x, in, lane));
+    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+  }
+}
+
+int grid_for(int rows, int warps) {
+  const int want = (rows + warps - 1) / warps;
+  const int cap = sm_count() * (2048 / (warps * 32));
+  return want < cap ? want : cap;
+}
+
+}  // namespace
+
+std::vector<float> rope_inv_freq(float theta, int rotary_dim) {
+  std::vector<float> f(static_cast<std::size_t>(rotary_dim / 2 > 0 ? rotary_dim / 2 : 1), 0.f);
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    f[static_cast<std::size_t>(i)] = 1.0f / static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(expo)));
+  }
+  return f;
+}
+
+void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, float eps, float* y, int out, int in,
+                           bool accumulate, float* xn_out, cudaStream_t stream, bool pdl) {
+  using detail::require;
+  require(out > 0 && in > 0, "launch_norm_gemv_bf16", "out and in must be positive, got " + std::to_string(out) + ", " + std::to_string(in));
+  require(in % 8 == 0 && in <= 12288, "launch_norm_gemv_bf16", "in must be a multiple of 8 and <= 12288, got " + std::to_string(in));
+  require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
+  const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
+  launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
+}
+
+void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const bf16* k_norm, float* k_cache,
+                                   float* v_cache, float* out, const AttentionShape& s, const int32_t* pos,
+                                   cudaStream_t stream, bool pdl) {
+  using detail::require;
+  require(s.head_dim > 0 && s.head_dim <= 256, "launch_attention_decode_fused",
+          "head_dim must be in (0, 256], got " + std::to_string(s.head_dim));
+  require(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "launch_attention_decode_fused",
+          "n_heads (" + std::to_string(s.n_heads) + ") must be a multiple of n_kv_heads (" + std::to_string(s.n_kv_heads) + ")");
+  require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, "launch_attention_decode_fused",
+          "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
+  require((q_norm == nullptr) == (k_norm == nullptr), "launch_attention_decode_fused", "q_norm and k_norm must both be set or both null");
+  require(s.scratch != nullptr && s.counters != nullptr, "launch_attention_decode_fused", "scratch and counters must be set");
+  launch(attention_fused_kernel, s.n_heads * k_attention_splits, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos);
+}
+
+void launch_router_fused(const bf16* R, const float* x, const bf16* norm_w, float eps, float* xn_out, int n_experts,
+                         int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream, bool pdl) {
+  using detail::require;
+  require(n_experts > 0 && n_experts <= 1024, "launch_router_fused", "n_experts must be in (0, 1024], got " + std::to_string(n_experts));
+  require(k > 0 && k <= n_experts && k <= 32, "launch_router_fused", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
+  require(hidden % 8 == 0 && hidden <= 12288, "launch_router_fused", "hidden must be a multiple of 8 and <= 12288, got " + std::to_string(hidden));
+  const int blocks = (n_experts + k_router_warps - 1) / k_router_warps;
+  launch(router_fused_kernel, blocks, k_router_warps * 32, static_cast<std::size_t>(hidden) * sizeof(float), stream, pdl, R, x,
+         norm_w, eps, xn_out, n_experts, hidden, k, renormalise ? 1 : 0, o);
+}
+
+void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
+                              cudaStream_t stream, bool pdl) {
+  detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_gate_up_fused",
+                  "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
+                      std::to_string(table.inter) + ", " + std::to_string(k));
+  launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
+}
+
+void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
+                           float* out, cudaStream_t stream, bool pdl) {
+  detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
+                  "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
+                      std::to_string(table.inter) + ", " + std::to_string(k));
+  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+}
+
+void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
+                          bool pdl) {
+  detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
+                  "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
+  detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
+  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0);
+}
+
+}  // namespace servedeck::worker::cuda

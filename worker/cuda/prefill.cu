@@ -1,0 +1,278 @@
+// Prefill-chunk kernels (see prefill.cuh).
+#include <cmath>
+
+#include "worker/cuda/dot.cuh"
+#include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/prefill.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using detail::warp_max;
+using detail::warp_sum;
+
+__global__ void embed_rows_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ tokens, float* __restrict__ x,
+                                  int hidden) {
+  const bf16* row = table + static_cast<size_t>(tokens[blockIdx.x]) * hidden;
+  float* xr = x + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) xr[i] = __bfloat162float(row[i]);
+}
+
+// One block of 256 threads per row; fixed-order reduction (warps, then warp sums in order).
+__global__ void rmsnorm_rows_bf16_kernel(const float* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y,
+                                         float* __restrict__ y32, int dim, float eps) {
+  __shared__ float red[8];
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * dim;
+  bf16* yr = y + static_cast<size_t>(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += 256) ss += xr[i] * xr[i];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) tot += red[k];
+  const float inv = rsqrtf(tot / dim + eps);
+  float* y32r = y32 != nullptr ? y32 + static_cast<size_t>(blockIdx.x) * dim : nullptr;
+  for (int i = threadIdx.x; i < dim; i += 256) {
+    const float v = xr[i] * inv * __bfloat162float(w[i]);
+    yr[i] = __float2bfloat16(v);
+    if (y32r != nullptr) y32r[i] = v;
+  }
+}
+
+// logits[t, e] = R[e, :] · xn[t, :] with fp32 activations (as the decode router), one block per
+// token, one warp per expert row at a time.
+__global__ void router_logits_rows_kernel(const bf16* __restrict__ R, const float* __restrict__ xn, float* __restrict__ logits,
+                                          int n, int hidden) {
+  const int lane = threadIdx.x % 32;
+  const float* x = xn + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int e = threadIdx.x / 32; e < n; e += blockDim.x / 32) {
+    const float v = warp_sum(detail::lane_dot(R + static_cast<size_t>(e) * hidden, x, hidden, lane));
+    if (lane == 0) logits[static_cast<size_t>(blockIdx.x) * n + e] = v;
+  }
+}
+
+// grid (rows, n_heads + n_kv_heads), one warp: norm + RoPE in place; k heads also append k and v.
+__global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, float* kc, float* vc, AttentionShape s,
+                                      int pos0) {
+  const int r = blockIdx.x, head = blockIdx.y, lane = threadIdx.x, hd = s.head_dim;
+  const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, width = q_dim + 2 * kv_dim;
+  float* row = qkv + static_cast<size_t>(r) * width;
+  const int pos = pos0 + r;
+  if (head < s.n_heads) {
+    float* v = row + static_cast<size_t>(head) * hd;
+    detail::norm_rope_head(v, qn, v, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
+  } else {
+    const int kvh = head - s.n_heads;
+    float* k = row + q_dim + static_cast<size_t>(kvh) * hd;
+    detail::norm_rope_head(k, kn, k, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
+    const float* v = row + q_dim + kv_dim + static_cast<size_t>(kvh) * hd;
+    const size_t at = static_cast<size_t>(pos) * kv_dim + static_cast<size_t>(kvh) * hd;
+    for (int i = lane; i < hd; i += 32) {
+      kc[at + i] = k[i];
+      vc[at + i] = v[i];
+    }
+  }
+}
+
+__global__ void causal_softmax_kernel(float* scores, int queries, int len, int ld, int pos0) {
+  __shared__ float red[8];
+  float* row = scores + static_cast<size_t>(blockIdx.x) * ld;
+  const int i = blockIdx.x % queries;
+  const int valid = min(len, pos0 + i + 1);
+  float m = -INFINITY;
+  for (int t = threadIdx.x; t < valid; t += 256) m = fmaxf(m, row[t]);
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) M = fmaxf(M, red[k]);
+  __syncthreads();
+  float s = 0.f;
+  for (int t = threadIdx.x; t < valid; t += 256) {
+    const float e = expf(row[t] - M);
+    row[t] = e;
+    s += e;
+  }
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+  __syncthreads();
+  float S = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) S += red[k];
+  const float inv = 1.f / S;
+  for (int t = threadIdx.x; t < len; t += 256) row[t] = t < valid ? row[t] * inv : 0.f;
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16(x[i]);
+}
+
+// One warp per row: softmax, k rounds of arg-max (ties → lower id), optional renormalisation.
+__global__ void router_rows_kernel(const float* __restrict__ logits, int rows, int n, int k, int renormalise, int32_t* ids,
+                                   float* weights, const uint8_t* hot_flags, unsigned long long* counters,
+                                   unsigned long long* layer_counts) {
+  __shared__ float ps[4][1024];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = blockIdx.x * 4 + warp;
+  if (r >= rows) return;
+  float* p = ps[warp];
+  const float* lr = logits + static_cast<size_t>(r) * n;
+  float m = -INFINITY;
+  for (int e = lane; e < n; e += 32) {
+    p[e] = lr[e];
+    m = fmaxf(m, p[e]);
+  }
+  m = warp_max(m);
+  float s = 0.f;
+  for (int e = lane; e < n; e += 32) {
+    p[e] = expf(p[e] - m);
+    s += p[e];
+  }
+  const float total = warp_sum(s);
+  for (int e = lane; e < n; e += 32) p[e] = p[e] / total;
+  __syncwarp();
+  float chosen_sum = 0.f, chosen[32];
+  int chosen_id[32];
+  for (int j = 0; j < k; ++j) {
+    float bv = -1.f;
+    int bi = n;
+    for (int e = lane; e < n; e += 32)
+      if (p[e] > bv) {
+        bv = p[e];
+        bi = e;
+      }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) p[bi] = -1.f;
+    chosen[j & 31] = bv;
+    chosen_id[j & 31] = bi;
+    chosen_sum += bv;
+    __syncwarp();
+  }
+  if (lane == 0) {
+    for (int j = 0; j < k; ++j) {
+      ids[static_cast<size_t>(r) * k + j] = chosen_id[j];
+      weights[static_cast<size_t>(r) * k + j] = renormalise ? chosen[j] / chosen_sum : chosen[j];
+      atomicAdd(&counters[hot_flags[chosen_id[j]] ? 0 : 1], 1ull);
+      atomicAdd(&layer_counts[chosen_id[j]], 1ull);
+    }
+  }
+}
+
+__global__ void gather_rows_kernel(const bf16* __restrict__ x, const int32_t* __restrict__ src, bf16* __restrict__ xp,
+                                   int dim) {
+  const uint4* in = reinterpret_cast<const uint4*>(x + static_cast<size_t>(src[blockIdx.x]) * dim);
+  uint4* out = reinterpret_cast<uint4*>(xp + static_cast<size_t>(blockIdx.x) * dim);
+  for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) out[i] = in[i];
+}
+
+__global__ void swiglu_rows_kernel(const float* __restrict__ gu, bf16* __restrict__ act, int inter) {
+  const float* row = gu + static_cast<size_t>(blockIdx.x) * 2 * inter;
+  bf16* out = act + static_cast<size_t>(blockIdx.x) * inter;
+  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
+    const float g = row[i];
+    out[i] = __float2bfloat16(g / (1.f + expf(-g)) * row[inter + i]);
+  }
+}
+
+__global__ void moe_reduce_rows_kernel(const float* __restrict__ partial, const int32_t* __restrict__ slot,
+                                       const float* __restrict__ weights, int k, int hidden, float* __restrict__ x) {
+  const int t = blockIdx.x;
+  float* xr = x + static_cast<size_t>(t) * hidden;
+  for (int h = threadIdx.x; h < hidden; h += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j)
+      acc += weights[static_cast<size_t>(t) * k + j] * partial[static_cast<size_t>(slot[static_cast<size_t>(t) * k + j]) * hidden + h];
+    xr[h] += acc;
+  }
+}
+
+}  // namespace
+
+void launch_embed_rows(const bf16* table, const int32_t* tokens, float* x, int rows, int hidden, cudaStream_t stream) {
+  detail::require(rows > 0 && hidden > 0, "launch_embed_rows", "rows and hidden must be positive");
+  embed_rows_kernel<<<rows, 256, 0, stream>>>(table, tokens, x, hidden);
+  detail::check_launch();
+}
+
+void launch_rmsnorm_rows_bf16(const float* x, const bf16* w, bf16* y, int rows, int dim, float eps, cudaStream_t stream,
+                              float* y32) {
+  detail::require(rows > 0 && dim > 0, "launch_rmsnorm_rows_bf16", "rows and dim must be positive");
+  rmsnorm_rows_bf16_kernel<<<rows, 256, 0, stream>>>(x, w, y, y32, dim, eps);
+  detail::check_launch();
+}
+
+void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_norm, float* k_cache, float* v_cache,
+                                const AttentionShape& s, int rows, int pos0, cudaStream_t stream) {
+  detail::require(s.head_dim > 0 && s.head_dim <= 256 && rows > 0, "launch_qk_rope_append_rows",
+                  "head_dim must be in (0, 256] and rows positive, got " + std::to_string(s.head_dim) + ", " + std::to_string(rows));
+  qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.n_heads + s.n_kv_heads)), 32, 0, stream>>>(
+      qkv, q_norm, k_norm, k_cache, v_cache, s, pos0);
+  detail::check_launch();
+}
+
+void launch_causal_softmax_rows(float* scores, int rows, int queries, int len, int ld, int pos0_first_query,
+                                cudaStream_t stream) {
+  detail::require(rows > 0 && queries > 0 && len > 0 && len <= ld, "launch_causal_softmax_rows",
+                  "need rows, queries > 0 and 0 < len <= ld, got len " + std::to_string(len) + ", ld " + std::to_string(ld));
+  causal_softmax_kernel<<<rows, 256, 0, stream>>>(scores, queries, len, ld, pos0_first_query);
+  detail::check_launch();
+}
+
+void launch_to_bf16(const float* x, bf16* y, std::size_t n, cudaStream_t stream) {
+  const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, 4096);
+  to_bf16_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, y, n);
+  detail::check_launch();
+}
+
+void launch_router_topk_rows(const float* logits, int rows, int n, int k, bool renormalise, int32_t* ids, float* weights,
+                             const uint8_t* hot_flags, unsigned long long* counters, unsigned long long* layer_counts,
+                             cudaStream_t stream) {
+  detail::require(n > 0 && n <= 1024 && k > 0 && k <= n && k <= 32, "launch_router_topk_rows",
+                  "need 0 < k <= min(n, 32) and n <= 1024, got n " + std::to_string(n) + ", k " + std::to_string(k));
+  router_rows_kernel<<<(rows + 3) / 4, 128, 0, stream>>>(logits, rows, n, k, renormalise ? 1 : 0, ids, weights, hot_flags,
+                                                        counters, layer_counts);
+  detail::check_launch();
+}
+
+void launch_router_logits_rows(const bf16* R, const float* xn, float* logits, int rows, int n_experts, int hidden,
+                               cudaStream_t stream) {
+  detail::require(rows > 0 && n_experts > 0 && hidden % 8 == 0, "launch_router_logits_rows",
+                  "need rows, n_experts > 0 and hidden % 8 == 0, got hidden " + std::to_string(hidden));
+  router_logits_rows_kernel<<<rows, 256, 0, stream>>>(R, xn, logits, n_experts, hidden);
+  detail::check_launch();
+}
+
+void launch_gather_rows_bf16(const bf16* x, const int32_t* src, bf16* xp, int rows, int dim, cudaStream_t stream) {
+  detail::require(dim % 8 == 0, "launch_gather_rows_bf16", "dim must be a multiple of 8, got " + std::to_string(dim));
+  if (rows == 0) return;
+  gather_rows_kernel<<<rows, 128, 0, stream>>>(x, src, xp, dim);
+  detail::check_launch();
+}
+
+void launch_swiglu_rows_bf16(const float* gu, bf16* act, int rows, int inter, cudaStream_t stream) {
+  if (rows == 0) return;
+  swiglu_rows_kernel<<<rows, 256, 0, stream>>>(gu, act, inter);
+  detail::check_launch();
+}
+
+void launch_moe_reduce_rows(const float* partial, const int32_t* slot, const float* weights, int rows, int k, int hidden,
+                            float* x, cudaStream_t stream) {
+  detail::require(rows > 0 && k > 0, "launch_moe_reduce_rows", "rows and k must be positive");
+  moe_reduce_rows_kernel<<<rows, 256, 0, stream>>>(partial, slot, weights, k, hidden, x);
+  detail::check_launch();
+}
+
+}  // namespace servedeck::worker::cuda

@@ -1,0 +1,63 @@
+// Launchers of the prefill-chunk kernels (n tokens at once). The dense projections and the
+// expert GEMMs of a chunk go through cuBLAS (bf16 in, fp32 out, fp32 compute); these kernels do
+// the element-wise and per-row work between them. Activations that feed a GEMM are bf16; the
+// residual stream, the KV cache and every reduction stay fp32. All reductions have a fixed order.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "worker/cuda/fused.cuh"
+
+namespace servedeck::worker::cuda {
+
+/// x[r, :] = table[tokens[r], :] as fp32, r < rows. tokens: device int32 (rows).
+void launch_embed_rows(const __nv_bfloat16* table, const int32_t* tokens, float* x, int rows, int hidden,
+                       cudaStream_t stream);
+
+/// y[r, :] = bf16(x[r, :] / rms(x[r, :]) * w). x: (rows, dim) fp32, y: (rows, dim) bf16; when
+/// y32 is non-null the fp32 values are written there too.
+void launch_rmsnorm_rows_bf16(const float* x, const __nv_bfloat16* w, __nv_bfloat16* y, int rows, int dim, float eps,
+                              cudaStream_t stream, float* y32 = nullptr);
+
+/// Router logits with fp32 activations, as the decode path computes them (a bf16-rounded input
+/// flips near-tied top-k choices): logits (rows, n_experts) = xn (rows, hidden) · Rᵀ.
+void launch_router_logits_rows(const __nv_bfloat16* R, const float* xn, float* logits, int rows, int n_experts, int hidden,
+                               cudaStream_t stream);
+
+/// qkv: (rows, (n_heads + 2 n_kv_heads) head_dim) fp32 of tokens at positions pos0 + r. In
+/// place: per-head q/k RMSNorm (both null to skip) and RoPE; then writes k and v of each row
+/// into the caches' row pos0 + r. head_dim <= 256.
+void launch_qk_rope_append_rows(float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm, float* k_cache,
+                                float* v_cache, const AttentionShape& s, int rows, int pos0, cudaStream_t stream);
+
+/// In place over scores (rows, ld) fp32 with row r = (head-in-batch, query i): row r covers keys
+/// [0, len); keys t > pos0 + i are masked; softmax over the rest (fixed-order block reduction).
+/// `queries` = rows per head (i = r % queries).
+void launch_causal_softmax_rows(float* scores, int rows, int queries, int len, int ld, int pos0_first_query,
+                                cudaStream_t stream);
+
+/// y = bf16(x), n elements.
+void launch_to_bf16(const float* x, __nv_bfloat16* y, std::size_t n, cudaStream_t stream);
+
+/// Router for rows: softmax over logits (rows, n) then top-k (ties → lower id), renormalised
+/// when asked; ids/weights (rows, k). Counts routes like the decode router. n <= 1024, k <= 32.
+void launch_router_topk_rows(const float* logits, int rows, int n, int k, bool renormalise, int32_t* ids, float* weights,
+                             const uint8_t* hot_flags, unsigned long long* counters, unsigned long long* layer_counts,
+                             cudaStream_t stream);
+
+/// xp[p, :] = x[src[p], :], p < rows; bf16 rows of `dim`.
+void launch_gather_rows_bf16(const __nv_bfloat16* x, const int32_t* src, __nv_bfloat16* xp, int rows, int dim,
+                             cudaStream_t stream);
+
+/// act[p, i] = bf16(silu(gu[p, i]) * gu[p, inter + i]); gu: (rows, 2 inter) fp32.
+void launch_swiglu_rows_bf16(const float* gu, __nv_bfloat16* act, int rows, int inter, cudaStream_t stream);
+
+/// x[t, :] += sum_{j=0..k-1} weights[t, j] * partial[slot[t, j], :], in that order (one
+/// reduction per token, fp32). partial: (rows*k, hidden) fp32; slot, weights: (rows, k).
+void launch_moe_reduce_rows(const float* partial, const int32_t* slot, const float* weights, int rows, int k, int hidden,
+                            float* x, cudaStream_t stream);
+
+}  // namespace servedeck::worker::cuda

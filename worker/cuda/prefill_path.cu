@@ -1,0 +1,247 @@
+// The chunked prefill path of the CUDA backend (issue 8, section 4).
+//
+// Per chunk of n tokens at positions [pos0, pos0 + n), per layer:
+//   RMSNorm rows → bf16; q|k|v GEMM (cuBLAS, bf16 in, fp32 out, fp32 compute); q/k-norm + RoPE
+//   + KV append; attention of the chunk against the cache (per KV head: S = K·Qᵀ strided-batched
+//   over its query heads, causal softmax, O = P·V; TF32 tensor cores on the fp32 cache);
+//   o-proj GEMM accumulated into the residual; RMSNorm rows; router logits from the fp32
+//   normalised rows (as decode: a bf16-rounded router input flips near-tied choices) + top-k.
+//   MoE: the routing ids come back to the host once per layer (the expert GEMM sizes are host
+//   arguments), rows are sorted by expert (stable in token order), gathered, and each routed
+//   expert runs gate|up GEMM → SwiGLU → down GEMM into fp32 partial rows. Hot experts are read
+//   from the VRAM cache in place; the others are copied in groups of `stage_group` experts into
+//   one of two VRAM staging buffers on a copy stream, group g+1 copying while group g computes
+//   (events order buffer reuse). Finally each token's k partials are reduced once, in slot order
+//   j = 0..k-1, in fp32 (the notes found per-group bf16 partial sums not equivalent).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "worker/cuda/backend_impl.cuh"
+#include "worker/cuda/kernels.cuh"
+#include "worker/cuda/prefill.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace detail {
+
+PrefillBuffers::~PrefillBuffers() {
+  for (void* p : owned) cudaFree(p);
+  if (h_ids) cudaFreeHost(h_ids);
+}
+
+}  // namespace detail
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuda backend prefill: ") + what + " failed with cuBLAS status " +
+                             std::to_string(static_cast<int>(s)));
+}
+
+/// Queries per attention sub-chunk: the scores buffer holds (group × this × cache capacity) floats.
+constexpr int k_attn_query_block = 512;
+
+}  // namespace
+
+void CudaBackend::Impl::gemm(const bf16* W, int out, int in, const bf16* X, int n, int ldx, float* Y, int ldy, float beta) {
+  const float alpha = 1.f;
+  // Row-major Y (n, out) = X (n, in) · Wᵀ, i.e. column-major Yᵀ (out, n) = op(W) · Xᵀ.
+  cublas_check(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16BF, in, X, CUDA_R_16BF, ldx,
+                            &beta, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) {
+  if (pre.chunk >= chunk && pre.capacity >= capacity) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamSynchronize(copy_stream));
+  chunk = std::max(chunk, pre.chunk);
+  capacity = std::max(capacity, pre.capacity);
+  for (void* p : pre.owned) CUDA_CHECK(cudaFree(p));
+  pre.owned.clear();
+  if (pre.h_ids) CUDA_CHECK(cudaFreeHost(pre.h_ids));
+  pre.h_ids = nullptr;
+  const std::size_t n = static_cast<std::size_t>(chunk), H = static_cast<std::size_t>(hidden());
+  const std::size_t K = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
+  const std::size_t E = static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1));
+  const std::size_t Im = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
+  const std::size_t Id = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
+  const std::size_t group = static_cast<std::size_t>(d.num_heads / d.num_kv_heads);
+  const std::size_t qb = std::min<std::size_t>(n, k_attn_query_block);
+  auto alloc = [&](std::size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 256)));
+    pre.owned.push_back(p);
+    return p;
+  };
+  pre.x = static_cast<float*>(alloc(n * H * 4));
+  pre.xb = static_cast<bf16*>(alloc(n * H * 2));
+  pre.xn32 = static_cast<float*>(alloc(n * H * 4));
+  pre.qkv = static_cast<float*>(alloc(n * static_cast<std::size_t>(qkv_dim()) * 4));
+  pre.attn = static_cast<float*>(alloc(n * static_cast<std::size_t>(q_dim()) * 4));
+  pre.attn_b = static_cast<bf16*>(alloc(n * static_cast<std::size_t>(q_dim()) * 2));
+  pre.scores = static_cast<float*>(alloc(group * qb * capacity * 4));
+  pre.logits = static_cast<float*>(alloc(n * E * 4));
+  pre.route_w = static_cast<float*>(alloc(n * K * 4));
+  pre.ids = static_cast<int32_t*>(alloc(n * K * 4));
+  pre.src = static_cast<int32_t*>(alloc(n * K * 4));
+  pre.slot = static_cast<int32_t*>(alloc(n * K * 4));
+  pre.tokens = static_cast<int32_t*>(alloc(n * 4));
+  pre.xp = static_cast<bf16*>(alloc(n * K * H * 2));
+  pre.gu = static_cast<float*>(alloc(std::max(n * K * 2 * Im, n * 2 * Id) * 4));
+  pre.act = static_cast<bf16*>(alloc(std::max(n * K * Im, n * Id) * 2));
+  pre.partial = static_cast<float*>(alloc(n * K * H * 4));
+  if (store) {
+    pre.stage[0] = static_cast<bf16*>(alloc(stage_group * store->block_bytes()));
+    pre.stage[1] = static_cast<bf16*>(alloc(stage_group * store->block_bytes()));
+  }
+  CUDA_CHECK(cudaMallocHost(&pre.h_ids, n * K * sizeof(int32_t)));
+  pre.chunk = chunk;
+  pre.capacity = capacity;
+}
+
+void CudaBackend::Impl::prefill(detail::CudaKvCache& c, std::span<const int32_t> tokens, bool all_logits,
+                                std::vector<float>& out) {
+  const int chunk = std::max(1, opt.prefill_chunk);
+  const std::size_t n = tokens.size();
+  ensure_prefill_buffers(static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(chunk))), c.capacity_);
+  const std::size_t H = static_cast<std::size_t>(hidden());
+  for (std::size_t start = 0; start < n; start += static_cast<std::size_t>(chunk)) {
+    const std::size_t cnt = std::min<std::size_t>(static_cast<std::size_t>(chunk), n - start);
+    prefill_chunk(c, tokens.subspan(start, cnt), static_cast<int>(c.length_));
+    c.length_ += cnt;
+    if (all_logits) {
+      for (std::size_t r = 0; r < cnt; ++r) logits_row(pre.x + r * H, out);
+    } else if (start + cnt == n) {
+      logits_row(pre.x + (cnt - 1) * H, out);
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> toks, int pos0) {
+  const int n = static_cast<int>(toks.size()), H = hidden();
+  const float eps = static_cast<float>(d.rms_norm_eps);
+  const AttentionShape shape = attention_shape(c.capacity_);
+  CUDA_CHECK(cudaMemcpyAsync(pre.tokens, toks.data(), toks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  launch_embed_rows(embed, pre.tokens, pre.x, n, H, stream);
+  for (std::size_t li = 0; li < layers.size(); ++li) {
+    const detail::LayerDev& L = layers[li];
+    const int l = static_cast<int>(li);
+    launch_rmsnorm_rows_bf16(pre.x, L.input_norm, pre.xb, n, H, eps, stream);
+    gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
+    launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), shape, n, pos0, stream);
+    prefill_attention(c, l, n, pos0);
+    launch_to_bf16(pre.attn, pre.attn_b, static_cast<std::size_t>(n) * q_dim(), stream);
+    gemm(L.o, H, q_dim(), pre.attn_b, n, q_dim(), pre.x, H, 1.f);  // residual: beta = 1
+    launch_rmsnorm_rows_bf16(pre.x, L.post_norm, pre.xb, n, H, eps, stream, L.moe ? pre.xn32 : nullptr);
+    if (L.moe) {
+      prefill_moe(l, moe_index[li], n);
+    } else {
+      const int I = static_cast<int>(d.intermediate_size);
+      gemm(L.mlp_gate, I, H, pre.xb, n, H, pre.gu, 2 * I, 0.f);
+      gemm(L.mlp_up, I, H, pre.xb, n, H, pre.gu + I, 2 * I, 0.f);
+      launch_swiglu_rows_bf16(pre.gu, pre.act, n, I, stream);
+      gemm(L.mlp_down, H, I, pre.act, n, I, pre.x, H, 1.f);
+    }
+  }
+}
+
+void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int n, int pos0) {
+  const int hd = static_cast<int>(d.head_dim), group = static_cast<int>(d.num_heads / d.num_kv_heads);
+  const int ld = static_cast<int>(c.capacity_);
+  const int qb = std::min(n, k_attn_query_block);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd)), one = 1.f, zero = 0.f;
+  for (int a = 0; a < n; a += qb) {
+    const int tq = std::min(qb, n - a), len = pos0 + a + tq;
+    for (int kvh = 0; kvh < static_cast<int>(d.num_kv_heads); ++kvh) {
+      // Scores, column-major (len, tq) per head = K_kvh (len, hd) · Q_hᵀ: row-major (tq, ld) per head.
+      cublas_check(cublasGemmStridedBatchedEx(
+                       cublas, CUBLAS_OP_T, CUBLAS_OP_N, len, tq, hd, &scale, c.k(l) + kvh * hd, CUDA_R_32F, kv_dim(), 0,
+                       pre.qkv + static_cast<std::size_t>(a) * qkv_dim() + static_cast<std::size_t>(kvh) * group * hd,
+                       CUDA_R_32F, qkv_dim(), hd, &zero, pre.scores, CUDA_R_32F, ld,
+                       static_cast<long long>(tq) * ld, group, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                   "attention scores");
+      launch_causal_softmax_rows(pre.scores, group * tq, tq, len, ld, pos0 + a, stream);
+      // Output, column-major (hd, tq) per head = V_kvh (hd, len) · P (len, tq).
+      cublas_check(cublasGemmStridedBatchedEx(
+                       cublas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, len, &one, c.v(l) + kvh * hd, CUDA_R_32F, kv_dim(), 0,
+                       pre.scores, CUDA_R_32F, ld, static_cast<long long>(tq) * ld, &zero,
+                       pre.attn + static_cast<std::size_t>(a) * q_dim() + static_cast<std::size_t>(kvh) * group * hd,
+                       CUDA_R_32F, q_dim(), hd, group, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+                   "attention output");
+    }
+  }
+}
+
+void CudaBackend::Impl::prefill_moe(int layer, int si, int n) {
+  const detail::LayerDev& L = layers[static_cast<std::size_t>(layer)];
+  const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = hidden();
+  const int I = static_cast<int>(d.moe.intermediate_size);
+  const std::size_t rows = static_cast<std::size_t>(n) * K;
+  launch_router_logits_rows(L.router, pre.xn32, pre.logits, n, E, H, stream);
+  launch_router_topk_rows(pre.logits, n, E, K, d.moe.norm_topk_prob, pre.ids, pre.route_w,
+                          store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
+                          layer_counts + static_cast<std::size_t>(si) * E, stream);
+  // The expert GEMM sizes are host arguments: one device→host copy of the ids per layer.
+  CUDA_CHECK(cudaMemcpyAsync(pre.h_ids, pre.ids, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<int> count(static_cast<std::size_t>(E), 0), offset(static_cast<std::size_t>(E) + 1, 0);
+  for (std::size_t p = 0; p < rows; ++p) ++count[static_cast<std::size_t>(pre.h_ids[p])];
+  for (int e = 0; e < E; ++e) offset[static_cast<std::size_t>(e) + 1] = offset[static_cast<std::size_t>(e)] + count[static_cast<std::size_t>(e)];
+  std::vector<int32_t> src(rows), slot(rows);
+  {
+    std::vector<int> fill(offset.begin(), offset.end() - 1);
+    for (std::size_t p = 0; p < rows; ++p) {  // p = t * K + j: stable in token order
+      const int at = fill[static_cast<std::size_t>(pre.h_ids[p])]++;
+      src[static_cast<std::size_t>(at)] = static_cast<int32_t>(p / static_cast<std::size_t>(K));
+      slot[p] = at;
+    }
+  }
+  CUDA_CHECK(cudaMemcpyAsync(pre.src, src.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(pre.slot, slot.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  launch_gather_rows_bf16(pre.xb, pre.src, pre.xp, static_cast<int>(rows), H, stream);
+
+  const std::size_t block_elems = store->block_bytes() / sizeof(bf16);
+  auto run_expert = [&](int e, const bf16* w) {
+    const std::size_t off = static_cast<std::size_t>(offset[static_cast<std::size_t>(e)]);
+    const int m = count[static_cast<std::size_t>(e)];
+    gemm(w, 2 * I, H, pre.xp + off * H, m, H, pre.gu + off * 2 * I, 2 * I, 0.f);
+    launch_swiglu_rows_bf16(pre.gu + off * 2 * I, pre.act + off * I, m, I, stream);
+    gemm(w + static_cast<std::size_t>(2) * I * H, H, I, pre.act + off * I, m, I, pre.partial + off * H, H, 0.f);
+  };
+  std::vector<int> cold;
+  for (int e = 0; e < E; ++e)
+    if (count[static_cast<std::size_t>(e)] > 0 && store->vram_block(si, e) == nullptr) cold.push_back(e);
+  const std::size_t G = stage_group;
+  const std::size_t groups = (cold.size() + G - 1) / G;
+  auto issue_copy = [&](std::size_t gi) {
+    const std::size_t b = gi % 2;
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, stage_free[b], 0));  // compute done with this buffer
+    for (std::size_t k = 0; k < G && gi * G + k < cold.size(); ++k) {
+      const int e = cold[gi * G + k];
+      CUDA_CHECK(cudaMemcpyAsync(pre.stage[b] + k * block_elems, store->host_block(si, e), store->block_bytes(),
+                                 cudaMemcpyHostToDevice, copy_stream));
+      staged_bytes += store->block_bytes();
+    }
+    CUDA_CHECK(cudaEventRecord(stage_ready[b], copy_stream));
+  };
+  if (groups > 0) issue_copy(0);
+  for (int e = 0; e < E; ++e)  // hot experts compute while the first group copies
+    if (count[static_cast<std::size_t>(e)] > 0 && store->vram_block(si, e) != nullptr) run_expert(e, store->vram_block(si, e));
+  for (std::size_t gi = 0; gi < groups; ++gi) {
+    if (gi + 1 < groups) issue_copy(gi + 1);
+    const std::size_t b = gi % 2;
+    CUDA_CHECK(cudaStreamWaitEvent(stream, stage_ready[b], 0));
+    for (std::size_t k = 0; k < G && gi * G + k < cold.size(); ++k) run_expert(cold[gi * G + k], pre.stage[b] + k * block_elems);
+    CUDA_CHECK(cudaEventRecord(stage_free[b], stream));
+  }
+  launch_moe_reduce_rows(pre.partial, pre.slot, pre.route_w, n, K, H, pre.x, stream);
+}
+
+}  // namespace servedeck::worker::cuda
