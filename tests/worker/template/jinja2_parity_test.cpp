@@ -14,5 +14,6 @@ TEST_CASE("Qwen3, DeepSeek-V3 and GLM-style templates render like jinja2 in tran
     std::fprintf(stderr, "SKIPPED: python3 with jinja2 (Debian python3-jinja2) is not available\n");
     std::exit(77);
   }
-  run_parity("jinja2", "python3 '" + source_dir() + "/tests/worker/template/reference_render_jinja2.py' --batch");
+  run_parity("jinja2", "python3 '" + source_dir() + "/tests/worker/template/reference_render_jinja2.py' --batch",
+             /*random_cases=*/150);
 }

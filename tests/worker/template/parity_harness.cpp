@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "worker/template/chat_template.hpp"
@@ -83,9 +85,69 @@ std::string template_from_config(const fs::path& config) {
   return j["chat_template"].get<std::string>();
 }
 
+// Seeded random conversation contexts (deterministic: std::mt19937 with a fixed seed).
+std::vector<ojson> random_contexts(int n) {
+  std::mt19937 rng(20261129);
+  auto pick = [&](size_t k) { return static_cast<size_t>(rng() % k); };
+  auto chance = [&](double p) { return static_cast<double>(rng() % 1000) < p * 1000.0; };
+  static const char* const pieces[] = {"hello", " ", "\n", "\n\n", "  ", "\t", "<think>", "</think>",
+                                       "<tool_response>", "</tool_response>", "é", "日本", "😀", "\"", "'",
+                                       "\\", "{{", "}}", "{%", "x", "1.5", "\u3000", "\u00a0", "<|im_end|>"};
+  auto text = [&]() {
+    std::string s;
+    const size_t len = pick(9);
+    for (size_t i = 0; i < len; ++i) s += pieces[pick(std::size(pieces))];
+    return s;
+  };
+  auto arguments = [&]() -> ojson {
+    const size_t r = pick(10);
+    if (r < 3) return ojson{{"a", text()}}.dump();
+    if (r < 6) {
+      static const double floats[] = {0.5, 2.25, -1e-7};
+      return ojson{{"a", text()}, {"n", static_cast<int>(pick(11)) - 5}, {"f", floats[pick(3)]},
+                   {"b", pick(3) == 0 ? ojson(nullptr) : ojson(pick(2) == 0)},
+                   {"l", ojson::array({1, "x", ojson{{"k", text()}}})}};
+    }
+    return ojson::object();
+  };
+  static const char* const roles[] = {"user", "assistant", "tool", "user", "assistant"};
+  std::vector<ojson> out;
+  for (int c = 0; c < n; ++c) {
+    ojson msgs = ojson::array();
+    if (chance(0.5)) msgs.push_back(ojson{{"role", "system"}, {"content", text()}});
+    const size_t count = 1 + pick(6);
+    for (size_t i = 0; i < count; ++i) {
+      const std::string role = roles[pick(std::size(roles))];
+      ojson m{{"role", role}, {"content", chance(0.9) ? ojson(text()) : ojson(nullptr)}};
+      if (role == "assistant") {
+        if (chance(0.4)) m["reasoning_content"] = text();
+        if (chance(0.4)) {
+          m["tool_calls"] = ojson::array();
+          const size_t calls = 1 + pick(2);
+          for (size_t k = 0; k < calls; ++k) {
+            m["tool_calls"].push_back(ojson{{"type", "function"},
+                                            {"function", {{"name", pick(2) ? "f" : "g_h"}, {"arguments", arguments()}}}});
+          }
+        }
+      }
+      msgs.push_back(std::move(m));
+    }
+    ojson ctx{{"messages", std::move(msgs)}, {"add_generation_prompt", chance(0.5)}};
+    if (chance(0.4)) {
+      ctx["tools"] = ojson::array({ojson{{"type", "function"},
+                                         {"function", {{"name", "f"}, {"description", text()},
+                                                       {"parameters", {{"type", "object"}}}}}}});
+    }
+    if (chance(0.3)) ctx["enable_thinking"] = chance(0.5);
+    if (chance(0.3)) ctx["reasoning_effort"] = std::string(pick(2) ? "low" : "high");
+    out.push_back(std::move(ctx));
+  }
+  return out;
+}
+
 }  // namespace
 
-void run_parity(const std::string& reference_name, const std::string& reference_cmd) {
+void run_parity(const std::string& reference_name, const std::string& reference_cmd, int random_cases) {
   const fs::path root = source_dir();
   const fs::path here = root / "tests/worker/template";
   char tmpl_dir[] = "/tmp/servedeck_template_parity_XXXXXX";
@@ -139,6 +201,17 @@ void run_parity(const std::string& reference_name, const std::string& reference_
           job_json.push_back(ojson{{"template_file", t.file.string()}, {"context", ctx}});
           jobs.push_back({&t, std::move(label), std::move(ctx)});
         }
+      }
+    }
+  }
+  if (random_cases > 0) {
+    const auto contexts = random_contexts(random_cases);
+    for (const auto& t : templates) {
+      for (size_t i = 0; i < contexts.size(); ++i) {
+        ojson ctx = contexts[i];
+        ctx["bos_token"] = "<s>";
+        job_json.push_back(ojson{{"template_file", t.file.string()}, {"context", ctx}});
+        jobs.push_back({&t, t.name + " / random conversation #" + std::to_string(i) + ": " + ctx.dump(), ctx});
       }
     }
   }

@@ -15,7 +15,11 @@
 /// path is appended, e.g. "node .../reference_render.mjs --batch"). Reports mismatches
 /// through doctest CHECKs naming template, conversation, variant and the first differing
 /// byte offset with context.
-void run_parity(const std::string& reference_name, const std::string& reference_cmd);
+/// With `random_cases` > 0, also renders that many seeded random conversations (roles,
+/// whitespace and Unicode edge cases, reasoning, tool calls with object / string / empty
+/// arguments, null content) per template: meant for the jinja2 reference, since
+/// @huggingface/jinja knowingly differs on some of them (see docs/chat-templates.md).
+void run_parity(const std::string& reference_name, const std::string& reference_cmd, int random_cases = 0);
 
 /// SERVEDECK_SOURCE_DIR from the environment, else the compile-time value.
 std::string source_dir();
