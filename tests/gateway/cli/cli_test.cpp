@@ -140,6 +140,7 @@ TEST_CASE("cli: serve, switch A -> B with a stream in flight through the gateway
   int log_fd = ::open((dir + "/daemon.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   auto daemon = supervisor::EngineProcess::spawn(
       {SERVEDECK_CLI, {SERVEDECK_CLI, "--config", cfg, "serve"}, {}, log_fd});
+  sdtest::KillOnExit guard{daemon};  // SIGTERM first: the daemon stops its engine
   auto daemon_log = [&] { return supervisor::tail_lines(dir + "/daemon.log", 50); };
   REQUIRE_MESSAGE(sdtest::wait_for([&] { return fs::exists(state + "/daemon.json"); }, 15000), daemon_log());
   auto info = nlohmann::json::parse(std::ifstream(state + "/daemon.json"));

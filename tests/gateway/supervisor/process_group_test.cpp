@@ -56,6 +56,7 @@ TEST_CASE("process group: the engine runs in its own session (pid == pgid == sid
   auto dir = sdtest::temp_dir("pg");
   int fd = -1;
   auto e = start_fake(dir, {}, fd);
+  sdtest::KillOnExit guard{e};
   REQUIRE(log_contains(dir, "listening on"));
   auto st = read_proc_stat(e->pid());
   REQUIRE(st);
@@ -86,6 +87,7 @@ TEST_CASE("process group: SIGTERM ignored -> the group is SIGKILLed after the gr
   auto dir = sdtest::temp_dir("pg");
   int fd = -1;
   auto e = start_fake(dir, {"--ignore-sigterm"}, fd);
+  sdtest::KillOnExit guard{e};
   REQUIRE(log_contains(dir, "listening on"));
   std::vector<std::string> lines;
   auto t0 = std::chrono::steady_clock::now();
@@ -109,6 +111,7 @@ TEST_CASE("process group: a grandchild in the same group, and one that called se
     int fd = -1;
     std::string pid_file = dir + "/grandchild.pid";
     auto e = start_fake(dir, {"--fork-grandchild", mode, "--grandchild-pid-file", pid_file}, fd);
+    sdtest::KillOnExit guard{e};
     int64_t gc = sdtest::read_pid_file(pid_file);
     REQUIRE(gc > 0);
     REQUIRE(log_contains(dir, "listening on"));
@@ -134,6 +137,7 @@ TEST_CASE("process group: adopt checks pid AND start time; orphans of a dead lea
   int fd = -1;
   std::string pid_file = dir + "/grandchild.pid";
   auto e = start_fake(dir, {"--fork-grandchild", "setpgid", "--grandchild-pid-file", pid_file}, fd);
+  sdtest::KillOnExit guard{e};
   int64_t gc = sdtest::read_pid_file(pid_file);
   REQUIRE(gc > 0);
   REQUIRE(log_contains(dir, "listening on"));
@@ -162,6 +166,7 @@ TEST_CASE("process group: the engine gets only stdin, stdout, stderr and the ext
   REQUIRE(leak >= 0);
   int fd = -1;
   auto e = start_fake(dir, {}, fd);
+  sdtest::KillOnExit guard{e};
   REQUIRE(log_contains(dir, "listening on"));
   int engine_fds = 0;
   for (const auto& f : std::filesystem::directory_iterator("/proc/" + std::to_string(e->pid()) + "/fd")) {

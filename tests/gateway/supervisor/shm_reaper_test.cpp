@@ -47,6 +47,7 @@ TEST_CASE("shm reaper: unlinks only unheld files matching the globs, and only on
                                       {sdtest::fake_engine(), "--hold-shm", mapped, "--hold-shm-bytes", "65536"},
                                       {},
                                       log_fd});
+  sdtest::KillOnExit guard{engine};
   REQUIRE(sdtest::wait_for([&] { return tail_lines(logs + "/engine.log", 20).find("listening") != std::string::npos; },
                            5000));
 

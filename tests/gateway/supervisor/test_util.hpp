@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "gateway/supervisor/proc_scan.hpp"
+#include "gateway/supervisor/process_group.hpp"
 
 namespace sdtest {
 
@@ -47,5 +49,15 @@ inline int64_t read_pid_file(const std::string& path, int timeout_ms = 5000) {
 }
 
 inline std::string fake_engine() { return SERVEDECK_FAKE_ENGINE; }
+
+/// Kills an engine's whole session when a test leaves its scope early (a failed REQUIRE), so a
+/// failing test never leaks a process. SIGTERM first, SIGKILL after 5 s (a daemon under test gets
+/// the time to stop its own engine).
+struct KillOnExit {
+  std::shared_ptr<servedeck::supervisor::EngineProcess> engine;
+  ~KillOnExit() {
+    if (engine) servedeck::supervisor::terminate(*engine, std::chrono::seconds(5), std::chrono::seconds(2));
+  }
+};
 
 }  // namespace sdtest
