@@ -67,6 +67,9 @@ struct PrefillBuffers {
   int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
   bf16* stage[2] = {nullptr, nullptr};
   int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
+  PrefillBuffers() = default;
+  PrefillBuffers(const PrefillBuffers&) = delete;
+  PrefillBuffers& operator=(const PrefillBuffers&) = delete;
   ~PrefillBuffers();
 };
 
