@@ -182,6 +182,7 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
   if (!state->params.max_tokens_given) {
     const std::size_t room = std::min(ctx.model.max_model_len, engine.kv_capacity_tokens());
     gen.max_tokens = room > gen.prompt.size() ? room - gen.prompt.size() : 0;
+    if (ctx.options.default_max_tokens > 0) gen.max_tokens = std::min(gen.max_tokens, ctx.options.default_max_tokens);
   }
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");

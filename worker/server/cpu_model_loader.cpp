@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/cpu/cpu_backend.hpp"
+#if SERVEDECK_HAVE_CUDA
+#include "worker/cuda/cuda_backend.hpp"
+#endif
 #include "worker/model/checkpoint.hpp"
 #include "worker/server/hf_text_model.hpp"
 
@@ -39,9 +42,24 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
     throw std::runtime_error("--max-model-len " + std::to_string(m->max_model_len) + " exceeds the model's max_position_embeddings " +
                              std::to_string(max_pos) + " (" + options.dir + "/config.json)");
   if (m->max_model_len == 0) throw std::runtime_error("max_model_len is 0: give --max-model-len or max_position_embeddings in config.json");
-  CpuBackendOptions bo;
-  bo.threads = options.threads;
-  m->backend = make_cpu_backend(*checkpoint, bo);
+  if (options.backend == "cuda") {
+#if SERVEDECK_HAVE_CUDA
+    cuda::CudaBackendOptions co;
+    co.hot_fraction = options.hot_fraction;
+    co.vram_budget_gib = options.vram_budget_gib;
+    co.profile_path = options.hot_profile;
+    co.capture_profile_path = options.capture_profile;
+    m->backend = cuda::make_cuda_backend(*checkpoint, co);
+#else
+    throw std::runtime_error("--backend cuda: this servedeck-worker was built without CUDA (no toolkit at configure time)");
+#endif
+  } else if (options.backend == "cpu") {
+    CpuBackendOptions bo;
+    bo.threads = options.threads;
+    m->backend = make_cpu_backend(*checkpoint, bo);
+  } else {
+    throw std::runtime_error("--backend " + options.backend + ": expected cpu or cuda");
+  }
   m->keep_alive = checkpoint;
   progress(0.9);
   m->default_sampling = read_sampling_defaults(options.dir);

@@ -15,6 +15,11 @@ struct CpuModelOptions {
   std::size_t max_model_len = 0;    // 0 → config.json max_position_embeddings
   std::size_t kv_cache_bytes = 0;   // 0 → max_model_len * kv_bytes_per_token (one full context)
   std::size_t threads = 0;          // 0 → hardware_concurrency
+  std::string backend = "cpu";      // "cpu" | "cuda" (the CUDA backend, when built with CUDA)
+  double hot_fraction = 1.0;        // cuda: share of each layer's experts in the VRAM hot-expert cache
+  double vram_budget_gib = 0;       // cuda: 0 = none; else forces offload to fit
+  std::string hot_profile;          // cuda: hot-expert profile to fill the cache from
+  std::string capture_profile;      // cuda: write the routing profile here at exit
 };
 
 /// generation_config.json's temperature, top_p and top_k in `dir` (absent fields and a missing

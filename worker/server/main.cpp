@@ -1,7 +1,9 @@
 // servedeck-worker: the native inference worker.
 //   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
 //                          [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]
-//                          [--reasoning-parser qwen3|none] [--threads N]
+//                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
+//                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]
+//                          [--hot-profile FILE] [--capture-profile FILE]
 //   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
 // free port), loads the model in the background (/health 503 with progress until loaded), and
@@ -29,7 +31,9 @@ constexpr const char* k_usage =
     "usage:\n"
     "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
     "                         [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]\n"
-    "                         [--reasoning-parser qwen3|none] [--threads N]\n"
+    "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
+    "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]\n"
+    "                         [--hot-profile FILE] [--capture-profile FILE]\n"
     "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]\n";
 
 struct Args {
@@ -89,6 +93,21 @@ bool to_size(const Args& a, const std::string& name, std::size_t& out) {
   }
 }
 
+bool to_double(const Args& a, const std::string& name, double lo, double hi, double& out) {
+  auto it = a.values.find(name);
+  if (it == a.values.end()) return true;
+  try {
+    std::size_t pos = 0;
+    const double v = std::stod(it->second, &pos);
+    if (pos != it->second.size() || !(v >= lo && v <= hi)) throw std::invalid_argument("x");
+    out = v;
+    return true;
+  } catch (const std::exception&) {
+    std::cerr << "servedeck-worker: --" << name << " " << it->second << ": expected a number in [" << lo << ", " << hi << "]\n";
+    return false;
+  }
+}
+
 int make_tiny_model(int argc, char** argv) {
   const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed"});
   if (!a.ok) return 2;
@@ -111,7 +130,8 @@ int make_tiny_model(int argc, char** argv) {
 int serve(int argc, char** argv) {
   const Args a = parse_flags(argc, argv, 2,
                              {"model", "host", "port", "served-model-name", "max-model-len", "kv-cache-bytes",
-                              "tool-parser", "reasoning-parser", "threads"});
+                              "tool-parser", "reasoning-parser", "threads", "default-max-tokens", "backend",
+                              "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile"});
   if (!a.ok) return 2;
   if (!a.values.count("model")) {
     std::cerr << "servedeck-worker serve: --model DIR is required\n" << k_usage;
@@ -123,8 +143,17 @@ int serve(int argc, char** argv) {
   so.host = a.values.count("host") ? a.values.at("host") : "127.0.0.1";
   std::size_t port = 8000;
   if (!to_size(a, "port", port) || !to_size(a, "max-model-len", mo.max_model_len) ||
-      !to_size(a, "kv-cache-bytes", mo.kv_cache_bytes) || !to_size(a, "threads", mo.threads))
+      !to_size(a, "kv-cache-bytes", mo.kv_cache_bytes) || !to_size(a, "threads", mo.threads) ||
+      !to_size(a, "default-max-tokens", so.default_max_tokens) || !to_double(a, "hot-fraction", 0.0, 1.0, mo.hot_fraction) ||
+      !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib))
     return 2;
+  if (a.values.count("backend")) mo.backend = a.values.at("backend");
+  if (mo.backend != "cpu" && mo.backend != "cuda") {
+    std::cerr << "servedeck-worker: --backend " << mo.backend << ": expected cpu or cuda\n";
+    return 2;
+  }
+  if (a.values.count("hot-profile")) mo.hot_profile = a.values.at("hot-profile");
+  if (a.values.count("capture-profile")) mo.capture_profile = a.values.at("capture-profile");
   if (port > 65535) {
     std::cerr << "servedeck-worker: --port " << port << ": expected 0..65535\n";
     return 2;

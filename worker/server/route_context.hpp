@@ -36,6 +36,10 @@ struct WorkerServerOptions {
   ToolParserKind tool_parser = ToolParserKind::hermes;
   bool reasoning_parser = true;      // --reasoning-parser qwen3 (true) | none
   int http_threads = 2;
+  /// Chat output budget when a request names none; 0 = the rest of the context (vLLM's rule).
+  /// note: a random-initialised model rarely samples EOS, so the tiny model's registry entry
+  /// sets a small default and agents that send no budget still get short answers.
+  std::size_t default_max_tokens = 0;
 };
 
 struct RouteContext {
