@@ -1,0 +1,132 @@
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/sse.hpp"
+#include "gateway/responses/responses_responder.hpp"
+
+using namespace servedeck;
+using namespace servedeck::gateway::responses;
+using nlohmann::json;
+
+namespace {
+
+/// Records what would reach the client.
+struct RecordingResponder : http::Responder {
+  int status = 0;
+  std::string body;
+  std::string stream;
+  bool ended = false;
+  void send(int s, std::string, std::string b, http::Headers) override {
+    status = s;
+    body = std::move(b);
+  }
+  bool start_stream(int s, std::string, http::Headers) override {
+    status = s;
+    return true;
+  }
+  bool write(std::string_view bytes) override {
+    stream.append(bytes);
+    return true;
+  }
+  void end() override { ended = true; }
+  bool client_gone() const override { return false; }
+  void on_disconnect(std::function<void()>) override {}
+
+  std::vector<std::string> event_types() const {
+    sse::Parser p;
+    std::vector<std::string> out;
+    for (const auto& e : p.feed(stream)) out.push_back(e.comment ? ":" + e.data : e.event);
+    return out;
+  }
+};
+
+std::string chunk(json delta, json finish = nullptr) {
+  return sse::format_data(json{{"choices", json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})}}.dump());
+}
+
+std::shared_ptr<TranslatedRequest> request(bool store) {
+  auto r = std::make_shared<TranslatedRequest>();
+  r->store = store;
+  r->chat["messages"] = json::array({{{"role", "user"}, {"content", "hi"}}});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("streamed chat chunks become a complete Responses stream; the turn is stored for previous_response_id") {
+  auto client = std::make_shared<RecordingResponder>();
+  std::string stored_id;
+  json stored;
+  ResponsesResponder r(client, request(true), "tiny", [&](const std::string& id, const json& m) {
+    stored_id = id;
+    stored = m;
+  });
+  REQUIRE(r.start_stream(200));
+  // Bytes split at awkward places, as the proxy may write them.
+  std::string wire = ": queued\n\n" + chunk({{"role", "assistant"}}) + chunk({{"content", "Hel"}}) + chunk({{"content", "lo"}}) +
+                     chunk(json::object(), "stop") + std::string(sse::k_done);
+  for (std::size_t i = 0; i < wire.size(); i += 7) r.write(wire.substr(i, 7));
+  r.end();
+  const std::vector<std::string> want = {"response.created", "response.in_progress", ":queued",
+                                         "response.output_item.added", "response.content_part.added",
+                                         "response.output_text.delta", "response.output_text.delta",
+                                         "response.output_text.done", "response.content_part.done",
+                                         "response.output_item.done", "response.completed"};
+  CHECK(client->event_types() == want);
+  CHECK(client->ended);
+  CHECK(stored_id == r.response_id());
+  REQUIRE(stored.size() == 2);
+  CHECK(stored[1]["role"] == "assistant");
+  CHECK(stored[1]["content"] == "Hello");
+}
+
+TEST_CASE("G32: an error event or a cut stream ends with response.failed, and nothing is stored") {
+  for (bool cut : {false, true}) {
+    auto client = std::make_shared<RecordingResponder>();
+    bool stored = false;
+    ResponsesResponder r(client, request(true), "tiny", [&](const std::string&, const json&) { stored = true; });
+    r.start_stream(200);
+    r.write(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_1"}, {"type", "function"},
+                                                {"function", {{"name", "read"}, {"arguments", "{"}}}}})}}));
+    if (!cut) {
+      r.write(sse::format_data(json{{"error", {{"message", "Context size has been exceeded."}, {"code", 500}}}}.dump()));
+    }
+    r.end();
+    auto types = client->event_types();
+    REQUIRE_FALSE(types.empty());
+    CHECK(types.back() == "response.failed");
+    CHECK(std::count(types.begin(), types.end(), "response.failed") == 1);
+    CHECK(client->stream.find(cut ? "upstream_closed" : "Context size has been exceeded.") != std::string::npos);
+    CHECK_FALSE(stored);
+  }
+}
+
+TEST_CASE("non-streaming: a chat.completion becomes a response object; errors pass through") {
+  auto client = std::make_shared<RecordingResponder>();
+  ResponsesResponder r(client, request(false), "tiny-high", nullptr);
+  json completion = {{"object", "chat.completion"},
+                     {"choices", json::array({{{"index", 0}, {"finish_reason", "tool_calls"},
+                                                {"message", {{"role", "assistant"}, {"content", nullptr},
+                                                             {"tool_calls", json::array({{{"id", "c1"}, {"type", "function"},
+                                                                                          {"function", {{"name", "ls"}, {"arguments", "{}"}}}}})}}}}})},
+                     {"usage", {{"prompt_tokens", 5}, {"completion_tokens", 3}, {"total_tokens", 8}}}};
+  r.send(200, "application/json", completion.dump());
+  REQUIRE(client->status == 200);
+  json resp = json::parse(client->body);
+  CHECK(resp["object"] == "response");
+  CHECK(resp["model"] == "tiny-high");
+  CHECK(resp["status"] == "completed");
+  REQUIRE(resp["output"].size() == 1);
+  CHECK(resp["output"][0]["type"] == "function_call");
+  CHECK(resp["output"][0]["call_id"] == "c1");
+  CHECK(resp["usage"]["total_tokens"] == 8);
+
+  auto client2 = std::make_shared<RecordingResponder>();
+  ResponsesResponder r2(client2, request(false), "tiny", nullptr);
+  r2.send(409, "application/json", R"({"error":{"message":"model 'x' is not running","code":"model_not_running"}})");
+  CHECK(client2->status == 409);
+  CHECK(client2->body.find("model_not_running") != std::string::npos);
+}
