@@ -2,9 +2,12 @@
 // renders in transformers' configuration (trim_blocks, lstrip_blocks, sandbox, its tojson).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "worker/template/chat_template.hpp"
 #include "worker/template/template_source.hpp"
@@ -283,4 +286,32 @@ TEST_CASE("template source: tokenizer_config.json string or named list, chat_tem
   { std::ofstream(d + "/chat_template.jinja") << "from jinja"; }
   CHECK(load_chat_template_source(d) == "from jinja");
   std::filesystem::remove_all(d);
+}
+
+TEST_CASE("a macro defined inside a loop outlives the iteration that defined it") {
+  // (Which loop variables such a macro sees is a jinja2 quirk - it renders them as
+  // "missing" - so this checks only that calling it after the loop is safe.)
+  CHECK(render("{% set ns = namespace(m=none) %}{% for i in range(2) %}{% macro m(x) %}<{{ x }}>{% endmacro %}"
+               "{% set ns.m = m %}{% endfor %}{{ ns.m(5) }}") == "<5>");
+}
+
+TEST_CASE("one parsed template renders concurrently") {
+  const auto t = ChatTemplate::parse(
+      "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}[{{ m.role }}:{{ m.content|trim }}]"
+      "{% endfor %}{{ ns.n }}{{ tools|tojson }}");
+  const auto ctx = ojson::parse(
+      R"({"messages": [{"role": "user", "content": " a "}, {"role": "assistant", "content": "b"}],
+          "tools": [{"name": "f", "z": 1, "a": 2}]})");
+  const std::string expected = R"([user:a][assistant:b]2[{"name": "f", "z": 1, "a": 2}])";
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        if (t.render(ctx) != expected) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
 }
