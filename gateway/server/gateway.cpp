@@ -75,6 +75,13 @@ struct Gateway::Impl {
   ProxyShared shared;
   std::mutex queue_mu;
   std::map<std::string, int> queued;  // by base model name
+  /// Guards SlotControl callbacks that may run after the Gateway stopped (the supervisor can
+  /// outlive it): they run only while `alive`, holding `mu`.
+  struct Guard {
+    std::mutex mu;
+    bool alive = true;
+  };
+  std::shared_ptr<Guard> guard = std::make_shared<Guard>();
 
   void handle(http::Request req, std::shared_ptr<http::Responder> res);
   void handle_completion(Route route, http::Request& req, std::shared_ptr<http::Responder> res);
@@ -82,6 +89,7 @@ struct Gateway::Impl {
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
   void release_waiter(const std::shared_ptr<Waiter>& w);
+  void on_switch_done(std::shared_ptr<Waiter> w, bool ok, std::string error);
   void waiter_fail(const std::shared_ptr<Waiter>& w, int status, const std::string& message, const std::string& code);
   void waiter_heartbeat(const std::shared_ptr<Waiter>& w);
 };
@@ -125,6 +133,10 @@ int Gateway::port() const { return impl_->server->port(); }
 
 void Gateway::stop() {
   auto& im = *impl_;
+  {
+    std::lock_guard lk(im.guard->mu);
+    im.guard->alive = false;
+  }
   im.server->stop();  // closes every client connection: their calls cancel their upstreams
   im.work.reset();
   im.upstream_ioc.stop();
@@ -134,6 +146,8 @@ void Gateway::stop() {
 }
 
 Metrics& Gateway::metrics() { return impl_->metrics; }
+
+void Gateway::set_reasoning_store(policies::ReasoningStore* store) { impl_->shared.reasoning_store = store; }
 
 bool Gateway::post_blocking(std::function<void()> fn) { return impl_->server->post_blocking(std::move(fn)); }
 
@@ -298,24 +312,33 @@ void Gateway::Impl::enqueue(ProxyJob job, bool stream) {
     });
     if (w->stream) self->waiter_heartbeat(w);
   });
-  slots.ensure_running(entry->name, [self, w](bool ok, std::string error) {
-    asio::dispatch(w->strand, [self, w, ok, error = std::move(error)] {
-      if (w->done) return;
-      if (!ok)
-        return self->waiter_fail(w, 503, "switching to model '" + w->job.model->name + "' failed: " + error, "switch_failed");
-      Lease lease = self->slots.acquire(w->job.model->name);
-      if (!lease)
-        return self->waiter_fail(w, 503, "model '" + w->job.model->name + "' was switched away before this request ran",
-                                 "model_switched_away");
-      auto snap = self->slots.snapshot();
-      self->release_waiter(w);
-      ProxyJob next = std::move(w->job);
-      next.lease = std::move(lease);
-      next.engine_host = snap.host;
-      next.engine_port = snap.port;
-      next.client_stream_started = w->stream && w->heartbeat_started;
-      start_proxy(self->shared, std::move(next));
-    });
+  // note: the callback holds the waiter weakly, so a supervisor that calls back late (or never)
+  // keeps no gateway object alive; the waiter lives through its own pending timer.
+  std::weak_ptr<Waiter> weak = w;
+  slots.ensure_running(entry->name, [self, weak, g = guard](bool ok, std::string error) {
+    std::lock_guard lk(g->mu);
+    if (!g->alive) return;
+    if (auto waiter = weak.lock()) self->on_switch_done(std::move(waiter), ok, std::move(error));
+  });
+}
+
+void Gateway::Impl::on_switch_done(std::shared_ptr<Waiter> w, bool ok, std::string error) {
+  auto strand = w->strand;
+  asio::dispatch(strand, [this, w = std::move(w), ok, error = std::move(error)] {
+    if (w->done) return;
+    if (!ok) return waiter_fail(w, 503, "switching to model '" + w->job.model->name + "' failed: " + error, "switch_failed");
+    Lease lease = slots.acquire(w->job.model->name);
+    if (!lease)
+      return waiter_fail(w, 503, "model '" + w->job.model->name + "' was switched away before this request ran",
+                         "model_switched_away");
+    auto snap = slots.snapshot();
+    release_waiter(w);
+    ProxyJob next = std::move(w->job);
+    next.lease = std::move(lease);
+    next.engine_host = snap.host;
+    next.engine_port = snap.port;
+    next.client_stream_started = w->stream && w->heartbeat_started;
+    start_proxy(shared, std::move(next));
   });
 }
 

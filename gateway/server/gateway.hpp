@@ -24,6 +24,10 @@
 #include "gateway/supervisor/slot_control.hpp"
 #include "registry/model_entry.hpp"
 
+namespace servedeck::policies {
+class ReasoningStore;  // policies/restore_reasoning.hpp
+}
+
 namespace servedeck::gateway {
 
 class Metrics;  // gateway/server/metrics.hpp
@@ -52,7 +56,10 @@ class Gateway {
   void start();
   int port() const;
   void stop();
+  /// Metrics; policies count repairs through metrics().count_repair(policy, model).
   Metrics& metrics();
+  /// The shared reasoning store for restore_reasoning (may be null). Before start().
+  void set_reasoning_store(policies::ReasoningStore* store);
   /// Runs `fn` on the server's blocking pool (for admin handlers that wait, e.g. switch).
   bool post_blocking(std::function<void()> fn);
 
