@@ -13,7 +13,10 @@
 namespace servedeck::cli {
 
 namespace {
-const std::set<std::string> k_value_flags = {"--config", "--state-dir", "--port", "--model", "--lines"};
+const std::set<std::string> k_value_flags = {"--config", "--state-dir", "--port", "--model", "--lines", "--url",
+                                             "--turns", "--tools", "--max-tokens", "--time-limit", "--api-key",
+                                             "--conversation", "--continuation", "--baseline", "--candidate",
+                                             "--baseline-model", "--candidate-model", "--prompts"};
 const std::set<std::string> k_bool_flags = {"--json", "-f", "--follow", "--help", "-h"};
 }  // namespace
 

@@ -58,6 +58,9 @@ int cmd_serve(const Args& a);
 int cmd_switch(const Args& a);
 int cmd_stop(const Args& a);
 int cmd_status(const Args& a);
+int cmd_soak(const Args& a);     // gateway/cli/tool_verbs.cpp
+int cmd_probe(const Args& a);
+int cmd_compare(const Args& a);
 int cmd_models(const Args& a);
 int cmd_logs(const Args& a);
 int cmd_lint(const Args& a);

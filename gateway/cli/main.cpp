@@ -18,6 +18,12 @@ verbs:
   logs [MODEL] [--lines N] [-f]   the engine's launch log (current launch, or MODEL's newest)
   lint                      check models.toml; exit 1 on errors
   preflight MODEL [--json]  run the preflight checks here, without a daemon; exit 1 on a refusal
+  soak [--model ID] [--turns N] [--tools N] [--max-tokens N] [--time-limit S] [--url HOST:PORT] [--json]
+                            agent-loop reproducer through the gateway; stops at the first failed turn (exit 1)
+  probe amnesia [--url HOST:PORT] [--model ID] [--conversation FILE] [--continuation TEXT] [--json]
+                            greeting mass with reasoning dropped vs restored (engine's /tokenize + logprobs)
+  compare --baseline HOST:PORT --candidate HOST:PORT [--model ID] [--prompts FILE] [--json]
+                            prompt-logprob KL and top-1 agreement vs the baseline's own drift (exit 1 outside)
 
 --config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir defaults to
 $SERVEDECK_STATE_DIR, else the registry's server.state_dir.
@@ -40,7 +46,8 @@ int main(int argc, char** argv) {
   }
   static const std::map<std::string, int (*)(const Args&)> verbs = {
       {"serve", cmd_serve}, {"switch", cmd_switch}, {"stop", cmd_stop},   {"status", cmd_status},
-      {"models", cmd_models}, {"logs", cmd_logs},   {"lint", cmd_lint},   {"preflight", cmd_preflight}};
+      {"models", cmd_models}, {"logs", cmd_logs},   {"lint", cmd_lint},   {"preflight", cmd_preflight},
+      {"soak", cmd_soak},     {"probe", cmd_probe}, {"compare", cmd_compare}};
   auto it = verbs.find(a.verb);
   if (it == verbs.end()) {
     std::cerr << "servedeck: unknown verb '" << a.verb << "'\n" << k_usage;

@@ -67,7 +67,7 @@ NODE_PATH="$node_modules" node "$src/tests/e2e/openai_sdk.mjs" "$base" tiny || f
 
 # /tokenize on the engine agrees with what the engine counts as prompt tokens.
 engine_port=$("$servedeck" --config "$tmp/models.toml" status --json |
-  node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log((j.slot||j).port)})')
+  node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log(j.port)})')
 [ -n "$engine_port" ] && [ "$engine_port" != "undefined" ] || fail "status --json has no engine port"
 strings='["Hello, world! 你好 🙂", "def f(x):\n    return x ** 2  # 12345", "<|im_start|>user\nhi<|im_end|>"]'
 echo "$strings" > "$tmp/strings.json"
