@@ -14,6 +14,9 @@
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
 #include "gateway/server/stream_normalizer.hpp"
+#include "gateway/responses/request_translator.hpp"
+#include "gateway/responses/responses_responder.hpp"
+#include <iostream>
 
 namespace servedeck::gateway {
 
@@ -85,6 +88,11 @@ struct Gateway::Impl {
 
   void handle(http::Request req, std::shared_ptr<http::Responder> res);
   void handle_completion(Route route, http::Request& req, std::shared_ptr<http::Responder> res);
+  /// Everything after the JSON parse: resolve the model, admit, proxy (or 409 / queue).
+  void handle_completion_body(Route route, json body, std::shared_ptr<http::Responder> res,
+                              clock_type::time_point t0);
+  /// POST /v1/responses: translate onto a chat completion, answer through ResponsesResponder.
+  void handle_responses(http::Request& req, std::shared_ptr<http::Responder> res);
   void handle_models(http::Responder& res);
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
@@ -167,6 +175,7 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   if (req.method == "POST" && req.path == "/v1/chat/completions")
     return handle_completion(Route::chat_completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/responses") return handle_responses(req, std::move(res));
   if (req.method == "GET" && req.path == "/v1/models") return handle_models(*res);
   if (req.method == "GET" && req.path == "/health") return handle_health(*res);
   if (req.method == "GET" && req.path == "/metrics")
@@ -182,7 +191,8 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
       return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path,
                               "invalid_request_error", "method_not_allowed");
   }
-  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/models")
+  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/models" ||
+      req.path == "/v1/responses")
     return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error",
                             "method_not_allowed");
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
@@ -225,6 +235,64 @@ void Gateway::Impl::handle_completion(Route route, http::Request& req, std::shar
   json body = parse_json(req.body, perr);
   if (body.is_discarded()) return local(400, "", "", false, perr.message, "invalid_request_error", "invalid_json");
   if (!body.is_object()) return local(400, "", "", false, "the request body must be a JSON object", "invalid_request_error", "invalid_body");
+  handle_completion_body(route, std::move(body), std::move(res), t0);
+}
+
+void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::Responder> res) {
+  auto t0 = clock_type::now();
+  JsonParseError perr;
+  json body = parse_json(req.body, perr);
+  const bool stream = body.is_object() && body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+  const std::string id = body.is_object() && body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
+  auto local = [&](int status, const std::string& message, const char* code) {
+    http::send_error(*res, status, message, "invalid_request_error", code);
+    record_local_answer(shared, Route::responses, "", id, stream, status, code, t0);
+  };
+  if (body.is_discarded()) return local(400, perr.message, "invalid_json");
+  json previous;
+  const json* prev = nullptr;
+  if (body.is_object() && body.contains("previous_response_id") && body["previous_response_id"].is_string()) {
+    const std::string pid = body["previous_response_id"].get<std::string>();
+    std::optional<json> doc;
+    try {
+      doc = store.get_document("responses", pid);
+    } catch (const std::exception&) {
+      doc.reset();
+    }
+    if (!doc || !doc->contains("messages"))
+      return local(404, "previous response '" + pid + "' not found (it was not stored with store=true, or has expired)",
+                   "previous_response_not_found");
+    previous = (*doc)["messages"];
+    prev = &previous;
+  }
+  auto translated = std::make_shared<responses::TranslatedRequest>();
+  if (auto err = responses::translate_request(body, prev, *translated)) return local(400, *err, "invalid_responses_request");
+  for (const auto& w : translated->warnings) std::cerr << "servedeck: /v1/responses (" << id << "): " << w << "\n";
+  state::Store* st = &store;
+  auto post = shared.post_blocking;
+  auto adapter = std::make_shared<responses::ResponsesResponder>(
+      res, translated, id, [st, post](const std::string& response_id, const json& messages) {
+        // note: stored turns expire after 7 days; previous_response_id past that is a 404.
+        auto write = [st, response_id, messages] {
+          try {
+            st->put_document("responses", response_id, json{{"messages", messages}},
+                             state::now_ms() + 7ll * 24 * 3600 * 1000);
+          } catch (const std::exception& e) {
+            std::cerr << "servedeck: could not store response " << response_id << ": " << e.what() << "\n";
+          }
+        };
+        if (!post || !post(write)) write();
+      });
+  handle_completion_body(Route::responses, translated->chat, std::move(adapter), t0);
+}
+
+void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_ptr<http::Responder> res,
+                                           clock_type::time_point t0) {
+  auto local = [&](int status, const std::string& model, const std::string& alias, bool stream,
+                   const std::string& message, const char* type, const char* code, http::Headers extra = {}) {
+    http::send_error(*res, status, message, type, code, false, std::move(extra));
+    record_local_answer(shared, route, model, alias, stream, status, code, t0);
+  };
   bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   if (!body.contains("model") || !body["model"].is_string())
     return local(400, "", "", stream, "the request needs a string `model`", "invalid_request_error", "missing_model");
@@ -237,7 +305,7 @@ void Gateway::Impl::handle_completion(Route route, http::Request& req, std::shar
     return local(404, "", id, stream, "model '" + id + "' is not configured; configured ids: " + known,
                  "invalid_request_error", "model_not_found");
   }
-  if (route == Route::chat_completions && (!body.contains("messages") || !body["messages"].is_array()))
+  if (route != Route::completions && (!body.contains("messages") || !body["messages"].is_array()))
     return local(400, entry->name, id, stream, "a chat completion needs a `messages` array", "invalid_request_error",
                  "missing_messages");
   if (route == Route::completions && !body.contains("prompt"))

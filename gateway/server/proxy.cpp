@@ -22,7 +22,16 @@ using nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
 std::string_view route_path(Route r) {
-  return r == Route::chat_completions ? "/v1/chat/completions" : "/v1/completions";
+  switch (r) {
+    case Route::chat_completions: return "/v1/chat/completions";
+    case Route::completions: return "/v1/completions";
+    case Route::responses: return "/v1/responses";
+  }
+  return "/v1/chat/completions";
+}
+
+std::string_view upstream_path(Route r) {
+  return r == Route::completions ? "/v1/completions" : "/v1/chat/completions";
 }
 
 namespace {
@@ -58,7 +67,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
  public:
   ProxyCall(ProxyShared& shared, ProxyJob job)
       : shared_(shared), job_(std::move(job)), strand_(asio::make_strand(*shared.upstream_ioc)), heartbeat_(strand_) {
-    chat_ = job_.route == Route::chat_completions;
+    chat_ = job_.route != Route::completions;
     stream_ = job_.body.contains("stream") && job_.body["stream"].is_boolean() && job_.body["stream"].get<bool>();
     if (auto so = job_.body.find("stream_options"); so != job_.body.end() && so->is_object()) {
       auto iu = so->find("include_usage");
@@ -131,7 +140,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     UpstreamRequest req;
     req.host = job_.engine_host;
     req.port = job_.engine_port;
-    req.target = std::string(route_path(job_.route));
+    req.target = std::string(upstream_path(job_.route));
     req.body = dump_json(engine_body_);
     req.connect_timeout_ms = job_.model->connect_timeout_ms;
     req.first_byte_timeout_ms = job_.model->first_byte_timeout_ms;

@@ -35,8 +35,13 @@ class ReasoningStore;
 
 namespace servedeck::gateway {
 
-enum class Route { chat_completions, completions };
+/// The client-facing route. `responses` is the Responses bridge: it is proxied upstream as a chat
+/// completion (gateway/responses translates both ways) and logged under /v1/responses.
+enum class Route { chat_completions, completions, responses };
+/// The path the client called, as logged ("/v1/responses" for the bridge).
 std::string_view route_path(Route r);
+/// The engine path a route is proxied to ("/v1/chat/completions" for the bridge).
+std::string_view upstream_path(Route r);
 
 /// What every call shares; owned by the Gateway.
 struct ProxyShared {

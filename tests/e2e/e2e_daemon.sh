@@ -104,11 +104,24 @@ base_url = "$base"
 env_key = "SERVEDECK_API_KEY"
 wire_api = "responses"
 TOML
+  rc=0
   ( cd "$tmp/work" && CODEX_HOME="$tmp/codex-home" SERVEDECK_API_KEY=unused timeout 180 "$codex" exec \
-      --skip-git-repo-check --color never "Say hi." > "$tmp/codex.out" 2> "$tmp/codex.err" ) ||
-    { cat "$tmp/codex.err" | tail -30; fail "codex exec exited non-zero"; }
-  echo "--- codex output"; tail -5 "$tmp/codex.out"
-  [ -s "$tmp/codex.out" ] || fail "codex printed no text"
+      --skip-git-repo-check --color never "Say hi." > "$tmp/codex.out" 2> "$tmp/codex.err" ) || rc=$?
+  echo "--- codex (exit $rc)"; tail -8 "$tmp/codex.err"; cat "$tmp/codex.out"
+  # Codex prints the agent's streamed text after its "codex" header line.
+  text=$(awk 'f && !/^(ERROR|tokens used|[0-9,]+$)/ {print} /^codex$/ {f=1}' "$tmp/codex.err" "$tmp/codex.out" | tr -d '[:space:]')
+  [ -n "$text" ] || fail "codex showed no streamed text from the model"
+  if [ "$rc" -ne 0 ]; then
+    # note: the tiny model has random weights and never samples EOS, so its turn ends at the
+    # worker's --default-max-tokens with finish "length"; the bridge reports that truthfully as
+    # response.incomplete (reason max_output_tokens), which Codex treats as an error (exit 1).
+    # Any other failure fails the test.
+    grep -q "Incomplete response returned, reason: max_output_tokens" "$tmp/codex.err" ||
+      fail "codex exec exited $rc for a reason other than the tiny model's length limit"
+    echo "ok: codex streamed text; it exited $rc on response.incomplete (max_output_tokens), as expected for a model that never stops"
+  else
+    echo "ok: codex exec exited cleanly with streamed text"
+  fi
 else
   fail "node_modules/.bin/codex missing (npm ci installs @openai/codex)"
 fi

@@ -19,7 +19,7 @@ namespace servedeck::worker {
 
 /// Shape of a generated model. Defaults: the tiny default model (qwen3_moe, 2 layers, hidden 64,
 /// 4 heads / 2 KV heads of 16, 8 experts top-2 of width 32, Qwen3's vocab of 151,936 tied with
-/// the embedding, 4,096 positions). ~20 MiB on disk, nearly all of it the embedding.
+/// the embedding, 32,768 positions). ~20 MiB on disk, nearly all of it the embedding.
 struct TinyModelOptions {
   std::string model_type = "qwen3_moe";  // or "qwen3" (dense)
   std::int64_t num_layers = 2;
@@ -35,7 +35,7 @@ struct TinyModelOptions {
   std::int64_t decoder_sparse_step = 1;
   std::vector<std::int64_t> mlp_only_layers;
   std::int64_t vocab_size = 151936;      // Qwen3 config.json: 151,669 tokenizer ids, padded
-  std::int64_t max_position_embeddings = 4096;
+  std::int64_t max_position_embeddings = 32768;  // room for agent prompts (Codex sends ~10k tokens)
   double rope_theta = 1000000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;
