@@ -72,7 +72,7 @@ std::string resolve_program(const std::string& program) {
   while (start <= dirs.size()) {
     std::size_t colon = dirs.find(':', start);
     std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (dir.empty()) dir = ".";
+    if (dir.empty()) dir.assign(1, '.');  // note: `dir = "."` trips GCC 12 -Wrestrict at -O3 (false positive)
     fs::path cand = fs::path(dir) / program;
     std::error_code ec;
     if (fs::is_regular_file(cand, ec) && ::access(cand.c_str(), X_OK) == 0) return cand.string();
