@@ -13,6 +13,7 @@
 #include "gateway/server/upstream.hpp"
 #ifdef SERVEDECK_HAVE_POLICIES
 #include "policies/pipeline.hpp"
+#include "policies/min_output_tokens.hpp"
 #endif
 
 namespace servedeck::gateway {
@@ -110,9 +111,10 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
       rc.reasoning_store = shared_.reasoning_store;
       policies::RequestPipeline rp(rc);
       if (rp.wants_prompt_tokens(engine_body_)) {
-        // note: a byte estimate (~4 bytes/token for English and code) instead of a blocking
-        // /tokenize call on the request path; the policy is told it is an estimate.
-        rc.prompt_tokens = static_cast<int64_t>(dump_json(engine_body_.value("messages", json::array())).size() / 4);
+        // note: a conservative estimate (policies/min_output_tokens.hpp: message and tool bytes / 2
+        // + 8 per message, an overcount) instead of a blocking /tokenize call on the request
+        // path; overcounting can only make the raised budget smaller, never past the context.
+        rc.prompt_tokens = policies::estimate_prompt_tokens(engine_body_);
         rc.prompt_tokens_estimated = true;
       }
       if (auto err = rp.apply(engine_body_)) return answer_local(400, *err, "invalid_request_error", "policy_rejected");
