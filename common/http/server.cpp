@@ -197,7 +197,7 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Rejects at once with 503 (over max_connections).
   void reject_busy() {
     auto self = shared_from_this();
-    auto body = make_error("too many connections", "overloaded_error", "too_many_connections").dump();
+    auto body = make_error("too many connections", "overloaded_error", "too_many_connections").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     auto bytes = std::make_shared<std::string>(status_line(503) + "Content-Type: application/json\r\nContent-Length: " +
                                                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
     stream_.expires_after(std::chrono::milliseconds(srv_.opt.write_timeout_ms));
@@ -277,19 +277,19 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string body_too_large() const {
     return make_error("request body exceeds the limit of " + std::to_string(srv_.opt.max_body_bytes) + " bytes",
                       "invalid_request_error", "body_too_large")
-        .dump();
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 
   void on_read_error(error_code ec) {
     if (ec == bhttp::error::body_limit) return send_simple_and_close(413, body_too_large());
     if (ec == bhttp::error::header_limit)
       return send_simple_and_close(431, make_error("request headers too large", "invalid_request_error",
-                                                   "headers_too_large").dump());
+                                                   "headers_too_large").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset || buffer_.size() == 0)
       return close();
     send_simple_and_close(400, make_error("malformed HTTP request: " + ec.message(), "invalid_request_error",
-                                          "bad_http").dump());
+                                          "bad_http").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
 
   void on_body(error_code ec) {
@@ -316,7 +316,16 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_bytes = 0;
     start_watch();
     auto responder = make_responder();
-    srv_.handler(std::move(req), std::move(responder));
+    // note: a handler that throws (a bug, or outside input a handler failed to validate) must
+    // not take the process down: the client gets a 500 envelope naming the exception.
+    try {
+      srv_.handler(std::move(req), responder);
+    } catch (const std::exception& e) {
+      send_error(*responder, 500, std::string("internal error while handling the request: ") + e.what(), "server_error",
+                 "internal_error");
+    } catch (...) {
+      send_error(*responder, 500, "internal error while handling the request", "server_error", "internal_error");
+    }
   }
 
   std::shared_ptr<Responder> make_responder();
@@ -462,7 +471,7 @@ class ResponderImpl final : public Responder {
   ~ResponderImpl() override {
     std::lock_guard lk(mu_);
     if (!started_) {
-      auto body = make_error("the handler produced no response", "server_error", "no_response").dump();
+      auto body = make_error("the handler produced no response", "server_error", "no_response").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       post_locked(status_line(500) + "Content-Type: application/json\r\nContent-Length: " +
                       std::to_string(body.size()) + "\r\n\r\n" + body,
                   true);
@@ -650,7 +659,8 @@ bool Server::post_blocking(std::function<void()> fn) {
 void send_error(Responder& res, int status, std::string_view message, std::string_view type,
                 std::string_view code, bool from_engine, Headers extra_headers) {
   res.send(status, "application/json",
-           make_error(message, type, code, from_engine ? ErrorSource::engine : ErrorSource::servedeck).dump(),
+           make_error(message, type, code, from_engine ? ErrorSource::engine : ErrorSource::servedeck)
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
            std::move(extra_headers));
 }
 

@@ -6,11 +6,14 @@
 // (and systemd, KillMode=mixed) says "give the GPU back"; leaving a 100 GiB engine without a
 // supervisor until some later daemon maybe adopts it would hide it from every check. Adoption
 // exists for the other case: the daemon died without a chance to stop anything.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +27,7 @@
 #include "gateway/service/notify.hpp"
 #include "gateway/state/store.hpp"
 #include "gateway/supervisor/supervisor.hpp"
+#include "policies/capture.hpp"
 #include "preflight/preflight.hpp"
 #include "registry/registry.hpp"
 
@@ -82,15 +86,42 @@ int cmd_serve(const Args& a) {
   if (a.has("--state-dir")) reg.server.state_dir = a.get("--state-dir");
   if (a.has("--port")) {
     try {
-      reg.server.listen_port = std::stoi(a.get("--port"));
+      std::size_t used = 0;
+      const std::string v = a.get("--port");
+      reg.server.listen_port = std::stoi(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
     } catch (const std::exception&) {
-      std::cerr << "servedeck: --port expects an integer, got '" << a.get("--port") << "'\n";
+      std::cerr << "servedeck: --port expects an integer 0..65535, got '" << a.get("--port") << "'\n";
+      return 2;
+    }
+    if (reg.server.listen_port < 0 || reg.server.listen_port > 65535) {
+      std::cerr << "servedeck: --port " << reg.server.listen_port << " is out of range 0..65535\n";
       return 2;
     }
   }
   const std::string dir = reg.server.state_dir;
   try {
     state::Store store(dir);
+    // One daemon per state directory: a second one would adopt (and later stop) the first one's
+    // engine. The lock is held for the life of the process and released by the kernel on exit.
+    const std::string lock_path = (std::filesystem::path(dir) / "daemon.lock").string();
+    const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      std::string why, who;
+      if (auto d = find_daemon(dir, why)) who = "pid " + std::to_string(d->pid) + " on " + d->host + ":" + std::to_string(d->port);
+      std::cerr << "servedeck: serve: another daemon already runs with state directory " << dir
+                << (who.empty() ? "" : " (" + who + ")") << "; stop it first or use another --state-dir\n";
+      if (lock_fd >= 0) ::close(lock_fd);
+      return 1;
+    }
+    // Capture (off unless a model's policy and SERVEDECK_CAPTURE=1 both say so) writes under the
+    // state directory unless SERVEDECK_CAPTURE_DIR names another place.
+    {
+      policies::CaptureOptions co;
+      const char* cdir = std::getenv("SERVEDECK_CAPTURE_DIR");
+      co.dir = cdir && *cdir ? cdir : (std::filesystem::path(dir) / "capture").string();
+      policies::configure_capture(co);
+    }
     auto readings = preflight::system_readings();
     int gpu = 0;
     if (const auto* dm = reg.find_by_name(reg.server.default_model)) gpu = dm->gpu;

@@ -236,8 +236,28 @@ std::string flatten_tool_name(const std::string& ns, const std::string& name) {
   return flat.substr(0, k_max - 9) + suffix;
 }
 
+namespace {
+std::optional<std::string> translate_request_unchecked(const json& body, const json* previous_messages,
+                                                       TranslatedRequest& out);
+}  // namespace
+
 std::optional<std::string> translate_request(const json& body, const json* previous_messages,
                                              TranslatedRequest& out) {
+  // note: the translation reads optional fields with json::value(), which throws on a field of
+  // the wrong type (e.g. "stream": "yes"); that is the client's error, answered as a 400.
+  try {
+    return translate_request_unchecked(body, previous_messages, out);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    return "a field of the Responses request has the wrong type (" + what +
+           "); see the Responses API reference for each field's type";
+  }
+}
+
+namespace {
+std::optional<std::string> translate_request_unchecked(const json& body, const json* previous_messages,
+                                                       TranslatedRequest& out) {
   if (!body.is_object()) return "request body must be a JSON object";
   if (!body.contains("model") || !body["model"].is_string()) return "'model' (string) is required";
   out = TranslatedRequest{};
@@ -308,5 +328,7 @@ std::optional<std::string> translate_request(const json& body, const json* previ
   }
   return std::nullopt;
 }
+
+}  // namespace
 
 }  // namespace servedeck::gateway::responses

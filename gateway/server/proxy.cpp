@@ -2,6 +2,7 @@
 
 #include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
 
+#include <cstdio>
 #include <optional>
 
 #include <boost/asio.hpp>
@@ -14,6 +15,7 @@
 #ifdef SERVEDECK_HAVE_POLICIES
 #include "policies/pipeline.hpp"
 #include "policies/min_output_tokens.hpp"
+#include "policies/capture.hpp"
 #endif
 
 namespace servedeck::gateway {
@@ -76,6 +78,9 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     }
     client_started_ = job_.client_stream_started;
     normalizer_.emplace(normalizer_options());
+#ifdef SERVEDECK_HAVE_POLICIES
+    capture_ = policies::capture_enabled(*job_.model);  // policy on AND SERVEDECK_CAPTURE=1
+#endif
   }
 
   void start() {
@@ -190,6 +195,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
 
   void write_client(std::string_view bytes) {
     if (bytes.empty() || done_) return;
+    if (capture_ && captured_stream_.size() < k_max_engine_body) captured_stream_.append(bytes);
     if (!job_.res->write(bytes)) on_client_gone();
   }
 
@@ -389,6 +395,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     if (auto u = body.find("usage"); u != body.end() && u->is_object()) usage_ = *u;
     ttft_ms_ = ms_since(job_.start);
     done_ = true;
+    if (capture_) captured_body_ = body;
     job_.res->send(200, "application/json", dump_json(body));
     record(200);
   }
@@ -457,6 +464,18 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     double decode_ms = total - r.ttft_ms;
     if (r.completion_tokens > 1 && decode_ms > 0) r.decode_tok_s = (r.completion_tokens - 1) * 1000.0 / decode_ms;
     r.error_code = error_code_;
+#ifdef SERVEDECK_HAVE_POLICIES
+    if (capture_) {
+      // Bodies go to the capture directory only (0600 files), never to the request log.
+      json response = stream_ ? json{{"status", status}, {"sse", captured_stream_}}
+                              : json{{"status", status}, {"body", captured_body_}};
+      auto write = [model = job_.model, request = engine_body_, response = std::move(response)] {
+        auto c = policies::capture_exchange(*model, request, response);
+        if (c.error) std::fprintf(stderr, "servedeck: capture failed: %s\n", c.error->c_str());
+      };
+      if (!shared_.post_blocking || !shared_.post_blocking(write)) write();
+    }
+#endif
     auto& m = *shared_.metrics;
     m.count_request(r.model, status);
     if (!r.error_code.empty()) m.count_error(r.model, r.error_code);
@@ -506,6 +525,9 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   bool retrying_ = false;
   int attempt_ = 0;
   bool done_ = false;
+  bool capture_ = false;            // policies/capture.hpp: policy on and SERVEDECK_CAPTURE=1
+  std::string captured_stream_;     // SSE bytes sent to the client (capture only), bounded
+  json captured_body_;              // non-streaming body sent to the client (capture only)
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "gateway/server/request_body.hpp"
 
+#include "common/json_limits.hpp"
+
 #include <vector>
 
 namespace servedeck::gateway {
@@ -53,6 +55,11 @@ bool is_empty_value(const json& v) {
 }  // namespace
 
 json parse_json(std::string_view text, JsonParseError& error) {
+  if (auto deep = check_json_nesting(text)) {
+    error.byte = 0;
+    error.message = *deep;
+    return json(json::value_t::discarded);
+  }
   json result;
   OffsetSax sax(result);
   bool ok = json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json, true);

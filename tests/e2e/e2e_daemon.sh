@@ -47,16 +47,23 @@ validated_ctx = 16384
 kv_cache_bytes_per_token = 512
 requires_gpu = false
 start_timeout_s = 120
+
+[models.tiny.policies]
+capture = true                 # also needs SERVEDECK_CAPTURE=1, which this test sets for the daemon
 TOML
 
 "$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
-"$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
+SERVEDECK_CAPTURE=1 "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
 daemon_pid=$!
 for _ in $(seq 1 300); do [ -s "$tmp/state/daemon.json" ] && break; sleep 0.1; done
 [ -s "$tmp/state/daemon.json" ] || fail "daemon did not write daemon.json"
 port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).port)' "$tmp/state/daemon.json")
 base="http://127.0.0.1:$port/v1"
 echo "daemon up on port $port"
+# A second daemon on the same state directory is refused (it would adopt the first one's engine).
+if "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/second.log" 2>&1; then fail "a second daemon started"; fi
+grep -q "another daemon already runs" "$tmp/second.log" || { cat "$tmp/second.log"; fail "second daemon: unclear refusal"; }
+echo "ok: a second daemon on the same state directory is refused"
 
 "$servedeck" --config "$tmp/models.toml" switch tiny || fail "switch tiny"
 "$servedeck" --config "$tmp/models.toml" status | tee "$tmp/status.txt"
@@ -90,6 +97,39 @@ over=$(node -e '
     .then(async r => console.log(r.status + " " + await r.text()));' "$base")
 echo "over the KV cap: $over"
 case "$over" in 400*16384*|400*20000*) ;; *) fail "KV-cap refusal should be HTTP 400 naming both numbers, got: $over";; esac
+
+# Bad input never takes the daemon or the worker down (cases from the bad-input review):
+# invalid UTF-8, 100k-deep nesting, wrong-typed Responses fields, null content on a tool-call turn.
+node - "$base" "$engine_port" <<'JS' || fail "bad-input checks"
+const [base, enginePort] = process.argv.slice(2);
+const engine = `http://127.0.0.1:${enginePort}`;
+const post = async (url, body) => {
+  const r = await fetch(url, {method: "POST", headers: {"content-type": "application/json"}, body});
+  return [r.status, await r.text()];
+};
+const deep = '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"x":' + "[".repeat(100000) + "]".repeat(100000) + "}";
+const cases = [
+  [base + "/chat/completions", Buffer.from('{"model":"\xff"}'.replace("\xff", "ÿ"), "latin1"), 400],
+  [base + "/chat/completions", deep, 400],
+  [engine + "/v1/chat/completions", deep, 400],
+  [engine + "/tokenize", '{"prompt":' + "[".repeat(100000) + "]".repeat(100000) + "}", 400],
+  [base + "/responses", '{"model":"tiny","input":"hi","stream":"yes"}', 400],
+  [base + "/responses", '{"model":"tiny","input":[{"type":"function_call","call_id":5,"name":"f","arguments":"{}"}]}', 400],
+];
+for (const [url, body, want] of cases) {
+  const [status, text] = await post(url, body);
+  if (status !== want) { console.error(`FAIL: ${url} answered ${status}, expected ${want}: ${text.slice(0, 200)}`); process.exit(1); }
+  if (!text.includes('"error"')) { console.error(`FAIL: ${url} ${status} without an error envelope`); process.exit(1); }
+}
+const tool = {model: "tiny", max_tokens: 4, messages: [{role: "user", content: "weather?"},
+  {role: "assistant", content: null, tool_calls: [{id: "call_1", type: "function", function: {name: "get_weather", arguments: '{"city":"Paris"}'}}]},
+  {role: "tool", tool_call_id: "call_1", content: "sunny"}]};
+const [s, t] = await post(base + "/chat/completions", JSON.stringify(tool));
+if (s !== 200) { console.error(`FAIL: a tool round-trip with content null answered ${s}: ${t.slice(0, 200)}`); process.exit(1); }
+const h = await fetch(base.replace("/v1", "") + "/health");
+if (h.status !== 200) { console.error("FAIL: the daemon's /health after bad input: " + h.status); process.exit(1); }
+console.log("ok: bad input answered with 4xx envelopes; daemon and worker still healthy");
+JS
 
 # Codex CLI against the gateway through the Responses API.
 codex="$node_modules/.bin/codex"
@@ -130,4 +170,14 @@ fi
 n=$(sqlite3 "$tmp/state/state.db" "SELECT COUNT(*) FROM requests WHERE route = '/v1/responses';") || fail "reading the request log"
 echo "request log: $n /v1/responses rows"
 [ "$n" -ge 3 ] || fail "expected at least 3 logged /v1/responses requests (SDK x2 + codex), found $n"
+# Capture: policy on + SERVEDECK_CAPTURE=1 → bodies in <state_dir>/capture, directory 0700, files 0600.
+cap="$tmp/state/capture"
+[ -d "$cap" ] || fail "capture directory $cap was not created"
+[ "$(stat -c %a "$cap")" = 700 ] || fail "capture directory mode $(stat -c %a "$cap"), expected 700"
+n=$(find "$cap" -type f | wc -l)
+[ "$n" -ge 1 ] || fail "no capture files written"
+bad=$(find "$cap" -type f ! -perm 600 | head -1)
+[ -z "$bad" ] || fail "capture file $bad is not mode 600"
+grep -rq "Say hello in three words." "$cap" || fail "the captured request bodies do not hold the SDK's prompt"
+echo "ok: capture wrote $n files (dir 0700, files 0600)"
 echo "e2e: all checks passed"

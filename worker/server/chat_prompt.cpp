@@ -35,9 +35,23 @@ Failure normalize_message(nlohmann::json& m, std::size_t i) {
         joined += part["text"].get<std::string>();
       }
       c = joined;
-    } else if (!c.is_string() && !c.is_null()) {
+    } else if (c.is_null()) {
+      // note: OpenAI clients send `content: null` on assistant tool-call turns; templates written
+      // for transformers test it with string operations (`'</think>' in content`), so null and a
+      // missing content are rendered as "" (as vLLM does).
+      c = "";
+    } else if (!c.is_string()) {
       return bad(where + ".content: expected a string, an array of text parts or null, got " + describe_value(c));
     }
+  } else {
+    m["content"] = "";
+  }
+  {
+    static const char* const k_roles[] = {"system", "user", "assistant", "tool", "developer"};
+    const std::string role = m["role"].get<std::string>();
+    bool known = false;
+    for (const char* r : k_roles) known = known || role == r;
+    if (!known) return bad(where + ".role: '" + role + "' is not a chat role; expected system, user, assistant, tool or developer");
   }
   if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
     for (auto& tc : m["tool_calls"]) {

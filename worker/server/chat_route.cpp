@@ -6,6 +6,8 @@
 // a failure after it is an SSE error event and no [DONE] (never a 200 with an empty stream).
 #include <mutex>
 
+#include "common/json_limits.hpp"
+
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
 #include "worker/parsers/output_parser.hpp"
@@ -161,6 +163,9 @@ struct ChatState {
 }  // namespace
 
 void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
+  if (auto deep = check_json_nesting(req.body))
+    return reply_error(ctx, k_route, *res, 400, *deep + "; request bodies are limited to " +
+                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
   const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return reply_error(ctx, k_route, *res, 400,

@@ -2,6 +2,8 @@
 // (text_completion objects; logprobs in the legacy tokens/token_logprobs/top_logprobs/text_offset
 // form; vLLM's prompt_logprobs per choice). Streaming as in chat_route.cpp. echo is refused.
 #include "common/openai_error.hpp"
+
+#include "common/json_limits.hpp"
 #include "common/sse.hpp"
 #include "worker/server/openai_format.hpp"
 #include "worker/server/request_params.hpp"
@@ -132,6 +134,9 @@ std::optional<std::string> read_prompt(const nlohmann::json& body, const TextMod
 }  // namespace
 
 void handle_completions(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
+  if (auto deep = check_json_nesting(req.body))
+    return reply_error(ctx, k_route, *res, 400, *deep + "; request bodies are limited to " +
+                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
   const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return reply_error(ctx, k_route, *res, 400,

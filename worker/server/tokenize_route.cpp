@@ -3,6 +3,8 @@
 //               "add_generation_prompt"?} → {"count", "max_model_len", "tokens", "token_strs"}
 //   /detokenize {"model", "tokens": [...]} → {"prompt": text}
 #include "worker/server/chat_prompt.hpp"
+
+#include "common/json_limits.hpp"
 #include "worker/server/openai_format.hpp"
 #include "worker/server/request_params.hpp"
 #include "worker/server/route_context.hpp"
@@ -10,6 +12,9 @@
 namespace servedeck::worker {
 
 void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
+  if (auto deep = check_json_nesting(req.body))
+    return reply_error(ctx, "tokenize", *res, 400, *deep + "; request bodies are limited to " +
+                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
   const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object())
     return reply_error(ctx, "tokenize", *res, 400,
@@ -43,6 +48,9 @@ void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::sha
 }
 
 void handle_detokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
+  if (auto deep = check_json_nesting(req.body))
+    return reply_error(ctx, "detokenize", *res, 400, *deep + "; request bodies are limited to " +
+                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
   const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
     return reply_error(ctx, "detokenize", *res, 400,

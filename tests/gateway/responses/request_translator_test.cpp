@@ -69,3 +69,24 @@ TEST_CASE("translated tools: functions kept, namespace flattened with a map back
   CHECK(all.find("dropped tool of type 'custom'") != std::string::npos);
   CHECK(all.find("unknown call_id 'call_unknown'") != std::string::npos);
 }
+
+TEST_CASE("fields of the wrong type are a 400-style error, never an exception (found by the bad-input review)") {
+  const char* bodies[] = {
+      R"({"model":"tiny","input":"hi","stream":"yes"})",
+      R"({"model":"tiny","input":"hi","store":"yes"})",
+      R"({"model":"tiny","input":[{"type":5}]})",
+      R"({"model":"tiny","input":[{"role":5,"content":"hi"}]})",
+      R"({"model":"tiny","input":[{"type":"function_call","call_id":5,"name":"f","arguments":"{}"}]})",
+      R"({"model":"tiny","input":"hi","tools":[{"type":5}]})",
+      R"({"model":"tiny","input":"hi","tools":[{"type":"namespace","name":5,"tools":[{"name":"f"}]}]})",
+      R"({"model":"tiny","input":"hi","tool_choice":{"type":"function","name":5}})",
+      R"({"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":5}}})",
+  };
+  for (const char* b : bodies) {
+    TranslatedRequest t;
+    std::optional<std::string> err;
+    CHECK_NOTHROW(err = translate_request(json::parse(b), nullptr, t));
+    INFO(b);
+    if (err) CHECK(err->find("wrong type") != std::string::npos);
+  }
+}
