@@ -317,14 +317,19 @@ class Session : public std::enable_shared_from_this<Session> {
     start_watch();
     auto responder = make_responder();
     // note: a handler that throws (a bug, or outside input a handler failed to validate) must
-    // not take the process down: the client gets a 500 envelope naming the exception.
+    // not take the process down: the client gets a 500 envelope naming the exception. The
+    // handler owns the responder as before (dropping it answers 500 no_response); the catch
+    // reaches it only if the handler still holds it somewhere.
+    std::weak_ptr<Responder> weak = responder;
     try {
-      srv_.handler(std::move(req), responder);
+      srv_.handler(std::move(req), std::move(responder));
     } catch (const std::exception& e) {
-      send_error(*responder, 500, std::string("internal error while handling the request: ") + e.what(), "server_error",
-                 "internal_error");
+      if (auto r = weak.lock())
+        send_error(*r, 500, std::string("internal error while handling the request: ") + e.what(), "server_error",
+                   "internal_error");
     } catch (...) {
-      send_error(*responder, 500, "internal error while handling the request", "server_error", "internal_error");
+      if (auto r = weak.lock())
+        send_error(*r, 500, "internal error while handling the request", "server_error", "internal_error");
     }
   }
 
