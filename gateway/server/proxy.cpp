@@ -154,10 +154,22 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     req.max_gap_ms = job_.model->max_gap_ms;
     auto self = shared_from_this();
     UpstreamCallbacks cb;
+    // Each callback pins the call on its own stack (`keep`): the std::function holding `self` may
+    // be released (by the upstream ending, or the client's connection dropping on another
+    // thread) while the callback still runs.
     cb.on_head = [self](int status, const std::map<std::string, std::string>&) { self->upstream_status_ = status; };
-    cb.on_data = [self](std::string_view bytes) { self->on_upstream_data(bytes); };
-    cb.on_end = [self](UpstreamFailure f, const std::string& detail) { self->on_upstream_end(f, detail); };
-    cb.should_pause = [self] { return self->should_pause(); };
+    cb.on_data = [self](std::string_view bytes) {
+      auto keep = self;
+      keep->on_upstream_data(bytes);
+    };
+    cb.on_end = [self](UpstreamFailure f, const std::string& detail) {
+      auto keep = self;
+      keep->on_upstream_end(f, detail);
+    };
+    cb.should_pause = [self] {
+      auto keep = self;
+      return keep->should_pause();
+    };
     upstream_ = start_upstream(strand_, std::move(req), std::move(cb));
   }
 
@@ -260,6 +272,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
       // G09: only the role chunk came before the error: retry once, transparently.
       retried_ = true;
       retrying_ = true;
+      ++attempt_;  // the rest of this attempt's events are stale (the cancel lands later)
       upstream_->cancel();
       return;
     }
@@ -319,7 +332,6 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   void on_upstream_end(UpstreamFailure f, const std::string& detail) {
     if (retrying_) {
       retrying_ = false;
-      ++attempt_;
       parser_ = sse::Parser();
       normalizer_.emplace(normalizer_options());
       held_.clear();

@@ -53,7 +53,9 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   }
 
   void cancel() override {
-    asio::dispatch(ex_, [self = shared_from_this()] { self->finish(UpstreamFailure::cancelled, "cancelled by the gateway"); });
+    // post, not dispatch: a callback that cancels from inside on_data would otherwise see its
+    // own std::function (and the owner it captures) destroyed under it by finish().
+    asio::post(ex_, [self = shared_from_this()] { self->finish(UpstreamFailure::cancelled, "cancelled by the gateway"); });
   }
 
  private:
