@@ -21,6 +21,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -634,14 +635,20 @@ void Server::stop() {
     error_code ignored;
     if (im.acceptor) im.acceptor->close(ignored);
   });
+  // Pin the live sessions under the lock, close them outside it: a pinned session may lose its
+  // other references meanwhile, and its destructor takes sessions_mu (dropping the last
+  // reference while holding the lock deadlocked Server::stop).
+  std::vector<std::shared_ptr<Session>> live;
   {
     std::lock_guard lk(im.sessions_mu);
+    live.reserve(im.sessions.size());
     for (auto* s : im.sessions) {
       // The session may be in its destructor on another thread; weak_from_this is null then.
-      if (auto sp = s->weak_from_this().lock())
-        asio::post(sp->executor(), [sp] { sp->close_now(); });
+      if (auto sp = s->weak_from_this().lock()) live.push_back(std::move(sp));
     }
   }
+  for (auto& sp : live) asio::post(sp->executor(), [sp] { sp->close_now(); });
+  live.clear();
   im.work.reset();
   // With the listener and every socket closed, every pending operation completes (aborted)
   // and run() returns on its own.

@@ -53,9 +53,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   }
 
   void cancel() override {
-    // post, not dispatch: a callback that cancels from inside on_data would otherwise see its
-    // own std::function (and the owner it captures) destroyed under it by finish().
-    asio::post(ex_, [self = shared_from_this()] { self->finish(UpstreamFailure::cancelled, "cancelled by the gateway"); });
+    asio::dispatch(ex_, [self = shared_from_this()] { self->finish(UpstreamFailure::cancelled, "cancelled by the gateway"); });
   }
 
  private:
@@ -128,7 +126,9 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
       headers[name] = std::string(f.value());
     }
-    if (cb_.on_head) cb_.on_head(static_cast<int>(parser_.get().result_int()), headers);
+    // Callbacks run from a copy: one may cancel this call, and finish() then clears cb_, which
+    // must not destroy the closure that is running (nor the owner it keeps alive).
+    if (auto on_head = cb_.on_head) on_head(static_cast<int>(parser_.get().result_int()), headers);
     if (done_) return;  // on_head may cancel
     read_body();
   }
@@ -149,17 +149,22 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     if (n > 0) {
       got_body_ = true;
       arm(req_.max_gap_ms, UpstreamFailure::gap_timeout);
-      if (cb_.on_data) cb_.on_data(std::string_view(buf_, n));
+      if (auto on_data = cb_.on_data) on_data(std::string_view(buf_, n));
       if (done_) return;
     }
     if (ec) return finish(classify(ec), "reading the response body of " + where() + ": " + ec.message());
-    if (n > 0 && !parser_.is_done() && cb_.should_pause && cb_.should_pause()) {
+    if (n > 0 && !parser_.is_done() && should_pause()) {
       paused_ = true;
       ++timer_gen_;  // the client is slow, not the engine: no gap deadline while paused
       timer_.cancel();
       return;
     }
     read_body();
+  }
+
+  bool should_pause() {
+    auto ask = cb_.should_pause;  // a copy, as for on_data
+    return ask && ask();
   }
 
   UpstreamFailure classify(error_code ec) const {

@@ -11,9 +11,9 @@
 //
 // Threading: every callback runs on `executor` (a strand the caller owns), one at a time, and
 // on_end runs exactly once unless cancel() came first (then it runs with `cancelled`).
-// cancel() may be called from any thread, including from inside a callback; it never runs
-// on_end (or destroys the callbacks) before it returns: the close is posted to `executor`, so a
-// callback that cancels its own call keeps its captures alive until it returns. Never throws.
+// cancel() may be called from any thread, including from inside a callback (on `executor` it
+// closes at once and runs on_end before returning; a callback's closure stays alive until it
+// returns, so its captures may own the caller). Never throws.
 #pragma once
 
 #include <functional>
@@ -61,8 +61,8 @@ struct UpstreamCallbacks {
 class UpstreamCall {
  public:
   virtual ~UpstreamCall() = default;
-  /// Closes the connection as soon as the current callback (if any) returns; the engine sees it
-  /// closed and stops generating. on_end then runs with `cancelled`.
+  /// Closes the connection at once (the engine sees it closed and stops generating); on_end runs
+  /// with `cancelled`.
   virtual void cancel() = 0;
   /// Resumes reading after should_pause() returned true. Any thread; no effect otherwise.
   virtual void resume() = 0;

@@ -560,6 +560,7 @@ TEST_CASE("backpressure: a fast engine and a slow client lose nothing") {
   });
   for (std::size_t i = 1; i + 2 < r.data.size(); ++i)
     content += r.event(i)["choices"][0]["delta"]["content"].get<std::string>().size();
+  INFO("last event: " << (r.data.empty() ? std::string("(none)") : r.data.back().substr(0, 300)));
   CHECK(r.data.size() == static_cast<std::size_t>(n) + 3);
   CHECK(content == piece.size() * n);
   CHECK(r.done());
