@@ -147,6 +147,16 @@ void Gateway::stop() {
   }
   im.server->stop();  // closes every client connection: their calls cancel their upstreams
   im.work.reset();
+  // The cancels are queued on the calls' strands: let them run before stopping the upstream
+  // threads. Stopping at once dropped them, so a call cut mid-stream and its upstream kept each
+  // other alive (a leak), its lease was never released and the engine kept generating. Once
+  // nothing is pending, run() returns and the io_context reports stopped(); the wait is bounded
+  // so a call that cannot end does not hold up shutdown.
+  if (!im.upstream_threads.empty()) {
+    auto deadline = clock_type::now() + std::chrono::seconds(2);
+    while (!im.upstream_ioc.stopped() && clock_type::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   im.upstream_ioc.stop();
   for (auto& t : im.upstream_threads)
     if (t.joinable()) t.join();

@@ -576,3 +576,31 @@ TEST_CASE("backpressure: a fast engine and a slow client lose nothing") {
   CHECK(content == piece.size() * n);
   CHECK(r.done());
 }
+
+TEST_CASE("stopping the gateway mid-stream cancels the upstream call and releases its lease") {
+  // The client's connection closes with the server; its disconnect callback (queued on the
+  // upstream strand) must still run, or the call and its upstream keep each other alive (a leak
+  // LSan reports) and the lease is never released.
+  Rig rig;
+  Script s;
+  s.pieces = {{"data: " + role_ev() + "\n\ndata: " + content_ev("first") + "\n\n", 0}};
+  s.ending = Script::Ending::hang;
+  rig.engine.push(s);
+  std::atomic<bool> got_content{false};
+  std::thread client([&] {
+    try {
+      stream(rig, chat(), [&](const Received& got) {
+        if (got.data.size() >= 2) got_content = true;
+        return true;
+      });
+    } catch (const std::exception&) {
+      // the gateway went away mid-stream
+    }
+  });
+  REQUIRE(wait_for([&] { return got_content.load(); }));
+  CHECK(rig.slots.leases() == 1);
+  rig.gw.stop();
+  client.join();
+  CHECK(rig.slots.leases() == 0);
+  CHECK(wait_for([&] { return rig.engine.disconnects() == 1; }, 3000));
+}
