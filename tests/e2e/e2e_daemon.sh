@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end: the daemon launches the real native worker on the tiny model (CPU), then real
 # clients talk to the gateway: the official `openai` npm SDK (chat streaming and not, Responses
-# streaming and not, /v1/models) and the Codex CLI (`codex exec`, Responses wire API).
+# streaming and not, /v1/models), then switches to the tiny chat model (planted reply, ends its
+# turns): the SDK must see exactly its reply, and the Codex CLI (`codex exec`, Responses wire API)
+# must exit 0 with it.
 # Also: /tokenize agrees with the worker's tokenizer; a request over the KV cap is refused with
 # both numbers; the request log holds a /v1/responses row.
 # Usage: e2e_daemon.sh BUILD_DIR SOURCE_DIR        (ctest passes both)
@@ -11,7 +13,7 @@ src=$(cd "$2" && pwd)
 servedeck="$build/gateway/servedeck"
 worker="$build/worker/servedeck-worker"
 node_modules="$src/node_modules"
-for f in "$servedeck" "$worker" "$src/models/tiny/config.json" "$node_modules/openai/package.json"; do
+for f in "$servedeck" "$worker" "$src/models/tiny/config.json" "$src/models/tiny-chat/config.json" "$node_modules/openai/package.json"; do
   [ -e "$f" ] || { echo "FAIL: missing $f (run scripts/dev.sh test, which builds and prepares it)"; exit 1; }
 done
 
@@ -50,6 +52,21 @@ start_timeout_s = 120
 
 [models.tiny.policies]
 capture = true                 # also needs SERVEDECK_CAPTURE=1, which this test sets for the daemon
+
+# The same shape with a planted reply that ends its turn (make-tiny-model --variant chat).
+[models.tiny-chat]
+engine = "native"
+served_name = "tiny-chat"
+checkpoint = "$src/models/tiny-chat"
+program = "$worker"
+args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
+        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "64"]
+port = 0
+ctx = 16384
+validated_ctx = 16384
+kv_cache_bytes_per_token = 512
+requires_gpu = false
+start_timeout_s = 120
 TOML
 
 "$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
@@ -131,12 +148,18 @@ if (h.status !== 200) { console.error("FAIL: the daemon's /health after bad inpu
 console.log("ok: bad input answered with 4xx envelopes; daemon and worker still healthy");
 JS
 
+# Switch the slot to the chat model (the tiny engine stops first), whose turns end: the SDK must
+# see its exact reply, and Codex must finish its turn cleanly.
+reply="Hello from servedeck's tiny model."
+"$servedeck" --config "$tmp/models.toml" switch tiny-chat || fail "switch tiny-chat"
+NODE_PATH="$node_modules" node "$src/tests/e2e/openai_sdk.mjs" "$base" tiny-chat "$reply" || fail "openai SDK checks on tiny-chat"
+
 # Codex CLI against the gateway through the Responses API.
 codex="$node_modules/.bin/codex"
 if [ -x "$codex" ]; then
   mkdir -p "$tmp/codex-home" "$tmp/work"
   cat > "$tmp/codex-home/config.toml" <<TOML
-model = "tiny"
+model = "tiny-chat"
 model_provider = "servedeck"
 [model_providers.servedeck]
 name = "servedeck"
@@ -151,17 +174,9 @@ TOML
   # Codex prints the agent's streamed text after its "codex" header line.
   text=$(awk 'f && !/^(ERROR|tokens used|[0-9,]+$)/ {print} /^codex$/ {f=1}' "$tmp/codex.err" "$tmp/codex.out" | tr -d '[:space:]')
   [ -n "$text" ] || fail "codex showed no streamed text from the model"
-  if [ "$rc" -ne 0 ]; then
-    # note: the tiny model has random weights and never samples EOS, so its turn ends at the
-    # worker's --default-max-tokens with finish "length"; the bridge reports that truthfully as
-    # response.incomplete (reason max_output_tokens), which Codex treats as an error (exit 1).
-    # Any other failure fails the test.
-    grep -q "Incomplete response returned, reason: max_output_tokens" "$tmp/codex.err" ||
-      fail "codex exec exited $rc for a reason other than the tiny model's length limit"
-    echo "ok: codex streamed text; it exited $rc on response.incomplete (max_output_tokens), as expected for a model that never stops"
-  else
-    echo "ok: codex exec exited cleanly with streamed text"
-  fi
+  [ "$rc" -eq 0 ] || fail "codex exec exited $rc (expected a clean exit: the chat model ends its turn)"
+  case "$text" in *"$(printf %s "$reply" | tr -d '[:space:]')"*) ;; *) fail "codex did not show the model's reply: $text" ;; esac
+  echo "ok: codex exec exited cleanly with the streamed reply"
 else
   fail "node_modules/.bin/codex missing (npm ci installs @openai/codex)"
 fi
@@ -169,7 +184,7 @@ fi
 # The gateway logged the Responses requests (SDK and Codex) in the state store, never bodies.
 n=$(sqlite3 "$tmp/state/state.db" "SELECT COUNT(*) FROM requests WHERE route = '/v1/responses';") || fail "reading the request log"
 echo "request log: $n /v1/responses rows"
-[ "$n" -ge 3 ] || fail "expected at least 3 logged /v1/responses requests (SDK x2 + codex), found $n"
+[ "$n" -ge 5 ] || fail "expected at least 5 logged /v1/responses requests (SDK x2 per model + codex), found $n"
 # Capture: policy on + SERVEDECK_CAPTURE=1 → bodies in <state_dir>/capture, directory 0700, files 0600.
 cap="$tmp/state/capture"
 [ -d "$cap" ] || fail "capture directory $cap was not created"

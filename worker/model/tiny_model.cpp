@@ -52,6 +52,57 @@ TensorToWrite random_tensor(const std::string& name, std::vector<std::int64_t> s
   return t;
 }
 
+float bf16_at(const TensorToWrite& t, std::uint64_t i) {
+  const auto lo = static_cast<std::uint32_t>(t.data[2 * i]);
+  const auto hi = static_cast<std::uint32_t>(t.data[2 * i + 1]);
+  const std::uint32_t bits = (hi << 24) | (lo << 16);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void set_bf16(TensorToWrite& t, std::uint64_t i, float v) {
+  const std::uint16_t b = float_to_bf16(v);
+  t.data[2 * i] = static_cast<std::byte>(b & 0xff);
+  t.data[2 * i + 1] = static_cast<std::byte>(b >> 8);
+}
+
+/// Checks `r` against the vocabulary; throws naming the offending id.
+void check_planted(const PlantedReply& r, std::int64_t vocab) {
+  auto in_vocab = [&](std::int64_t id, const char* what) {
+    if (id < 0 || id >= vocab)
+      throw std::runtime_error(std::string("planted reply: ") + what + " id " + std::to_string(id) +
+                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  };
+  if (r.after.empty()) throw std::runtime_error("planted reply: no start token ('after' is empty)");
+  for (auto id : r.after) in_vocab(id, "start");
+  in_vocab(r.end_token, "end");
+  for (std::size_t i = 0; i < r.tokens.size(); ++i) {
+    in_vocab(r.tokens[i], "reply");
+    for (std::size_t j = 0; j < i; ++j)
+      if (r.tokens[j] == r.tokens[i])
+        throw std::runtime_error("planted reply: token id " + std::to_string(r.tokens[i]) +
+                                 " appears twice (each reply token must have one successor)");
+    for (auto a : r.after)
+      if (a == r.tokens[i])
+        throw std::runtime_error("planted reply: token id " + std::to_string(a) + " is both a start and in the reply");
+  }
+}
+
+/// Overwrites the planted rows of `lm_head` (vocab x h) from `embed` (vocab x h); see PlantedReply.
+void plant_reply(const PlantedReply& r, const TensorToWrite& embed, TensorToWrite& lm_head, std::int64_t h) {
+  auto set_row = [&](std::int64_t row, const std::vector<std::int64_t>& from) {
+    for (std::int64_t k = 0; k < h; ++k) {
+      float sum = 0.0F;
+      for (auto f : from) sum += bf16_at(embed, static_cast<std::uint64_t>(f * h + k));
+      set_bf16(lm_head, static_cast<std::uint64_t>(row * h + k), static_cast<float>(r.gain) * sum);
+    }
+  };
+  set_row(r.tokens[0], r.after);
+  for (std::size_t i = 1; i < r.tokens.size(); ++i) set_row(r.tokens[i], {r.tokens[i - 1]});
+  set_row(r.end_token, {r.tokens.back()});
+}
+
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
@@ -116,22 +167,31 @@ bool is_moe_layer(const TinyModelOptions& o, std::int64_t i) {
 
 }  // namespace
 
-void write_model(const std::string& out_dir, const TinyModelOptions& o, const std::string& tokenizer_dir) {
+void write_model(const std::string& out_dir, const TinyModelOptions& options, const std::string& tokenizer_dir) {
+  TinyModelOptions o = options;
+  const bool planted = !o.planted_reply.tokens.empty();
+  if (planted) o.tie_word_embeddings = false;  // the planted rows live in an untied lm_head
   if (o.model_type != "qwen3_moe" && o.model_type != "qwen3")
     throw std::runtime_error("write_model: model_type '" + o.model_type + "' (supported: qwen3_moe, qwen3)");
   if (o.shards < 1) throw std::runtime_error("write_model: shards must be >= 1");
+  if (planted) check_planted(o.planted_reply, o.vocab_size);
+  if (!(o.residual_scale > 0.0 && o.residual_scale <= 1.0))
+    throw std::runtime_error("write_model: residual_scale " + std::to_string(o.residual_scale) + " (expected (0, 1])");
   fs::create_directories(out_dir);
   const fs::path dir(out_dir);
   const std::int64_t h = o.hidden_size;
   const std::uint64_t seed = o.seed;
   const double proj_std = 1.0 / std::sqrt(static_cast<double>(h));
+  const double rs = o.residual_scale;
 
   // Tensors grouped by shard: the embedding and final norm go to shard 0, layer i to shard i % N.
   std::vector<std::vector<TensorToWrite>> shards(static_cast<std::size_t>(o.shards));
   shards[0].push_back(random_tensor("model.embed_tokens.weight", {o.vocab_size, h}, 0.0, 0.5, seed));
   shards[0].push_back(random_tensor("model.norm.weight", {h}, 1.0, 0.1, seed));
-  if (!o.tie_word_embeddings)
+  if (!o.tie_word_embeddings) {
     shards[0].push_back(random_tensor("lm_head.weight", {o.vocab_size, h}, 0.0, 0.5, seed));
+    if (planted) plant_reply(o.planted_reply, shards[0][0], shards[0].back(), h);
+  }
   for (std::int64_t i = 0; i < o.num_layers; ++i) {
     auto& out = shards[static_cast<std::size_t>(i % o.shards)];
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -142,7 +202,7 @@ void write_model(const std::string& out_dir, const TinyModelOptions& o, const st
     out.push_back(random_tensor(p + "self_attn.q_proj.weight", {qd, h}, 0.0, proj_std, seed));
     out.push_back(random_tensor(p + "self_attn.k_proj.weight", {kvd, h}, 0.0, proj_std, seed));
     out.push_back(random_tensor(p + "self_attn.v_proj.weight", {kvd, h}, 0.0, proj_std, seed));
-    out.push_back(random_tensor(p + "self_attn.o_proj.weight", {h, qd}, 0.0, 1.0 / std::sqrt(double(qd)), seed));
+    out.push_back(random_tensor(p + "self_attn.o_proj.weight", {h, qd}, 0.0, rs / std::sqrt(double(qd)), seed));
     out.push_back(random_tensor(p + "self_attn.q_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
     out.push_back(random_tensor(p + "self_attn.k_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
     if (is_moe_layer(o, i)) {
@@ -152,13 +212,13 @@ void write_model(const std::string& out_dir, const TinyModelOptions& o, const st
         const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
         out.push_back(random_tensor(q + "gate_proj.weight", {m, h}, 0.0, proj_std, seed));
         out.push_back(random_tensor(q + "up_proj.weight", {m, h}, 0.0, proj_std, seed));
-        out.push_back(random_tensor(q + "down_proj.weight", {h, m}, 0.0, 1.0 / std::sqrt(double(m)), seed));
+        out.push_back(random_tensor(q + "down_proj.weight", {h, m}, 0.0, rs / std::sqrt(double(m)), seed));
       }
     } else {
       const std::int64_t m = o.intermediate_size;
       out.push_back(random_tensor(p + "mlp.gate_proj.weight", {m, h}, 0.0, proj_std, seed));
       out.push_back(random_tensor(p + "mlp.up_proj.weight", {m, h}, 0.0, proj_std, seed));
-      out.push_back(random_tensor(p + "mlp.down_proj.weight", {h, m}, 0.0, 1.0 / std::sqrt(double(m)), seed));
+      out.push_back(random_tensor(p + "mlp.down_proj.weight", {h, m}, 0.0, rs / std::sqrt(double(m)), seed));
     }
   }
 

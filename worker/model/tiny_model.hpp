@@ -17,6 +17,22 @@
 
 namespace servedeck::worker {
 
+/// A reply planted in a generated model so that greedy (and low-temperature) decoding after any
+/// of `after` produces exactly `tokens` and then `end_token`: an untied lm_head whose row for
+/// tokens[i] is `gain` times the embedding of the token before it (for tokens[0], the sum over
+/// `after`), and the row for `end_token` is `gain` times the embedding of tokens.back(). With
+/// the layers' residual writes scaled down (TinyModelOptions::residual_scale) the final hidden
+/// state stays close to the current token's embedding, so that row wins by a wide margin:
+/// gain * |e|^2 against the largest of 151,936 random rows, about 4.9 standard deviations of
+/// <r, e> (hidden 64, std 0.5: 32*gain versus ~20 after the final norm; gain 2 gives 3x).
+/// Used by the "chat" tiny model, so that agent clients (Codex) see a turn that ends.
+struct PlantedReply {
+  std::vector<std::int64_t> after;   // token ids after which the reply starts (e.g. "\n", "\n\n")
+  std::vector<std::int64_t> tokens;  // the reply; distinct ids, none of them in `after`
+  std::int64_t end_token = -1;       // e.g. <|im_end|>
+  double gain = 2.0;
+};
+
 /// Shape of a generated model. Defaults: the tiny default model (qwen3_moe, 2 layers, hidden 64,
 /// 4 heads / 2 KV heads of 16, 8 experts top-2 of width 32, Qwen3's vocab of 151,936 tied with
 /// the embedding, 32,768 positions). ~20 MiB on disk, nearly all of it the embedding.
@@ -41,6 +57,12 @@ struct TinyModelOptions {
   bool tie_word_embeddings = true;
   int shards = 1;                        // > 1 writes model-0000i-of-0000N.safetensors + index
   std::uint64_t seed = 0;
+  /// Multiplies the standard deviation of every write into the residual stream (o_proj and the
+  /// MLPs' down_proj): 1 for the random model; small (0.05) for a planted reply.
+  double residual_scale = 1.0;
+  /// Non-empty tokens: plant this reply (forces an untied lm_head). Errors (std::runtime_error):
+  /// a repeated id, an id of `after` inside the reply, or an id outside the vocabulary.
+  PlantedReply planted_reply;
 };
 
 /// Writes the tiny default model (TinyModelOptions{} with `seed`) to `out_dir` (created if

@@ -4,7 +4,9 @@
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]
 //                          [--hot-profile FILE] [--capture-profile FILE]
-//   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]
+//   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]
+//     random (default): the random tiny model; chat: the same shape with a planted reply that
+//     ends its turn (worker/server/tiny_chat_model.hpp).
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
 // free port), loads the model in the background (/health 503 with progress until loaded), and
 // runs until SIGINT/SIGTERM. A model that fails to load ends the process with status 1 after
@@ -21,6 +23,7 @@
 
 #include "worker/model/tiny_model.hpp"
 #include "worker/server/cpu_model_loader.hpp"
+#include "worker/server/tiny_chat_model.hpp"
 #include "worker/server/worker_server.hpp"
 
 namespace {
@@ -34,7 +37,7 @@ constexpr const char* k_usage =
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE]\n"
-    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N]\n";
+    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]\n";
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -109,7 +112,7 @@ bool to_double(const Args& a, const std::string& name, double lo, double hi, dou
 }
 
 int make_tiny_model(int argc, char** argv) {
-  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed"});
+  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed", "variant"});
   if (!a.ok) return 2;
   if (!a.values.count("out") || !a.values.count("tokenizer-dir")) {
     std::cerr << "servedeck-worker make-tiny-model: --out and --tokenizer-dir are required\n" << k_usage;
@@ -117,13 +120,21 @@ int make_tiny_model(int argc, char** argv) {
   }
   std::size_t seed = 0;
   if (!to_size(a, "seed", seed)) return 2;
+  const std::string variant = a.values.count("variant") ? a.values.at("variant") : "random";
+  if (variant != "random" && variant != "chat") {
+    std::cerr << "servedeck-worker make-tiny-model: --variant " << variant << ": expected random or chat\n";
+    return 2;
+  }
   try {
-    write_tiny_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
+    if (variant == "chat")
+      write_tiny_chat_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
+    else
+      write_tiny_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
   } catch (const std::exception& e) {
     std::cerr << "servedeck-worker make-tiny-model: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "wrote the tiny model to " << a.values.at("out") << "\n";
+  std::cout << "wrote the tiny " << variant << " model to " << a.values.at("out") << "\n";
   return 0;
 }
 

