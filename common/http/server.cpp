@@ -143,19 +143,24 @@ struct ServerCore {
 
   void do_accept(const std::shared_ptr<ServerCore>& self);
 
-  /// Posts `fn` to `ex` unless the server stopped. After stop() no handler is queued that
-  /// could never run (it would keep its session, and so this core, alive forever).
+  /// Posts `fn` to `ex` unless the server stopped; returns whether it was queued. After stop()
+  /// no handler is queued that could never run (it would keep its session, and so this core,
+  /// alive forever).
   template <class Ex, class Fn>
-  void post(const Ex& ex, Fn&& fn) {
+  bool post(const Ex& ex, Fn&& fn) {
     posting.fetch_add(1);
-    if (!stopped.load()) asio::post(ex, std::forward<Fn>(fn));
+    bool queued = !stopped.load();
+    if (queued) asio::post(ex, std::forward<Fn>(fn));
     posting.fetch_sub(1);
+    return queued;
   }
   template <class Ex, class Fn>
-  void dispatch(const Ex& ex, Fn&& fn) {
+  bool dispatch(const Ex& ex, Fn&& fn) {
     posting.fetch_add(1);
-    if (!stopped.load()) asio::dispatch(ex, std::forward<Fn>(fn));
+    bool queued = !stopped.load();
+    if (queued) asio::dispatch(ex, std::forward<Fn>(fn));
     posting.fetch_sub(1);
+    return queued;
   }
 };
 
@@ -549,8 +554,13 @@ class ResponderImpl final : public Responder {
   }
 
   void on_disconnect(std::function<void()> cb) override {
-    session_->server().dispatch(session_->executor(),
-                                [s = session_, cb = std::move(cb)]() mutable { s->add_disconnect_cb(std::move(cb)); });
+    auto shared_cb = std::make_shared<std::function<void()>>(std::move(cb));
+    bool queued = session_->server().dispatch(
+        session_->executor(), [s = session_, shared_cb] { s->add_disconnect_cb(std::move(*shared_cb)); });
+    // The server stopped, so this connection is closed (or being closed by stop()): the client is
+    // gone and the callback runs now, on this thread. Dropping it left a producer that registered
+    // while stop() ran (a handler in flight) never cancelled.
+    if (!queued) (*shared_cb)();
   }
 
  private:

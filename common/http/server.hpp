@@ -63,7 +63,8 @@ class Responder {
   virtual bool client_gone() const = 0;
 
   /// `cb` runs once, on an I/O thread, when the client disconnects before end() (immediately if
-  /// it already has). Used to cancel upstream requests and generation.
+  /// it already has; once the server has stopped, at once on the calling thread). Used to cancel
+  /// upstream requests and generation.
   virtual void on_disconnect(std::function<void()> cb) = 0;
 
   /// Bytes queued for this connection and not yet taken by the socket (head, chunks, framing).

@@ -283,3 +283,41 @@ TEST_CASE("a read timeout bounds fetch()") {
   std::lock_guard lk(mu);
   held.reset();
 }
+
+TEST_CASE("on_disconnect registered after the server stopped still runs") {
+  // A handler in flight while stop() runs registers its cancel callback too late to be queued:
+  // it must run at once, not be dropped (the producer would never be cancelled).
+  std::shared_ptr<Responder> held;
+  std::mutex mu;
+  Server srv({}, [&](Request, std::shared_ptr<Responder> res) {
+    res->start_stream(200);
+    res->write("data: first\n\n");
+    std::lock_guard lk(mu);
+    held = res;
+  });
+  srv.start();
+  std::thread client([&] {
+    ClientRequest cr;
+    cr.port = srv.port();
+    try {
+      fetch_stream(cr, nullptr, [](std::string_view) { return true; });
+    } catch (const ClientError&) {
+      // the server closed the connection mid-stream
+    }
+  });
+  REQUIRE(wait_for([&] {
+    std::lock_guard lk(mu);
+    return held != nullptr;
+  }));
+  srv.stop();
+  client.join();
+  std::shared_ptr<Responder> r;
+  {
+    std::lock_guard lk(mu);
+    r = held;
+  }
+  CHECK(r->client_gone());
+  std::atomic<bool> ran{false};
+  r->on_disconnect([&] { ran = true; });
+  CHECK(ran.load());
+}
