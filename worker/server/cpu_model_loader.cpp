@@ -2,7 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,7 @@
 #include "worker/cuda/cuda_backend.hpp"
 #endif
 #include "worker/model/checkpoint.hpp"
+#include "worker/model/config.hpp"
 #include "worker/server/hf_text_model.hpp"
 
 namespace servedeck::worker {
@@ -27,15 +30,47 @@ SamplingParams read_sampling_defaults(const std::string& dir) {
   return s;
 }
 
+namespace {
+
+#if SERVEDECK_HAVE_CUDA
+cuda::CudaBackendOptions cuda_options(const CpuModelOptions& options) {
+  cuda::CudaBackendOptions co;
+  co.hot_fraction = options.hot_fraction;
+  co.vram_budget_gib = options.vram_budget_gib;
+  co.profile_path = options.hot_profile;
+  co.capture_profile_path = options.capture_profile;
+  return co;
+}
+#endif
+
+/// generation_config.json's end-of-turn ids in `dir`; empty when the file is absent.
+std::vector<std::int32_t> read_eos_ids(const std::string& dir) {
+  const auto path = std::filesystem::path(dir) / "generation_config.json";
+  std::ifstream in(path);
+  if (!in) return {};
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_generation_config(text, path.string()).eos_token_ids;
+}
+
+}  // namespace
+
 std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress) {
   auto m = std::make_unique<LoadedModel>();
   m->root = options.dir;
   progress(0.05);
   m->text = load_hf_text_model(options.dir);
   progress(0.3);
-  auto checkpoint = std::make_shared<Checkpoint>(Checkpoint::open(options.dir));
+  std::shared_ptr<Checkpoint> checkpoint;
+  ModelDescription desc;
+  if (options.synthetic_seed) {
+    if (options.backend != "cuda")
+      throw std::runtime_error("--synthetic-weights needs --backend cuda (the CPU backend reads safetensors only)");
+    desc = load_model_config((std::filesystem::path(options.dir) / "config.json").string());
+  } else {
+    checkpoint = std::make_shared<Checkpoint>(Checkpoint::open(options.dir));
+    desc = checkpoint->description();
+  }
   progress(0.6);
-  const auto& desc = checkpoint->description();
   const auto max_pos = static_cast<std::size_t>(desc.max_position_embeddings);
   m->max_model_len = options.max_model_len ? options.max_model_len : max_pos;
   if (max_pos > 0 && m->max_model_len > max_pos)
@@ -44,12 +79,10 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   if (m->max_model_len == 0) throw std::runtime_error("max_model_len is 0: give --max-model-len or max_position_embeddings in config.json");
   if (options.backend == "cuda") {
 #if SERVEDECK_HAVE_CUDA
-    cuda::CudaBackendOptions co;
-    co.hot_fraction = options.hot_fraction;
-    co.vram_budget_gib = options.vram_budget_gib;
-    co.profile_path = options.hot_profile;
-    co.capture_profile_path = options.capture_profile;
-    m->backend = cuda::make_cuda_backend(*checkpoint, co);
+    if (options.synthetic_seed)
+      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options));
+    else
+      m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options));
 #else
     throw std::runtime_error("--backend cuda: this servedeck-worker was built without CUDA (no toolkit at configure time)");
 #endif
@@ -66,7 +99,7 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   EngineOptions eo;
   eo.max_model_len = m->max_model_len;
   eo.kv_cache_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * m->backend->kv_bytes_per_token();
-  eo.eos_ids = checkpoint->generation().eos_token_ids;
+  eo.eos_ids = checkpoint ? checkpoint->generation().eos_token_ids : read_eos_ids(options.dir);
   if (eo.eos_ids.empty()) {
     if (auto id = m->text->token_id("<|im_end|>")) eo.eos_ids.push_back(*id);
   }

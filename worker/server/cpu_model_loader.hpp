@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -20,6 +22,11 @@ struct CpuModelOptions {
   double vram_budget_gib = 0;       // cuda: 0 = none; else forces offload to fit
   std::string hot_profile;          // cuda: hot-expert profile to fill the cache from
   std::string capture_profile;      // cuda: write the routing profile here at exit
+  /// cuda only: weights drawn in memory from this seed (cuda::make_synthetic_cuda_backend)
+  /// instead of read from safetensors; `dir` then needs only config.json, the tokenizer files and
+  /// optionally generation_config.json. For benchmark shapes whose checkpoint does not fit the
+  /// disk (Qwen3-30B-A3B BF16 is 61 GB). The output is noise.
+  std::optional<std::uint64_t> synthetic_seed;
 };
 
 /// generation_config.json's temperature, top_p and top_k in `dir` (absent fields and a missing

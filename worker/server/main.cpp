@@ -3,7 +3,7 @@
 //                          [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]
-//                          [--hot-profile FILE] [--capture-profile FILE]
+//                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
 //   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]
 //     random (default): the random tiny model; chat: the same shape with a planted reply that
 //     ends its turn (worker/server/tiny_chat_model.hpp).
@@ -36,7 +36,7 @@ constexpr const char* k_usage =
     "                         [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]\n"
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]\n"
-    "                         [--hot-profile FILE] [--capture-profile FILE]\n"
+    "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
     "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]\n";
 
 struct Args {
@@ -142,7 +142,7 @@ int serve(int argc, char** argv) {
   const Args a = parse_flags(argc, argv, 2,
                              {"model", "host", "port", "served-model-name", "max-model-len", "kv-cache-bytes",
                               "tool-parser", "reasoning-parser", "threads", "default-max-tokens", "backend",
-                              "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile"});
+                              "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile", "synthetic-weights"});
   if (!a.ok) return 2;
   if (!a.values.count("model")) {
     std::cerr << "servedeck-worker serve: --model DIR is required\n" << k_usage;
@@ -162,6 +162,17 @@ int serve(int argc, char** argv) {
   if (mo.backend != "cpu" && mo.backend != "cuda") {
     std::cerr << "servedeck-worker: --backend " << mo.backend << ": expected cpu or cuda\n";
     return 2;
+  }
+  if (a.values.count("synthetic-weights")) {
+    std::size_t seed = 0;
+    if (!to_size(a, "synthetic-weights", seed)) return 2;
+    if (mo.backend != "cuda") {
+      std::cerr << "servedeck-worker: --synthetic-weights needs --backend cuda\n";
+      return 2;
+    }
+    mo.synthetic_seed = seed;
+    std::cerr << "servedeck-worker: weights SYNTHESISED in memory from seed " << seed << " (no safetensors read; "
+              << mo.dir << " gives only config.json and the tokenizer): the text is noise; for benchmark shapes\n";
   }
   if (a.values.count("hot-profile")) mo.hot_profile = a.values.at("hot-profile");
   if (a.values.count("capture-profile")) mo.capture_profile = a.values.at("capture-profile");

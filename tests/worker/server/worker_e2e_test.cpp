@@ -296,3 +296,12 @@ TEST_CASE("the chat tiny model says its planted reply and ends the turn, streame
   CHECK(finish == "stop");
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("--synthetic-weights is refused without the CUDA backend, naming both flags") {
+  const auto [rc, out] = run_command("'" + k_worker + "' serve --model /nonexistent --synthetic-weights 1 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("--synthetic-weights needs --backend cuda") != std::string::npos);
+  const auto [rc2, out2] = run_command("'" + k_worker + "' serve --model /nonexistent --backend cuda --synthetic-weights x 2>&1");
+  CHECK(rc2 == 2);
+  CHECK(out2.find("--synthetic-weights x") != std::string::npos);
+}
