@@ -239,15 +239,32 @@ Registry parse_registry(std::string_view text, const std::string& path) {
 }
 
 namespace {
+/// A registry is a few KiB; the shipped one is ~20 KiB. Anything past this is the wrong file (or
+/// a device such as /dev/zero, which would otherwise be read forever).
+constexpr std::size_t k_max_registry_bytes = 4u << 20;
+
 std::optional<std::string> read_file(const std::string& path, std::string& error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = path + ": cannot be read (" + (fs::exists(path) ? "permission denied" : "no such file") + ")";
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    error = path + ": is a directory (expected a models.toml file)";
     return std::nullopt;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = path + ": cannot be read (" + (fs::exists(path, ec) ? "permission denied" : "no such file") + ")";
+    return std::nullopt;
+  }
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > k_max_registry_bytes) {
+      error = path + ": more than " + std::to_string(k_max_registry_bytes >> 20) +
+              " MiB read (a models.toml is a few KiB; is this the right file?)";
+      return std::nullopt;
+    }
+  }
+  return text;
 }
 }  // namespace
 

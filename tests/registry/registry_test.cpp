@@ -284,6 +284,16 @@ TEST_CASE("load_registry: missing file is an error naming the path") {
   }
 }
 
+TEST_CASE("lint: /dev/zero and a directory are refused at once with what was read") {
+  const auto zero = lint_registry("/dev/zero");  // endless: must stop at the size cap
+  REQUIRE(zero.size() == 1);
+  CHECK(zero[0].severity == "error");
+  CHECK(zero[0].message.find("/dev/zero: more than 4 MiB read") != std::string::npos);
+  const auto dir = lint_registry("/tmp");
+  REQUIRE(dir.size() == 1);
+  CHECK(dir[0].message.find("/tmp: is a directory") != std::string::npos);
+}
+
 TEST_CASE("model_max_ctx discovery: top level and through text_config") {
   TempDir dir;
   dir.write("flat/config.json", R"({"max_position_embeddings": 4096})");
