@@ -112,6 +112,11 @@ void WorkerServer::handle(http::Request req, std::shared_ptr<http::Responder> re
 
 void WorkerServer::route(const http::Request& req, const std::shared_ptr<http::Responder>& res) {
   const std::string& path = req.path;
+  if ((path == "/health" || path == "/metrics" || path == "/v1/models") && req.method != "GET") {
+    metrics_.count_request(path == "/v1/models" ? "models" : "unknown", 405);
+    http::send_error(*res, 405, req.method + " " + path + ": expected GET", "invalid_request_error", "method_not_allowed", true);
+    return;
+  }
   if (path == "/health") {
     const LoadState s = state();
     if (s == LoadState::ready) {
