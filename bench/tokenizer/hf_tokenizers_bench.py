@@ -37,7 +37,9 @@ def main() -> int:
     ap.add_argument("--model", choices=[*MODELS, "all"], default="all")
     ap.add_argument("--mb", type=float, default=10.0, help="encode the unit until this many MB (10^6 bytes)")
     args = ap.parse_args()
-    with open(args.corpus, encoding="utf-8") as f:
+    # newline="": the corpus holds \r and \r\n cases; universal-newline reading rewrote them (6 bytes) and
+    # made HF tokenize a different text.
+    with open(args.corpus, encoding="utf-8", newline="") as f:
         text = f.read()
     ours = json.load(open(args.ids)) if args.ids else {}
     unit_bytes = len(text.encode("utf-8"))
