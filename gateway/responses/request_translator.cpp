@@ -285,7 +285,12 @@ std::optional<std::string> translate_request_unchecked(const json& body, const j
   if (body.contains("input")) {
     if (auto err = translate_input(body["input"], out, messages)) return err;
   }
-  if (messages.empty()) return "'input' is required";
+  if (messages.empty()) {
+    if (!body.contains("input")) return "'input' is required";
+    std::string why;
+    for (const auto& w : out.warnings) why += (why.empty() ? "" : "; ") + w;
+    return "'input' has no item the bridge can translate" + (why.empty() ? std::string(" (it is empty)") : ": " + why);
+  }
   out.chat["messages"] = std::move(messages);
 
   if (body.contains("max_output_tokens") && body["max_output_tokens"].is_number_integer())

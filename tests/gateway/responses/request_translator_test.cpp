@@ -90,3 +90,16 @@ TEST_CASE("fields of the wrong type are a 400-style error, never an exception (f
     if (err) CHECK(err->find("wrong type") != std::string::npos);
   }
 }
+
+TEST_CASE("input whose every item is dropped says why, not that input is missing") {
+  TranslatedRequest t;
+  auto err = translate_request(json::parse(R"({"model":"tiny","input":[{"type":"message","role":"robot","content":"x"}]})"), nullptr, t);
+  REQUIRE(err.has_value());
+  CHECK(*err == "'input' has no item the bridge can translate: dropped input item 0: unknown role 'robot'");
+  err = translate_request(json::parse(R"({"model":"tiny","input":[]})"), nullptr, t);
+  REQUIRE(err.has_value());
+  CHECK(*err == "'input' has no item the bridge can translate (it is empty)");
+  err = translate_request(json::parse(R"({"model":"tiny"})"), nullptr, t);
+  REQUIRE(err.has_value());
+  CHECK(*err == "'input' is required");
+}
