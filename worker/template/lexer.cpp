@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/utf8_encode.hpp"
 #include "worker/template/chat_template.hpp"
 
 namespace servedeck::worker::tmpl {
@@ -13,24 +14,6 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' |
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -343,7 +326,7 @@ class Lexer {
         case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
           uint32_t v = static_cast<uint32_t>(e - '0');
           for (int k = 0; k < 2 && p < n && src_[p] >= '0' && src_[p] <= '7'; ++k) v = v * 8 + static_cast<uint32_t>(src_[p++] - '0');
-          append_utf8(out, v);
+          servedeck::append_utf8(out, v);
           break;
         }
         case '\\': case '\'': case '"': out.push_back(e); break;
@@ -358,7 +341,7 @@ class Lexer {
             ++p;
           }
           if (v > 0x10FFFF) fail(p, "escape \\U beyond U+10FFFF in string literal");
-          append_utf8(out, v);
+          servedeck::append_utf8(out, v);
           break;
         }
         default:

@@ -1,5 +1,7 @@
 #include "worker/tokenizer/utf8.hpp"
 
+#include "common/utf8_encode.hpp"
+
 namespace servedeck::worker::utf8 {
 namespace {
 
@@ -64,23 +66,7 @@ char32_t decode_at(std::string_view s, std::size_t i, std::size_t len) {
   return cp;
 }
 
-void append(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
+void append(std::string& out, char32_t cp) { servedeck::append_utf8(out, cp); }
 
 std::size_t truncated_prefix_length(std::string_view s, std::size_t i) {
   bool complete = false;
