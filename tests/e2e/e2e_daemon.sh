@@ -30,37 +30,16 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$tmp/daemon.log" || true; echo "--- engine logs"; tail -20 "$tmp"/state/logs/* 2>/dev/null || true; exit 1; }
 
-cat > "$tmp/models.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-state_dir = "$tmp/state"
-
-[models.tiny]
+# native_entry NAME CHECKPOINT DEFAULT_MAX_TOKENS: a [models.NAME] table for the CPU worker.
+native_entry() {
+  cat <<TOML
+[models.$1]
 engine = "native"
-served_name = "tiny"
-aliases = ["tiny-alias"]
-checkpoint = "$src/models/tiny"
+served_name = "$1"
+checkpoint = "$2"
 program = "$worker"
 args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "24"]
-port = 0
-ctx = 16384
-validated_ctx = 16384
-kv_cache_bytes_per_token = 512
-requires_gpu = false
-start_timeout_s = 120
-
-[models.tiny.policies]
-capture = true                 # also needs SERVEDECK_CAPTURE=1, which this test sets for the daemon
-
-# The same shape with a planted reply that ends its turn (make-tiny-model --variant chat).
-[models.tiny-chat]
-engine = "native"
-served_name = "tiny-chat"
-checkpoint = "$src/models/tiny-chat"
-program = "$worker"
-args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "64"]
+        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "$3"]
 port = 0
 ctx = 16384
 validated_ctx = 16384
@@ -68,6 +47,26 @@ kv_cache_bytes_per_token = 512
 requires_gpu = false
 start_timeout_s = 120
 TOML
+}
+
+{
+  cat <<TOML
+[server]
+listen = "127.0.0.1:0"
+state_dir = "$tmp/state"
+
+TOML
+  native_entry tiny "$src/models/tiny" 24
+  cat <<TOML
+aliases = ["tiny-alias"]
+
+[models.tiny.policies]
+capture = true                 # also needs SERVEDECK_CAPTURE=1, which this test sets for the daemon
+
+# The same shape with a planted reply that ends its turn (make-tiny-model --variant chat).
+TOML
+  native_entry tiny-chat "$src/models/tiny-chat" 64
+} > "$tmp/models.toml"
 
 "$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
 SERVEDECK_CAPTURE=1 "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
