@@ -94,7 +94,8 @@ TEST_CASE("supervisor: switch A -> B stops A completely, starts B, records both 
 
 TEST_CASE("supervisor: a switch drains an in-flight stream before stopping its engine") {
   Fixture f;
-  f.add("a", {"--chunks", "15", "--stream-delay-ms", "60"});
+  // ~1.5 s of stream after its first token: the switch below must find it still in flight.
+  f.add("a", {"--chunks", "25", "--stream-delay-ms", "60"});
   f.add("b");
   auto& sup = f.make();
   REQUIRE(sup.switch_to("a").ok);
@@ -102,8 +103,9 @@ TEST_CASE("supervisor: a switch drains an in-flight stream before stopping its e
   auto lease = sup.acquire("a");
   REQUIRE(lease);
   CHECK(sup.snapshot().in_flight == 1);
-  std::string body;
+  std::string body;  // the client thread's until it is joined
   int status = 0;
+  std::atomic<bool> started{false};
   std::atomic<bool> done{false};
   int64_t stream_end_ms = 0;
   std::thread client([&, lease]() mutable {
@@ -117,24 +119,27 @@ TEST_CASE("supervisor: a switch drains an in-flight stream before stopping its e
       http::fetch_stream(r, [&](int st, const auto&) { status = st; },
                          [&](std::string_view c) {
                            body += c;
+                           if (body.find("tok1") != std::string::npos) started = true;
                            return true;
                          });
     } catch (const std::exception& e) {
       body += std::string("CLIENT ERROR ") + e.what();
     }
+    started = true;
     stream_end_ms = state::now_ms();
     lease.reset();  // the request is over
     done = true;
   });
   lease.reset();
-  // Let the stream begin, then switch.
-  REQUIRE(sdtest::wait_for([&] { return body.find("tok1") != std::string::npos; }, 5000));
+  // Let the stream begin, then switch. (Polling `body` itself raced with the client thread's
+  // appends: ThreadSanitizer reported it, and a reallocation mid-find is a use-after-free.)
+  REQUIRE(sdtest::wait_for([&] { return started.load(); }, 5000));
   Lines lines;
   auto r = sup.switch_to("b", lines.sink());
   client.join();
   REQUIRE_MESSAGE(r.ok, r.error);
   CHECK(status == 200);
-  CHECK(body.find("tok14") != std::string::npos);
+  CHECK(body.find("tok24") != std::string::npos);
   CHECK(body.find("data: [DONE]") != std::string::npos);
   CHECK(lines.any("draining 1 in-flight request(s) on a"));
   CHECK(lines.any("drained"));
