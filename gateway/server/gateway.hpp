@@ -55,6 +55,9 @@ class Gateway {
   /// Binds and serves. Throws http::ServerError.
   void start();
   int port() const;
+  /// Closes the listener and every client connection, lets the calls they end cancel their
+  /// upstream requests (release leases, log 499) for up to 2 s, then joins the threads.
+  /// Idempotent; the destructor calls it.
   void stop();
   /// Metrics; policies count repairs through metrics().count_repair(policy, model).
   Metrics& metrics();
