@@ -1,9 +1,7 @@
 // POST /v1/chat/completions: template → engine → reasoning/tool-call parsers → OpenAI chat
 // shapes, streamed (one SSE event per token delta, then a finish chunk, the usage chunk when
 // stream_options.include_usage, and [DONE]) or whole.
-//
-// Streams start lazily at the first token, so a failure before any token is a plain HTTP error;
-// a failure after it is an SSE error event and no [DONE] (never a 200 with an empty stream).
+// Stream start, endings and the usage chunk: generation_state.hpp.
 #include <mutex>
 
 #include "common/json_limits.hpp"
@@ -12,6 +10,7 @@
 #include "common/sse.hpp"
 #include "worker/parsers/output_parser.hpp"
 #include "worker/server/chat_prompt.hpp"
+#include "worker/server/generation_state.hpp"
 #include "worker/server/openai_format.hpp"
 #include "worker/server/request_params.hpp"
 #include "worker/server/route_context.hpp"
@@ -22,45 +21,25 @@ namespace {
 
 constexpr const char* k_route = "chat";
 
-struct ChatState {
-  std::shared_ptr<http::Responder> res;
-  const TextModel* text = nullptr;
-  Metrics* metrics = nullptr;
-  std::shared_ptr<RequestHandle> handle;
-  std::string id;
-  long long created = 0;
-  std::string model;
-  CommonParams params;
+struct ChatState : GenerationState {
   std::unique_ptr<OutputParser> parser;
-  // stream
-  bool started = false;
-  // non-stream
-  ParsedOutput parsed;
+  ParsedOutput parsed;  // non-stream
   nlohmann::json logprobs_content = nlohmann::json::array();
 
+  ChatState() {
+    route = k_route;
+    chunk_object = "chat.completion.chunk";
+  }
+
   nlohmann::json chunk(nlohmann::json delta, nlohmann::json finish = nullptr, nlohmann::json logprobs = nullptr) const {
-    nlohmann::json choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)},
-                             {"finish_reason", std::move(finish)}};
-    return {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-            {"choices", nlohmann::json::array({std::move(choice)})}};
+    return envelope(nlohmann::json::array({{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)},
+                                            {"finish_reason", std::move(finish)}}}));
   }
 
-  bool write(const nlohmann::json& j) {
-    if (!res->write(sse::format_data(dump_json(j)))) {
-      handle->cancel();
-      return false;
-    }
-    return true;
-  }
-
+  /// Starts the stream with the role chunk.
   bool start() {
     if (started) return true;
-    started = true;
-    if (!res->start_stream(200)) {
-      handle->cancel();
-      return false;
-    }
-    return write(chunk({{"role", "assistant"}, {"content", ""}}));
+    return open_stream() && write(chunk({{"role", "assistant"}, {"content", ""}}));
   }
 
   static nlohmann::json delta_json(const ParseDelta& d) {
@@ -110,33 +89,14 @@ struct ChatState {
   }
 
   void on_done(const GenerationResult& r) {
-    if (r.finish == FinishReason::cancelled) {
-      metrics->count_request(k_route, 499);  // client closed the request (nginx's code)
-      if (started) res->end();
-      return;
-    }
-    if (r.finish == FinishReason::error) {
-      metrics->count_request(k_route, 500);
-      if (!started) {
-        http::send_error(*res, 500, r.error, "server_error", "generation_failed", true);
-      } else {
-        res->write(sse::format_data(dump_json(make_error(r.error, "server_error", "generation_failed", ErrorSource::engine))));
-        res->end();
-      }
-      return;
-    }
+    if (end_unfinished(r)) return;
     auto tail = parser->finish();
     metrics->count_request(k_route, 200);
     if (params.stream) {
       stream_deltas(tail, nullptr);
       if (!start()) return;
       write(chunk(nlohmann::json::object(), finish_reason(r)));
-      if (params.include_usage) {
-        write({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-               {"choices", nlohmann::json::array()}, {"usage", usage_json(r)}});
-      }
-      res->write(sse::k_done);
-      res->end();
+      close_stream(r);
       return;
     }
     fold(tail, parsed);
@@ -163,17 +123,8 @@ struct ChatState {
 }  // namespace
 
 void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
-  if (auto deep = check_json_nesting(req.body))
-    return reply_error(ctx, k_route, *res, 400, *deep + "; request bodies are limited to " +
-                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
-  const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return reply_error(ctx, k_route, *res, 400,
-                       "request body is not a JSON object (read " + std::to_string(req.body.size()) +
-                           " bytes" + (body.is_discarded() ? ", not valid JSON" : ": " + describe_value(body)) +
-                           "); expected {\"model\": ..., \"messages\": [...]}",
-                       "invalid_request_error", "invalid_json");
-  }
+  const auto body = parse_request_object(ctx, k_route, req, *res, "{\"model\": ..., \"messages\": [...]}");
+  if (body.is_discarded()) return;
   auto state = std::make_shared<ChatState>();
   if (auto e = parse_common_params(body, ApiKind::chat, state->params, ctx.model.default_sampling))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
@@ -199,17 +150,7 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
   po.tool_parser = prompt.tools_enabled ? ctx.options.tool_parser : ToolParserKind::none;
   po.tools = prompt.tools;
   state->parser = std::make_unique<OutputParser>(std::move(po));
-  state->res = res;
-  state->text = ctx.model.text.get();
-  state->metrics = &ctx.metrics;
-  state->handle = std::make_shared<RequestHandle>();
-  state->id = make_response_id("chatcmpl-");
-  state->created = unix_now();
-  state->model = ctx.options.served_model_name;
-  res->on_disconnect([h = state->handle] { h->cancel(); });
-  engine.submit(
-      std::move(gen), [state](const GenerationEvent& ev) { state->on_event(ev); },
-      [state](const GenerationResult& r) { state->on_done(r); }, state->handle);
+  submit_generation(ctx, std::move(state), std::move(res), "chatcmpl-");
 }
 
 }  // namespace servedeck::worker

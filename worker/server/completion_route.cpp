@@ -5,6 +5,7 @@
 
 #include "common/json_limits.hpp"
 #include "common/sse.hpp"
+#include "worker/server/generation_state.hpp"
 #include "worker/server/openai_format.hpp"
 #include "worker/server/request_params.hpp"
 #include "worker/server/route_context.hpp"
@@ -15,44 +16,22 @@ namespace {
 
 constexpr const char* k_route = "completions";
 
-struct CompletionState {
-  std::shared_ptr<http::Responder> res;
-  const TextModel* text = nullptr;
-  Metrics* metrics = nullptr;
-  std::shared_ptr<RequestHandle> handle;
-  std::string id;
-  long long created = 0;
-  std::string model;
-  CommonParams params;
-  bool started = false;
-  std::string output;
+struct CompletionState : GenerationState {
+  std::string output;            // non-stream
   std::size_t token_offset = 0;  // characters of token text so far, for text_offset
   nlohmann::json logprobs;       // legacy shape (non-stream accumulation)
 
+  CompletionState() {
+    route = k_route;
+    chunk_object = "text_completion";
+  }
+
   nlohmann::json chunk(std::string text_piece, nlohmann::json finish = nullptr, nlohmann::json lp = nullptr) const {
-    nlohmann::json choice = {{"index", 0}, {"text", std::move(text_piece)}, {"logprobs", std::move(lp)},
-                             {"finish_reason", std::move(finish)}};
-    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-            {"choices", nlohmann::json::array({std::move(choice)})}};
+    return envelope(nlohmann::json::array({{{"index", 0}, {"text", std::move(text_piece)}, {"logprobs", std::move(lp)},
+                                            {"finish_reason", std::move(finish)}}}));
   }
 
-  bool write(const nlohmann::json& j) {
-    if (!res->write(sse::format_data(dump_json(j)))) {
-      handle->cancel();
-      return false;
-    }
-    return true;
-  }
-
-  bool start() {
-    if (started) return true;
-    started = true;
-    if (!res->start_stream(200)) {
-      handle->cancel();
-      return false;
-    }
-    return true;
-  }
+  bool start() { return open_stream(); }
 
   void on_event(const GenerationEvent& ev) {
     nlohmann::json lp;
@@ -69,32 +48,13 @@ struct CompletionState {
   }
 
   void on_done(const GenerationResult& r) {
-    if (r.finish == FinishReason::cancelled) {
-      metrics->count_request(k_route, 499);
-      if (started) res->end();
-      return;
-    }
-    if (r.finish == FinishReason::error) {
-      metrics->count_request(k_route, 500);
-      if (!started) {
-        http::send_error(*res, 500, r.error, "server_error", "generation_failed", true);
-      } else {
-        res->write(sse::format_data(dump_json(make_error(r.error, "server_error", "generation_failed", ErrorSource::engine))));
-        res->end();
-      }
-      return;
-    }
+    if (end_unfinished(r)) return;
     metrics->count_request(k_route, 200);
     const std::string reason(api_finish_reason(r.finish));
     if (params.stream) {
       if (!start()) return;
       write(chunk("", reason));
-      if (params.include_usage) {
-        write({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-               {"choices", nlohmann::json::array()}, {"usage", usage_json(r)}});
-      }
-      res->write(sse::k_done);
-      res->end();
+      close_stream(r);
       return;
     }
     nlohmann::json choice = {{"index", 0}, {"text", output}, {"finish_reason", reason},
@@ -134,17 +94,8 @@ std::optional<std::string> read_prompt(const nlohmann::json& body, const TextMod
 }  // namespace
 
 void handle_completions(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
-  if (auto deep = check_json_nesting(req.body))
-    return reply_error(ctx, k_route, *res, 400, *deep + "; request bodies are limited to " +
-                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
-  const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return reply_error(ctx, k_route, *res, 400,
-                       "request body is not a JSON object (read " + std::to_string(req.body.size()) +
-                           " bytes" + (body.is_discarded() ? ", not valid JSON" : ": " + describe_value(body)) +
-                           "); expected {\"model\": ..., \"prompt\": ...}",
-                       "invalid_request_error", "invalid_json");
-  }
+  const auto body = parse_request_object(ctx, k_route, req, *res, "{\"model\": ..., \"prompt\": ...}");
+  if (body.is_discarded()) return;
   if (auto e = body.find("echo"); e != body.end() && e->is_boolean() && e->get<bool>())
     return reply_error(ctx, k_route, *res, 400, "field 'echo': true is not supported by this engine; expected false or absent",
                        "invalid_request_error", "unsupported_parameter");
@@ -158,17 +109,7 @@ void handle_completions(const RouteContext& ctx, const http::Request& req, std::
   if (!state->params.max_tokens_given) gen.max_tokens = 16;  // the OpenAI completions default
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");
-  state->res = res;
-  state->text = ctx.model.text.get();
-  state->metrics = &ctx.metrics;
-  state->handle = std::make_shared<RequestHandle>();
-  state->id = make_response_id("cmpl-");
-  state->created = unix_now();
-  state->model = ctx.options.served_model_name;
-  res->on_disconnect([h = state->handle] { h->cancel(); });
-  engine.submit(
-      std::move(gen), [state](const GenerationEvent& ev) { state->on_event(ev); },
-      [state](const GenerationResult& r) { state->on_done(r); }, state->handle);
+  submit_generation(ctx, std::move(state), std::move(res), "cmpl-");
 }
 
 }  // namespace servedeck::worker
