@@ -4,6 +4,7 @@
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
 
@@ -11,7 +12,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using detail::lane_dot;
+using detail::warp_argmax;
 using detail::warp_max;
+using detail::warp_softmax_inplace;
 using detail::warp_sum;
 
 int sm_count() {
@@ -120,37 +123,13 @@ __global__ void __launch_bounds__(k_router_warps * 32) router_fused_kernel(
   __syncthreads();
   if (!is_last || threadIdx.x >= 32) return;
   __threadfence();
-  float m = -INFINITY;
-  for (int e = lane; e < n; e += 32) {
-    p[e] = __ldcg(o.logits + e);
-    m = fmaxf(m, p[e]);
-  }
-  m = warp_max(m);
-  float s = 0.f;
-  for (int e = lane; e < n; e += 32) {
-    p[e] = expf(p[e] - m);
-    s += p[e];
-  }
-  const float total = warp_sum(s);
-  for (int e = lane; e < n; e += 32) p[e] = p[e] / total;
-  __syncwarp();
+  for (int e = lane; e < n; e += 32) p[e] = __ldcg(o.logits + e);
+  warp_softmax_inplace(p, n, lane);
   float chosen_sum = 0.f;
   for (int r = 0; r < k; ++r) {
-    float bv = -1.f;
-    int bi = n;
-    for (int e = lane; e < n; e += 32)
-      if (p[e] > bv) {  // strided scan in increasing e: ties keep the lower id
-        bv = p[e];
-        bi = e;
-      }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    float bv;
+    int bi;
+    warp_argmax(p, n, lane, bv, bi);
     if (lane == 0) {
       o.ids[r] = bi;
       o.weights[r] = bv;

@@ -3,6 +3,7 @@
 
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/router_select.cuh"
 #include "worker/cuda/prefill.cuh"
 
 namespace servedeck::worker::cuda {
@@ -10,7 +11,9 @@ namespace servedeck::worker::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::warp_argmax;
 using detail::warp_max;
+using detail::warp_softmax_inplace;
 using detail::warp_sum;
 
 __global__ void embed_rows_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ tokens, float* __restrict__ x,
@@ -123,38 +126,14 @@ __global__ void router_rows_kernel(const float* __restrict__ logits, int rows, i
   if (r >= rows) return;
   float* p = ps[warp];
   const float* lr = logits + static_cast<size_t>(r) * n;
-  float m = -INFINITY;
-  for (int e = lane; e < n; e += 32) {
-    p[e] = lr[e];
-    m = fmaxf(m, p[e]);
-  }
-  m = warp_max(m);
-  float s = 0.f;
-  for (int e = lane; e < n; e += 32) {
-    p[e] = expf(p[e] - m);
-    s += p[e];
-  }
-  const float total = warp_sum(s);
-  for (int e = lane; e < n; e += 32) p[e] = p[e] / total;
-  __syncwarp();
+  for (int e = lane; e < n; e += 32) p[e] = lr[e];
+  warp_softmax_inplace(p, n, lane);
   float chosen_sum = 0.f, chosen[32];
   int chosen_id[32];
   for (int j = 0; j < k; ++j) {
-    float bv = -1.f;
-    int bi = n;
-    for (int e = lane; e < n; e += 32)
-      if (p[e] > bv) {
-        bv = p[e];
-        bi = e;
-      }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    float bv;
+    int bi;
+    warp_argmax(p, n, lane, bv, bi);
     if (lane == 0) p[bi] = -1.f;
     chosen[j & 31] = bv;
     chosen_id[j & 31] = bi;

@@ -1,0 +1,50 @@
+// Device helpers for the MoE router (internal to worker/cuda): one warp turns a row of router
+// logits held in shared memory into probabilities and picks the top-k, the same way in the
+// decode step (fused_decode.cu) and in prefill (prefill.cu), so both route identically.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "worker/cuda/dot.cuh"
+
+namespace servedeck::worker::cuda::detail {
+
+/// In place: p[0..n) = softmax(p[0..n)) over one warp (max-subtracted, fp32); ends with a
+/// __syncwarp so every lane sees the result.
+__device__ __forceinline__ void warp_softmax_inplace(float* p, int n, int lane) {
+  float m = -INFINITY;
+  for (int e = lane; e < n; e += 32) m = fmaxf(m, p[e]);
+  m = warp_max(m);
+  float s = 0.f;
+  for (int e = lane; e < n; e += 32) {
+    p[e] = expf(p[e] - m);
+    s += p[e];
+  }
+  const float total = warp_sum(s);
+  for (int e = lane; e < n; e += 32) p[e] = p[e] / total;
+  __syncwarp();
+}
+
+/// The largest of p[0..n) and its index, in every lane of the warp; ties keep the lower index
+/// (a strided scan in increasing index, then a shuffle tree that prefers the lower index).
+__device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, float& best, int& best_id) {
+  float bv = -1.f;  // probabilities are >= 0; a taken expert is marked -1
+  int bi = n;
+  for (int e = lane; e < n; e += 32)
+    if (p[e] > bv) {
+      bv = p[e];
+      bi = e;
+    }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  best = bv;
+  best_id = bi;
+}
+
+}  // namespace servedeck::worker::cuda::detail
