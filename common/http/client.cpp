@@ -145,6 +145,7 @@ ClientResponse fetch(const ClientRequest& req) {
   c.write(left());
   bhttp::response_parser<bhttp::string_body> p;
   p.body_limit(k_max_response_bytes);
+  if (req.method == "HEAD") p.skip(true);  // a HEAD response has a Content-Length but no body
   if (auto ec = c.read_all(p, left())) c.fail("read response", ec);
   ClientResponse out;
   out.status = static_cast<int>(p.get().result_int());

@@ -241,6 +241,8 @@ class Session : public std::enable_shared_from_this<Session> {
   auto executor() { return stream_.get_executor(); }
   std::atomic<bool> gone{false};
   std::atomic<std::size_t> pending_bytes{0};
+  /// The request being answered is HEAD: its response carries the head only (RFC 9110 9.3.2).
+  std::atomic<bool> head_request{false};
   ServerCore& server() { return srv_; }
 
  private:
@@ -304,6 +306,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.reset();
     Request req;
     req.method = std::string(msg.method_string());
+    head_request = msg.method() == bhttp::verb::head;
     req.target = std::string(msg.target());
     auto q = req.target.find('?');
     req.path = req.target.substr(0, q);
@@ -500,7 +503,7 @@ class ResponderImpl final : public Responder {
     head += "Content-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
     for (const auto& [k, v] : extra) head += k + ": " + v + "\r\n";
     head += "\r\n";
-    head += body;
+    if (!session_->head_request) head += body;  // HEAD: the same head, Content-Length included, no body
     post_locked(std::move(head), true);
   }
 

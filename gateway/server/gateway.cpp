@@ -201,10 +201,12 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
       return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path,
                               "invalid_request_error", "method_not_allowed");
   }
-  if (req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/models" ||
-      req.path == "/v1/responses")
-    return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path, "invalid_request_error",
-                            "method_not_allowed");
+  const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/responses";
+  const bool get_route = req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
+  if (post_route || get_route)
+    return http::send_error(*res, 405,
+                            "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET"),
+                            "invalid_request_error", "method_not_allowed", false, {{"Allow", post_route ? "POST" : "GET"}});
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
 }
 

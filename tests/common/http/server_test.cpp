@@ -95,6 +95,26 @@ TEST_CASE("keep-alive serves several requests on one connection, pipelined too")
   CHECK(a < b);
 }
 
+TEST_CASE("a HEAD response carries the head only, so the next pipelined request is read cleanly") {
+  Server srv({}, [](Request req, std::shared_ptr<Responder> res) { res->send(200, "text/plain", "body-of" + req.path); });
+  srv.start();
+  // HEAD then GET on one connection: were the HEAD body sent, the client would take it for the
+  // start of the next response.
+  const std::string two = "HEAD /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+  const auto got = raw_exchange(srv.port(), two, "body-of/b");
+  CHECK(got.find("body-of/a") == std::string::npos);
+  CHECK(got.find("Content-Length: 9\r\n") != std::string::npos);  // the HEAD answer names the GET's length
+  CHECK(got.find("HTTP/1.1 200") != got.rfind("HTTP/1.1 200"));   // two responses
+  ClientRequest cr;
+  cr.port = srv.port();
+  cr.method = "HEAD";
+  cr.target = "/c";
+  const auto r = fetch(cr);  // the client does not wait for a body that never comes
+  CHECK(r.status == 200);
+  CHECK(r.headers.at("content-length") == "9");
+  CHECK(r.body.empty());
+}
+
 TEST_CASE("a streamed response arrives event by event before it ends") {
   std::mutex mu;
   std::condition_variable cv;

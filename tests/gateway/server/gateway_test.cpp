@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 #include "common/http/client.hpp"
 #include "common/sse.hpp"
@@ -548,6 +549,22 @@ TEST_CASE("admin routes registered with add_route are served") {
   r.method = "GET";
   r.body.clear();
   CHECK(http::fetch(r).status == 405);
+  // The OpenAI and health routes: 405 naming the method they take, with Allow (never a 404).
+  for (auto [method, target, allow] : {std::tuple{"HEAD", "/health", "GET"}, std::tuple{"POST", "/metrics", "GET"},
+                                       std::tuple{"DELETE", "/v1/models", "GET"},
+                                       std::tuple{"GET", "/v1/chat/completions", "POST"},
+                                       std::tuple{"PUT", "/v1/responses", "POST"}}) {
+    r.method = method;
+    r.target = target;
+    const auto got = http::fetch(r);
+    INFO(method << " " << target);
+    CHECK(got.status == 405);
+    CHECK(got.headers.count("allow") == 1);
+    if (got.headers.count("allow")) CHECK(got.headers.at("allow") == std::string(allow));
+    if (std::string(method) != "HEAD")
+      CHECK(json::parse(got.body)["error"]["message"] ==
+            std::string("method ") + method + " not allowed on " + target + "; expected " + allow);
+  }
 }
 
 TEST_CASE("backpressure: a fast engine and a slow client lose nothing") {
