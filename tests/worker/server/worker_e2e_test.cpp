@@ -114,6 +114,22 @@ http::ClientResponse post_json(int port, const std::string& path, const json& bo
   return http::fetch(r);
 }
 
+/// POSTs `body` with "stream": true to /v1/chat/completions; checks status 200 and a stream that
+/// ends with [DONE] after at least two events; returns every event's data in order.
+std::vector<std::string> stream_chat(int port, json body) {
+  body["stream"] = true;
+  std::vector<std::string> events;
+  sse::Parser parser;
+  const int status = servedeck::worker::testing::raw_post_stream(port, "/v1/chat/completions", body.dump(), [&](std::string_view chunk) {
+    for (auto& e : parser.feed(chunk)) events.push_back(e.data);
+    return true;
+  });
+  CHECK(status == 200);
+  REQUIRE(events.size() >= 3);
+  CHECK(events.back() == "[DONE]");
+  return events;
+}
+
 /// Spawns `servedeck-worker serve` on `model` (port 0, 2 threads), reads its port from
 /// "listening on …" and polls /health (503 while loading, never anything else) until 200.
 int serve_until_healthy(Child& child, const std::string& model, const std::string& dir, const std::string& max_model_len,
@@ -187,17 +203,7 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
     CHECK(completion_tokens >= 1);
     CHECK(completion_tokens <= 4);
 
-    json sbody = body;
-    sbody["stream"] = true;
-    std::vector<std::string> events;
-    sse::Parser parser;
-    const int status = servedeck::worker::testing::raw_post_stream(port, "/v1/chat/completions", sbody.dump(), [&](std::string_view chunk) {
-      for (auto& e : parser.feed(chunk)) events.push_back(e.data);
-      return true;
-    });
-    CHECK(status == 200);
-    REQUIRE(events.size() >= 3);
-    CHECK(events.back() == "[DONE]");
+    const auto events = stream_chat(port, body);
     std::string streamed;
     for (std::size_t i = 0; i + 1 < events.size(); ++i) {
       const auto c = json::parse(events[i])["choices"][0]["delta"];
@@ -270,17 +276,7 @@ TEST_CASE("the chat tiny model says its planted reply and ends the turn, streame
     CHECK(j["usage"]["completion_tokens"] == 10);  // 9 reply tokens + <|im_end|>
   }
 
-  json sbody = bodies[0];
-  sbody["stream"] = true;
-  std::vector<std::string> events;
-  sse::Parser parser;
-  const int status = servedeck::worker::testing::raw_post_stream(port, "/v1/chat/completions", sbody.dump(), [&](std::string_view chunk) {
-    for (auto& e : parser.feed(chunk)) events.push_back(e.data);
-    return true;
-  });
-  CHECK(status == 200);
-  REQUIRE(events.size() >= 3);
-  CHECK(events.back() == "[DONE]");
+  const auto events = stream_chat(port, bodies[0]);
   std::string streamed, finish;
   int content_events = 0;
   for (std::size_t i = 0; i + 1 < events.size(); ++i) {
