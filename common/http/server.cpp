@@ -487,7 +487,7 @@ class ResponderImpl final : public Responder {
     if (!started_) {
       auto body = make_error("the handler produced no response", "server_error", "no_response").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       post_locked(status_line(500) + "Content-Type: application/json\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\n\r\n" + body,
+                      std::to_string(body.size()) + "\r\n\r\n" + (session_->head_request ? std::string() : body),
                   true);
     } else if (streaming_ && !ended_) {
       session_->server().post(session_->executor(), [s = session_] { s->abort_response(); });
@@ -517,6 +517,12 @@ class ResponderImpl final : public Responder {
     if (!has_header(extra, "cache-control")) head += "Cache-Control: no-cache\r\n";
     for (const auto& [k, v] : extra) head += k + ": " + v + "\r\n";
     head += "\r\n";
+    if (session_->head_request) {
+      // HEAD: the head is the whole response (no chunks); later write() calls report false.
+      ended_ = true;
+      post_locked(std::move(head), true);
+      return false;
+    }
     post_locked(std::move(head), false);
     return !session_->gone;
   }
@@ -551,9 +557,11 @@ class ResponderImpl final : public Responder {
   std::size_t queued_bytes() const override { return session_->pending_bytes.load(); }
 
   void when_drained(std::size_t below, std::function<void()> cb) override {
-    session_->server().dispatch(session_->executor(), [s = session_, below, cb = std::move(cb)]() mutable {
-      s->add_drain_cb(below, std::move(cb));
-    });
+    auto shared_cb = std::make_shared<std::function<void()>>(std::move(cb));
+    bool queued = session_->server().dispatch(
+        session_->executor(), [s = session_, below, shared_cb] { s->add_drain_cb(below, std::move(*shared_cb)); });
+    // Stopped server: the connection is closed, which counts as drained (as on_disconnect below).
+    if (!queued) (*shared_cb)();
   }
 
   void on_disconnect(std::function<void()> cb) override {

@@ -41,12 +41,13 @@ class Responder {
  public:
   virtual ~Responder() = default;
 
-  /// A complete response with Content-Length.
+  /// A complete response with Content-Length (for a HEAD request: the same head, no body).
   virtual void send(int status, std::string content_type, std::string body,
                     Headers extra_headers = {}) = 0;
 
   /// Starts a chunked response (text/event-stream by default; Cache-Control: no-cache).
-  /// Returns false when the client is already gone.
+  /// Returns false when the client is already gone, and for a HEAD request (the head alone is
+  /// sent and the response is complete).
   virtual bool start_stream(int status, std::string content_type = "text/event-stream",
                             Headers extra_headers = {}) = 0;
 

@@ -186,9 +186,11 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
     return handle_completion(Route::chat_completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/responses") return handle_responses(req, std::move(res));
-  if (req.method == "GET" && req.path == "/v1/models") return handle_models(*res);
-  if (req.method == "GET" && req.path == "/health") return handle_health(*res);
-  if (req.method == "GET" && req.path == "/metrics")
+  // HEAD is answered as GET on the read-only routes; the server sends the head only (RFC 9110 9.3.2).
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  if (get && req.path == "/v1/models") return handle_models(*res);
+  if (get && req.path == "/health") return handle_health(*res);
+  if (get && req.path == "/metrics")
     return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
   if (auto it = routes.find({req.method, req.path}); it != routes.end()) {
     if (!is_loopback(opt.host) && !is_loopback(req.remote_address))
@@ -196,17 +198,19 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
                               "admin_loopback_only");
     return it->second(std::move(req), std::move(res));
   }
-  for (const auto& [key, h] : routes) {
-    if (key.second == req.path)
-      return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path,
-                              "invalid_request_error", "method_not_allowed");
-  }
+  std::string allowed;  // the admin methods registered on this path
+  for (const auto& [key, h] : routes)
+    if (key.second == req.path) allowed += (allowed.empty() ? "" : ", ") + key.first;
+  if (!allowed.empty())
+    return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path + "; expected " + allowed,
+                            "invalid_request_error", "method_not_allowed", false, {{"Allow", allowed}});
   const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/responses";
   const bool get_route = req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
   if (post_route || get_route)
     return http::send_error(*res, 405,
                             "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET"),
-                            "invalid_request_error", "method_not_allowed", false, {{"Allow", post_route ? "POST" : "GET"}});
+                            "invalid_request_error", "method_not_allowed", false,
+                            {{"Allow", post_route ? "POST" : "GET, HEAD"}});
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
 }
 

@@ -70,6 +70,14 @@ GenerationConfig parse_generation_config(const std::string& json_text, const std
   return generation_from(j, origin);
 }
 
+GenerationConfig load_generation_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen_path)) return parse_generation_config(read_file(gen_path), gen_path);
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  return parse_generation_config(read_file(config_path), config_path);
+}
+
 Checkpoint Checkpoint::open(const std::string& dir) {
   namespace fs = std::filesystem;
   Checkpoint c;
@@ -77,12 +85,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw CheckpointError(dir + ": no config.json");
   c.description_ = load_model_config(config_path);
-  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
-  if (fs::exists(gen_path)) {
-    c.generation_ = parse_generation_config(read_file(gen_path), gen_path);
-  } else {
-    c.generation_ = parse_generation_config(read_file(config_path), config_path);
-  }
+  c.generation_ = load_generation_config(dir);
   c.tensors_ = TensorSet::open_dir(dir);
 
   const auto& d = c.description_;

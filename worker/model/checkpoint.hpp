@@ -101,4 +101,9 @@ class Checkpoint {
 /// `origin` names the file in errors. Throws CheckpointError on a mistyped field.
 GenerationConfig parse_generation_config(const std::string& json_text, const std::string& origin);
 
+/// The end-of-turn and BOS ids of checkpoint directory `dir`: from generation_config.json when it
+/// exists, else from config.json (as Checkpoint::open). Throws CheckpointError naming the file
+/// that could not be read or parsed.
+GenerationConfig load_generation_config(const std::string& dir);
+
 }  // namespace servedeck::worker

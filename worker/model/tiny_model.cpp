@@ -77,6 +77,12 @@ void check_planted(const PlantedReply& r, std::int64_t vocab) {
   if (r.after.empty()) throw std::runtime_error("planted reply: no start token ('after' is empty)");
   for (auto id : r.after) in_vocab(id, "start");
   in_vocab(r.end_token, "end");
+  for (auto id : r.tokens)
+    if (id == r.end_token)
+      throw std::runtime_error("planted reply: the end token " + std::to_string(id) + " is also in the reply");
+  for (auto id : r.after)
+    if (id == r.end_token)
+      throw std::runtime_error("planted reply: the end token " + std::to_string(id) + " is also a start token");
   for (std::size_t i = 0; i < r.tokens.size(); ++i) {
     in_vocab(r.tokens[i], "reply");
     for (std::size_t j = 0; j < i; ++j)

@@ -61,7 +61,8 @@ struct TinyModelOptions {
   /// MLPs' down_proj): 1 for the random model; small (0.05) for a planted reply.
   double residual_scale = 1.0;
   /// Non-empty tokens: plant this reply (forces an untied lm_head). Errors (std::runtime_error):
-  /// a repeated id, an id of `after` inside the reply, or an id outside the vocabulary.
+  /// a repeated id, an id of `after` inside the reply, the end token inside the reply or among
+  /// `after`, no start token, or an id outside the vocabulary.
   PlantedReply planted_reply;
 };
 

@@ -43,15 +43,6 @@ cuda::CudaBackendOptions cuda_options(const CpuModelOptions& options) {
 }
 #endif
 
-/// generation_config.json's end-of-turn ids in `dir`; empty when the file is absent.
-std::vector<std::int32_t> read_eos_ids(const std::string& dir) {
-  const auto path = std::filesystem::path(dir) / "generation_config.json";
-  std::ifstream in(path);
-  if (!in) return {};
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_generation_config(text, path.string()).eos_token_ids;
-}
-
 }  // namespace
 
 std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, const ProgressFn& progress) {
@@ -99,7 +90,7 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   EngineOptions eo;
   eo.max_model_len = m->max_model_len;
   eo.kv_cache_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * m->backend->kv_bytes_per_token();
-  eo.eos_ids = checkpoint ? checkpoint->generation().eos_token_ids : read_eos_ids(options.dir);
+  eo.eos_ids = checkpoint ? checkpoint->generation().eos_token_ids : load_generation_config(options.dir).eos_token_ids;
   if (eo.eos_ids.empty()) {
     if (auto id = m->text->token_id("<|im_end|>")) eo.eos_ids.push_back(*id);
   }

@@ -99,7 +99,9 @@ void WorkerServer::load() {
 void WorkerServer::handle(http::Request req, std::shared_ptr<http::Responder> res) {
   // Cheap routes answer on the I/O thread; the rest go to the blocking pool (tokenizing and
   // template rendering are CPU work).
-  if (req.method == "GET" && (req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models")) {
+  // HEAD is answered as GET on the read-only routes (the server sends the head only).
+  if ((req.method == "GET" || req.method == "HEAD") &&
+      (req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models")) {
     route(req, res);
     return;
   }
@@ -112,9 +114,10 @@ void WorkerServer::handle(http::Request req, std::shared_ptr<http::Responder> re
 
 void WorkerServer::route(const http::Request& req, const std::shared_ptr<http::Responder>& res) {
   const std::string& path = req.path;
-  if ((path == "/health" || path == "/metrics" || path == "/v1/models") && req.method != "GET") {
+  if ((path == "/health" || path == "/metrics" || path == "/v1/models") && req.method != "GET" && req.method != "HEAD") {
     metrics_.count_request(path == "/v1/models" ? "models" : "unknown", 405);
-    http::send_error(*res, 405, req.method + " " + path + ": expected GET", "invalid_request_error", "method_not_allowed", true);
+    http::send_error(*res, 405, req.method + " " + path + ": expected GET", "invalid_request_error", "method_not_allowed", true,
+                     {{"Allow", "GET, HEAD"}});
     return;
   }
   if (path == "/health") {
@@ -158,7 +161,8 @@ void WorkerServer::route(const http::Request& req, const std::shared_ptr<http::R
   }
   if (req.method != "POST") {
     metrics_.count_request(name, 405);
-    http::send_error(*res, 405, req.method + " " + path + ": expected POST", "invalid_request_error", "method_not_allowed", true);
+    http::send_error(*res, 405, req.method + " " + path + ": expected POST", "invalid_request_error", "method_not_allowed", true,
+                     {{"Allow", "POST"}});
     return;
   }
   LoadedModel* m = model();

@@ -113,6 +113,21 @@ TEST_CASE("a HEAD response carries the head only, so the next pipelined request 
   CHECK(r.status == 200);
   CHECK(r.headers.at("content-length") == "9");
   CHECK(r.body.empty());
+
+  // A streaming handler on HEAD: start_stream sends the head alone and reports false; writes
+  // fail; the pipelined GET after it is still answered cleanly.
+  std::atomic<int> wrote{0};
+  Server st({}, [&](Request req, std::shared_ptr<Responder> res) {
+    const bool started = res->start_stream(200);
+    if (res->write("data: chunk-of" + req.path + "\n\n")) ++wrote;
+    res->end();
+    if (req.method == "HEAD") CHECK_FALSE(started);
+  });
+  st.start();
+  const auto got2 = raw_exchange(st.port(), "HEAD /s HTTP/1.1\r\nHost: x\r\n\r\nGET /t HTTP/1.1\r\nHost: x\r\n\r\n", "chunk-of/t");
+  CHECK(got2.find("chunk-of/s") == std::string::npos);
+  CHECK(got2.find("chunk-of/t") != std::string::npos);
+  CHECK(wrote == 1);
 }
 
 TEST_CASE("a streamed response arrives event by event before it ends") {

@@ -549,22 +549,30 @@ TEST_CASE("admin routes registered with add_route are served") {
   r.method = "GET";
   r.body.clear();
   CHECK(http::fetch(r).status == 405);
+  r.method = "DELETE";  // an admin path: 405 naming what it takes
+  auto d = http::fetch(r);
+  CHECK(d.status == 405);
+  CHECK(d.headers["allow"] == "POST");
   // The OpenAI and health routes: 405 naming the method they take, with Allow (never a 404).
-  for (auto [method, target, allow] : {std::tuple{"HEAD", "/health", "GET"}, std::tuple{"POST", "/metrics", "GET"},
-                                       std::tuple{"DELETE", "/v1/models", "GET"},
-                                       std::tuple{"GET", "/v1/chat/completions", "POST"},
-                                       std::tuple{"PUT", "/v1/responses", "POST"}}) {
+  for (auto [method, target, allow, expected] :
+       {std::tuple{"POST", "/metrics", "GET, HEAD", "GET"}, std::tuple{"DELETE", "/v1/models", "GET, HEAD", "GET"},
+        std::tuple{"GET", "/v1/chat/completions", "POST", "POST"}, std::tuple{"PUT", "/v1/responses", "POST", "POST"}}) {
     r.method = method;
     r.target = target;
-    const auto got = http::fetch(r);
+    auto got = http::fetch(r);
     INFO(method << " " << target);
     CHECK(got.status == 405);
-    CHECK(got.headers.count("allow") == 1);
-    if (got.headers.count("allow")) CHECK(got.headers.at("allow") == std::string(allow));
-    if (std::string(method) != "HEAD")
-      CHECK(json::parse(got.body)["error"]["message"] ==
-            std::string("method ") + method + " not allowed on " + target + "; expected " + allow);
+    CHECK(got.headers["allow"] == std::string(allow));
+    CHECK(json::parse(got.body)["error"]["message"] ==
+          std::string("method ") + method + " not allowed on " + target + "; expected " + expected);
   }
+  // HEAD on a read-only route is GET without the body (RFC 9110: a server supports GET and HEAD).
+  r.method = "HEAD";
+  r.target = "/health";
+  auto h = http::fetch(r);
+  CHECK(h.status == 200);
+  CHECK(h.body.empty());
+  CHECK(std::stoul(h.headers["content-length"]) > 0);
 }
 
 TEST_CASE("backpressure: a fast engine and a slow client lose nothing") {

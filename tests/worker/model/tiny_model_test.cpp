@@ -110,6 +110,14 @@ TEST_CASE("a planted reply that cannot be planted is refused with the offending 
   CHECK(write_error(o).find("end id 1000 is outside the vocabulary [0, 1000)") != std::string::npos);
 
   o = small_planted();
+  o.planted_reply.end_token = 200;
+  CHECK(write_error(o).find("the end token 200 is also in the reply") != std::string::npos);
+
+  o = small_planted();
+  o.planted_reply.end_token = 7;
+  CHECK(write_error(o).find("the end token 7 is also a start token") != std::string::npos);
+
+  o = small_planted();
   o.planted_reply.after.clear();
   CHECK(write_error(o).find("no start token") != std::string::npos);
 

@@ -334,11 +334,19 @@ TEST_CASE("/v1/models and /metrics") {
   CHECK(metrics.body.find("servedeck_worker_requests_total{route=\"chat\",status=\"200\"} 1") != std::string::npos);
   CHECK(metrics.body.find("servedeck_worker_generation_tokens_total 13") != std::string::npos);
   CHECK(metrics.body.find("servedeck_worker_time_to_first_token_seconds_count 1") != std::string::npos);
-  for (const char* path : {"/v1/models", "/health", "/metrics"}) {  // read-only routes: GET only
-    const auto r = f.post(path, "{}");
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {  // read-only routes: GET (and HEAD) only
+    auto r = f.post(path, "{}");
     CHECK(r.status == 405);
+    CHECK(r.headers["allow"] == "GET, HEAD");
     CHECK(json::parse(r.body)["error"]["message"] == std::string("POST ") + path + ": expected GET");
   }
+  http::ClientRequest head;
+  head.port = f.server->port();
+  head.method = "HEAD";
+  head.target = "/health";
+  auto h = http::fetch(head);
+  CHECK(h.status == 200);
+  CHECK(h.body.empty());
 }
 
 TEST_CASE("a client that goes away cancels its generation and frees the cache") {
