@@ -25,14 +25,9 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/// This lane's share of row·x (not yet reduced over the warp); n % 8 == 0, row and x 16-byte
-/// aligned. Four independent 16-byte loads in flight per lane.
-__device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float* x, int n, int lane) {
-  const uint4* w = reinterpret_cast<const uint4*>(row);
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const int n8 = n / 8;
-  float acc = 0.f;
-  int i = lane;
+/// Adds to `acc` this lane's terms of row·x from 16-byte block i on (i advancing by 32 per lane
+/// step; n8 blocks in all): four independent loads in flight, then the tail one at a time.
+__device__ __forceinline__ float lane_dot_from(const uint4* w, const float4* x4, int n8, int i, float acc) {
   for (; i + 96 < n8; i += 128) {
     const uint4 w0 = w[i], w1 = w[i + 32], w2 = w[i + 64], w3 = w[i + 96];
     acc += dot8(w0, x4[2 * i], x4[2 * i + 1]);
@@ -42,6 +37,12 @@ __device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float*
   }
   for (; i < n8; i += 32) acc += dot8(w[i], x4[2 * i], x4[2 * i + 1]);
   return acc;
+}
+
+/// This lane's share of row·x (not yet reduced over the warp); n % 8 == 0, row and x 16-byte
+/// aligned. Four independent 16-byte loads in flight per lane.
+__device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float* x, int n, int lane) {
+  return lane_dot_from(reinterpret_cast<const uint4*>(row), reinterpret_cast<const float4*>(x), n / 8, lane, 0.f);
 }
 
 // One warp: optional per-head RMSNorm, then RoPE (rotate_half) at position pos, into dst.
@@ -106,16 +107,7 @@ __device__ __forceinline__ float lane_dot_prefetched(const RowPrefetch& p, const
     const int i = lane + 32 * u;
     if (i < n8) acc += dot8(p.w[u], x4[2 * i], x4[2 * i + 1]);
   }
-  int i = lane + 256;
-  for (; i + 96 < n8; i += 128) {
-    const uint4 w0 = w[i], w1 = w[i + 32], w2 = w[i + 64], w3 = w[i + 96];
-    acc += dot8(w0, x4[2 * i], x4[2 * i + 1]);
-    acc += dot8(w1, x4[2 * (i + 32)], x4[2 * (i + 32) + 1]);
-    acc += dot8(w2, x4[2 * (i + 64)], x4[2 * (i + 64) + 1]);
-    acc += dot8(w3, x4[2 * (i + 96)], x4[2 * (i + 96) + 1]);
-  }
-  for (; i < n8; i += 32) acc += dot8(w[i], x4[2 * i], x4[2 * i + 1]);
-  return acc;
+  return lane_dot_from(w, x4, n8, lane + 256, acc);
 }
 
 }  // namespace servedeck::worker::cuda::detail

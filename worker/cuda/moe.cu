@@ -2,6 +2,7 @@
 // pointer table: a hot expert's pointer is VRAM (hot-expert cache), a cold one's is a UVA
 // pointer into pinned host memory, so a miss streams exactly that expert over PCIe and the
 // selection needs no device→host sync (the step stays capturable in a CUDA graph).
+#include "worker/cuda/dot.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/launch_check.cuh"
 
@@ -11,27 +12,9 @@ namespace {
 
 constexpr int k_warps = 8;
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-  float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-  float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-  return f0.x * a.x + f0.y * a.y + f1.x * a.z + f1.y * a.w + f2.x * b.x + f2.y * b.y + f3.x * b.z + f3.y * b.w;
-}
-
+/// row·x reduced over the warp (every lane gets it): dot.cuh's lane_dot and warp_sum.
 __device__ __forceinline__ float row_dot(const __nv_bfloat16* row, const float* x, int n, int lane) {
-  const uint4* w = reinterpret_cast<const uint4*>(row);
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const int n8 = n / 8;
-  float acc = 0.f;
-  int i = lane;
-  for (; i + 96 < n8; i += 128) {
-    uint4 w0 = w[i], w1 = w[i + 32], w2 = w[i + 64], w3 = w[i + 96];
-    acc += dot8(w0, x4[2 * i], x4[2 * i + 1]) + dot8(w1, x4[2 * (i + 32)], x4[2 * (i + 32) + 1]) +
-           dot8(w2, x4[2 * (i + 64)], x4[2 * (i + 64) + 1]) + dot8(w3, x4[2 * (i + 96)], x4[2 * (i + 96) + 1]);
-  }
-  for (; i < n8; i += 32) acc += dot8(w[i], x4[2 * i], x4[2 * i + 1]);
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  return acc;
+  return detail::warp_sum(detail::lane_dot(row, x, n, lane));
 }
 
 // gate|up rows of the k routed experts: scratch[j, r] = W_j[r, :] · x, r in [0, 2*inter).
