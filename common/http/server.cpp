@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -27,9 +26,15 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/http/blocking_pool.hpp"
+#include "common/http/wire_format.hpp"
 #include "common/openai_error.hpp"
 
 namespace servedeck::http {
+
+using detail::has_header;
+using detail::status_line;
+using detail::to_hex;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -44,85 +49,6 @@ std::string Request::header(std::string_view name) const {
   return it == headers.end() ? std::string() : it->second;
 }
 
-namespace {
-
-std::string status_line(int status) {
-  std::string reason(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
-  if (reason.empty() || reason == "<unknown-status>") reason = "Status";
-  return "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\n";
-}
-
-bool has_header(const Headers& h, std::string_view name) {
-  for (const auto& [k, v] : h) {
-    if (k.size() == name.size() &&
-        std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-        }))
-      return true;
-  }
-  return false;
-}
-
-std::string to_hex(std::size_t n) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string out;
-  do {
-    out.insert(out.begin(), digits[n & 0xf]);
-    n >>= 4;
-  } while (n);
-  return out;
-}
-
-/// Fixed-size worker pool with a bounded queue (post_blocking()).
-class BlockingPool {
- public:
-  BlockingPool(int threads, std::size_t max_queue) : max_queue_(max_queue) {
-    for (int i = 0; i < std::max(1, threads); ++i) workers_.emplace_back([this] { run(); });
-  }
-  ~BlockingPool() { stop(); }
-  bool post(std::function<void()> fn) {
-    std::lock_guard lk(mu_);
-    if (stopping_ || queue_.size() >= max_queue_) return false;
-    queue_.push_back(std::move(fn));
-    cv_.notify_one();
-    return true;
-  }
-  void stop() {
-    {
-      std::lock_guard lk(mu_);
-      if (stopping_ && workers_.empty()) return;
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_)
-      if (t.joinable()) t.join();
-    workers_.clear();
-  }
-
- private:
-  void run() {
-    while (true) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping and drained
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-  std::size_t max_queue_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> workers_;
-  bool stopping_ = false;
-};
-
-}  // namespace
-
 class Session;
 
 struct ServerCore {
@@ -131,7 +57,7 @@ struct ServerCore {
   asio::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
-  std::unique_ptr<BlockingPool> pool;
+  std::unique_ptr<detail::BlockingPool> pool;
   std::atomic<std::size_t> connections{0};
   std::mutex sessions_mu;
   std::unordered_set<Session*> sessions;  // live sessions, for stop()
@@ -638,7 +564,7 @@ void Server::start() {
   im.acceptor->listen(asio::socket_base::max_listen_connections, ec);
   check("listen");
   im.port = im.acceptor->local_endpoint().port();
-  im.pool = std::make_unique<BlockingPool>(im.opt.blocking_threads, 1024);
+  im.pool = std::make_unique<detail::BlockingPool>(im.opt.blocking_threads, 1024);
   im.work.emplace(im.ioc.get_executor());
   im.do_accept(impl_->core);
   for (int i = 0; i < std::max(1, im.opt.threads); ++i) im.threads.emplace_back([&im] { im.ioc.run(); });
