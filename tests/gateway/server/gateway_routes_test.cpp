@@ -1,0 +1,241 @@
+// The gateway's routes end to end (same rig as gateway_test.cpp): request errors it answers
+// itself, aliases and /v1/models, switch_on_request queueing, API keys, /metrics, completions,
+// an unreachable engine, admin routes and the methods each route takes.
+#include "tests/gateway/server/gateway_rig.hpp"
+
+using namespace servedeck;
+using namespace servedeck::test::gateway_rig;
+
+TEST_CASE("request errors the gateway answers itself") {
+  Rig rig;
+  SUBCASE("413 over the body limit") {
+    auto r = rig.post("/v1/chat/completions", chat("glm", false, R"(,"pad":")" + std::string(5000, 'x') + "\""));
+    CHECK(r.status == 413);
+    CHECK(json::parse(r.body)["error"]["code"] == "body_too_large");
+  }
+  SUBCASE("400 naming the byte offset") {
+    auto r = rig.post("/v1/chat/completions", R"({"model": "glm", "messages": [}])");
+    CHECK(r.status == 400);
+    auto e = json::parse(r.body)["error"];
+    CHECK(e["code"] == "invalid_json");
+    // `{"model": "glm", "messages": [}]}`: the stray '}' is byte 30.
+    CHECK_MESSAGE(e["message"].get<std::string>().find("at byte 30:") != std::string::npos, e["message"]);
+  }
+  SUBCASE("404 for an unknown model, listing the configured ids") {
+    auto r = rig.post("/v1/chat/completions", chat("gpt-9"));
+    CHECK(r.status == 404);
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("glm53-flash-high") != std::string::npos);
+  }
+  SUBCASE("409 naming the running model and the switch command") {
+    auto r = rig.post("/v1/chat/completions", chat("qwen3.8-flash-next"));
+    CHECK(r.status == 409);
+    auto e = json::parse(r.body)["error"];
+    CHECK(e["code"] == "model_not_running");
+    auto m = e["message"].get<std::string>();
+    CHECK(m.find("'glm53'") != std::string::npos);
+    CHECK(m.find("servedeck switch qwen") != std::string::npos);
+    CHECK(rig.slots.ensure_calls() == 0);
+  }
+  CHECK(rig.engine.requests() == 0);
+}
+
+TEST_CASE("G18: aliases of one base model never ask for a switch") {
+  Rig rig;
+  rig.engine.push(test::sse_script({role_ev(), content_ev("x"), finish_ev(), "[DONE]"}));
+  for (int i = 0; i < 4; ++i) {
+    auto r = stream(rig, chat(i % 2 ? "glm53-flash-low" : "glm53-flash-high"));
+    CHECK(r.done());
+  }
+  CHECK(rig.engine.requests() == 4);
+  CHECK(rig.slots.ensure_calls() == 0);
+  CHECK(rig.slots.starts() == 0);
+}
+
+TEST_CASE("G31: /v1/models lists every configured id with its own context") {
+  Rig rig("qwen");
+  auto r = rig.get("/v1/models");
+  CHECK(r.status == 200);
+  auto data = json::parse(r.body)["data"];
+  std::map<std::string, int64_t> ctx;
+  for (const auto& m : data) {
+    CHECK(m["owned_by"] == "servedeck");
+    ctx[m["id"]] = m["max_model_len"];
+  }
+  CHECK(ctx.size() == 6);
+  CHECK(ctx["glm53-flash"] == 131072);
+  CHECK(ctx["glm"] == 131072);
+  CHECK(ctx["glm53-flash-low"] == 131072);
+  CHECK(ctx["qwen3.8-flash-next"] == 16384);
+  CHECK(ctx["lazy-model"] == 4096);
+}
+
+TEST_CASE("switch_on_request: queued while the model loads, heartbeats to a waiting stream") {
+  Rig rig("glm53", 30);
+  rig.slots.switch_delay_ms = 200;
+  rig.engine.push(test::sse_script({role_ev(), content_ev("loaded"), finish_ev(), "[DONE]"}));
+  auto r = stream(rig, chat("lazy-model"));
+  CHECK(r.status == 200);
+  CHECK(rig.slots.ensure_calls() == 1);
+  CHECK_FALSE(r.comments.empty());
+  CHECK(r.comments[0].find("waiting for model lazy") != std::string::npos);
+  REQUIRE(r.data.size() == 4);
+  CHECK(r.event(1)["choices"][0]["delta"]["content"] == "loaded");
+  CHECK(r.done());
+}
+
+TEST_CASE("switch_on_request: a failed switch and a full queue answer 503 with Retry-After") {
+  Rig rig;
+  rig.slots.switch_ok = false;
+  auto r = rig.post("/v1/chat/completions", chat("lazy-model", false));
+  CHECK(r.status == 503);
+  CHECK(r.headers["retry-after"] == "7");
+  CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("host RAM") != std::string::npos);
+  rig.slots.switch_ok = true;
+  rig.slots.switch_delay_ms = 2300;  // longer than queue_timeout_s = 2
+  std::thread first([&] {
+    auto t = rig.post("/v1/chat/completions", chat("lazy-model", false));
+    CHECK(t.status == 503);
+    CHECK(json::parse(t.body)["error"]["code"] == "queue_timeout");
+  });
+  REQUIRE(wait_for([&] { return rig.slots.ensure_calls() == 2; }));
+  auto full = rig.post("/v1/chat/completions", chat("lazy-model", false));  // queue_max = 1
+  CHECK(full.status == 503);
+  CHECK(json::parse(full.body)["error"]["code"] == "queue_full");
+  first.join();
+}
+
+TEST_CASE("API keys: 401 envelope without a valid bearer token; /health stays open") {
+  TempDir dir;
+  FakeEngine engine;
+  auto reg = make_registry();
+  reg.server.api_keys = {"sk-local"};
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", engine.port());
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.start();
+  http::ClientRequest r;
+  r.port = gw.port();
+  r.target = "/v1/models";
+  auto a = http::fetch(r);
+  CHECK(a.status == 401);
+  CHECK(json::parse(a.body)["error"]["type"] == "authentication_error");
+  r.headers = {{"Authorization", "Bearer sk-local"}};
+  CHECK(http::fetch(r).status == 200);
+  r.headers = {};
+  r.target = "/health";
+  CHECK(http::fetch(r).status == 200);
+}
+
+TEST_CASE("/metrics: requests by model and status, repairs, slot state; admin routes") {
+  Rig rig;
+  rig.engine.push(test::sse_script({role_ev(), content_ev("x"), finish_ev(), "[DONE]"}));
+  stream(rig, chat());
+  rig.post("/v1/chat/completions", chat("qwen3.8-flash-next"));
+  rig.gw.metrics().count_repair("sanitize_tool_tags", "glm53");
+  REQUIRE(wait_for([&] { return rig.gw.metrics().requests("glm53", 200) == 1; }));
+  auto m = rig.get("/metrics");
+  CHECK(m.status == 200);
+  CHECK(m.body.find("servedeck_requests_total{model=\"glm53\",status=\"200\"} 1") != std::string::npos);
+  CHECK(m.body.find("servedeck_requests_total{model=\"qwen\",status=\"409\"} 1") != std::string::npos);
+  CHECK(m.body.find("servedeck_policy_repairs_total{policy=\"sanitize_tool_tags\",model=\"glm53\"} 1") != std::string::npos);
+  CHECK(m.body.find("servedeck_slot_state{model=\"glm53\",state=\"ready\"} 1") != std::string::npos);
+  CHECK(m.body.find("servedeck_ttft_seconds_count{model=\"glm53\"} 1") != std::string::npos);
+  CHECK(m.body.find("servedeck_in_flight_requests 0") != std::string::npos);
+  auto h = rig.get("/health");
+  CHECK(json::parse(h.body)["slot"]["model"] == "glm53");
+  CHECK(rig.get("/nope").status == 404);
+}
+
+TEST_CASE("/v1/completions streams text chunks with one finish chunk") {
+  Rig rig;
+  rig.engine.push(test::sse_script({R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"ab","finish_reason":null}]})",
+                                    R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"c","finish_reason":"length"}]})",
+                                    "[DONE]"}));
+  http::ClientRequest r;
+  r.port = rig.gw.port();
+  r.method = "POST";
+  r.target = "/v1/completions";
+  r.body = R"({"model":"glm","prompt":"x","stream":true})";
+  std::string body;
+  http::fetch_stream(r, nullptr, [&](std::string_view c) { body.append(c); return true; });
+  sse::Parser p;
+  auto ev = p.feed(body);
+  REQUIRE(ev.size() == 4);
+  CHECK(json::parse(ev[0].data)["choices"][0]["text"] == "ab");
+  CHECK(json::parse(ev[1].data)["choices"][0]["finish_reason"].is_null());
+  CHECK(json::parse(ev[2].data)["choices"][0]["finish_reason"] == "length");
+  CHECK(ev[3].data == "[DONE]");
+  CHECK(rig.engine.last_body()["model"] == "glm53-flash");
+}
+
+TEST_CASE("an unreachable engine: 502 engine_unreachable") {
+  int closed_port = 0;
+  {
+    http::Server s({}, [](http::Request, std::shared_ptr<http::Responder> res) { res->send(200, "text/plain", ""); });
+    s.start();
+    closed_port = s.port();
+  }
+  TempDir dir;
+  auto reg = make_registry();
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", closed_port);
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.start();
+  http::ClientRequest r;
+  r.port = gw.port();
+  r.method = "POST";
+  r.target = "/v1/chat/completions";
+  r.body = chat();
+  auto a = http::fetch(r);
+  CHECK(a.status == 502);
+  CHECK(json::parse(a.body)["error"]["code"] == "engine_unreachable");
+  CHECK(wait_for([&] { return slots.leases() == 0; }));
+}
+
+TEST_CASE("admin routes registered with add_route are served") {
+  TempDir dir;
+  FakeEngine engine;
+  auto reg = make_registry();
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", engine.port());
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.add_route("POST", "/admin/switch", [](http::Request req, std::shared_ptr<http::Responder> res) {
+    res->send(202, "application/json", R"({"accepted":)" + req.body + "}");
+  });
+  gw.start();
+  http::ClientRequest r;
+  r.port = gw.port();
+  r.method = "POST";
+  r.target = "/admin/switch";
+  r.body = "1";
+  auto a = http::fetch(r);
+  CHECK(a.status == 202);
+  CHECK(json::parse(a.body)["accepted"] == 1);
+  r.method = "GET";
+  r.body.clear();
+  CHECK(http::fetch(r).status == 405);
+  r.method = "DELETE";  // an admin path: 405 naming what it takes
+  auto d = http::fetch(r);
+  CHECK(d.status == 405);
+  CHECK(d.headers["allow"] == "POST");
+  // The OpenAI and health routes: 405 naming the method they take, with Allow (never a 404).
+  for (auto [method, target, allow, expected] :
+       {std::tuple{"POST", "/metrics", "GET, HEAD", "GET"}, std::tuple{"DELETE", "/v1/models", "GET, HEAD", "GET"},
+        std::tuple{"GET", "/v1/chat/completions", "POST", "POST"}, std::tuple{"PUT", "/v1/responses", "POST", "POST"}}) {
+    r.method = method;
+    r.target = target;
+    auto got = http::fetch(r);
+    INFO(method << " " << target);
+    CHECK(got.status == 405);
+    CHECK(got.headers["allow"] == std::string(allow));
+    CHECK(json::parse(got.body)["error"]["message"] ==
+          std::string("method ") + method + " not allowed on " + target + "; expected " + expected);
+  }
+  // HEAD on a read-only route is GET without the body (RFC 9110: a server supports GET and HEAD).
+  r.method = "HEAD";
+  r.target = "/health";
+  auto h = http::fetch(r);
+  CHECK(h.status == 200);
+  CHECK(h.body.empty());
+  CHECK(std::stoul(h.headers["content-length"]) > 0);
+}
