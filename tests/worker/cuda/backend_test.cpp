@@ -36,13 +36,9 @@ std::vector<int32_t> prompt(std::size_t n, std::size_t vocab) {
   return ids;
 }
 
-std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
-
-}  // namespace
-
-TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a MoE checkpoint") {
-  gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+/// The MoE shape most cases use: 3 layers, hidden 256, 8/2 heads of 32, 16 experts top-4 of 64,
+/// vocab 4096 (small enough for the CPU reference, large enough for several GEMV blocks).
+TinyModelOptions small_moe() {
   TinyModelOptions o;
   o.num_layers = 3;
   o.hidden_size = 256;
@@ -53,6 +49,17 @@ TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a 
   o.top_k = 4;
   o.moe_intermediate_size = 64;
   o.vocab_size = 4096;
+  return o;
+}
+
+std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
+
+}  // namespace
+
+TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a MoE checkpoint") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = temp_dir();
+  TinyModelOptions o = small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
   auto cpu = make_cpu_backend(ck);
@@ -123,16 +130,7 @@ TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with bot
 TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; chunks and staging groups") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  TinyModelOptions o;
-  o.num_layers = 3;
-  o.hidden_size = 256;
-  o.num_heads = 8;
-  o.num_kv_heads = 2;
-  o.head_dim = 32;
-  o.num_experts = 16;
-  o.top_k = 4;
-  o.moe_intermediate_size = 64;
-  o.vocab_size = 4096;
+  TinyModelOptions o = small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
   auto cpu = make_cpu_backend(ck);
