@@ -11,7 +11,7 @@
 // Then prefill tok/s at 512, 4096 and 16384 tokens (one chunk each), all experts resident and all
 // offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
 // roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
-// Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N]
+// Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N] [--breakdown-only 1]
 //   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
@@ -204,6 +204,20 @@ void kernel_breakdown(double hbm_gbs) {
     cuda::launch_moe_down_fused(t, act, ids + i * K, rw, K, x, st, true);
   });
   std::printf("%-28s %9.2f   (x 48 layers = %.2f ms)\n", "sum per layer", layer, layer * 48 / 1000);
+  // The six kernels in step order, one layer after another (distinct weights per layer): the
+  // layer as the step runs it, against the sum of its kernels timed alone.
+  const double layer_bytes = 2.0 * ((QD + 2.0 * KVD) * H + H * QD + E * H + K * 3.0 * I * H) + 256.0 * KVD * 8;
+  time_graph("layer sequence (6 kernels)", layer_bytes, reps, [&](int i) {
+    const std::size_t qkv_sz = static_cast<std::size_t>(QD + 2 * KVD) * H;
+    const bf16* rwt = r_w + static_cast<std::size_t>(i) * E * H;
+    cuda::launch_norm_gemv_bf16(qkv_w + i * qkv_sz, x, nw, 1e-6f, qkv, QD + 2 * KVD, H, false, nullptr, st, true);
+    cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
+    cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
+    cuda::launch_router_fused(rwt, x, nw, 1e-6f, xn, E, H, K, true, cuda::RouterOutputs{logits, router_ids, rw, done, flags, counters, lc},
+                              st, true);
+    cuda::launch_moe_gate_up_fused(t, xn, ids + i * K, K, act, st, true);
+    cuda::launch_moe_down_fused(t, act, ids + i * K, rw, K, x, st, true);
+  });
   time_graph("norm+lm_head (151936x2048)", 2.0 * V * H, 4, [&](int) {
     cuda::launch_norm_gemv_bf16(lm, x, nw, 1e-6f, logits, V, H, false, nullptr, st, true);
   });
@@ -254,12 +268,14 @@ ModelDescription qwen3_30b_a3b(int layers) {
 
 int main(int argc, char** argv) {
   int decode = 256, prompt = 128, layers = 48, prefill_max = 16384;
+  bool breakdown_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
     else if (a == "--prompt") prompt = std::atoi(argv[i + 1]);
     else if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
+    else if (a == "--breakdown-only") breakdown_only = std::atoi(argv[i + 1]) != 0;
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -273,6 +289,7 @@ int main(int argc, char** argv) {
               c.h2d_gbs, c.uva_gbs, c.hbm_gbs);
 
   kernel_breakdown(c.hbm_gbs);
+  if (breakdown_only) return 0;
 
   ModelDescription d = qwen3_30b_a3b(layers);
   std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk)\n", layers);
@@ -293,9 +310,15 @@ int main(int argc, char** argv) {
   // embedding table (one row) — attention, router and norm weights, and lm_head.
   const double dense_bytes = static_cast<double>(backend->resident_bytes()) - 151936.0 * 2048 * 2;
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("\n%-10s %9s %10s %12s %14s %13s %12s %9s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
-              "roofline t/s", "achieved", "ms/token");
-  for (auto [slots, pdl] : {std::pair{0, true}, std::pair{32, true}, std::pair{64, true}, std::pair{128, false}, std::pair{128, true}}) {
+  std::printf("\n%-10s %9s %10s %12s %14s %13s %12s %9s %10s %10s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
+              "roofline t/s", "achieved", "ms/token", "GPU ms", "GPU achvd");
+  struct Row {
+    int slots;
+    bool pdl;
+  };
+  for (const Row row : {Row{0, true}, Row{32, true}, Row{64, true}, Row{128, false}, Row{128, true}}) {
+    const int slots = row.slots;
+    const bool pdl = row.pdl;
     if (slots != backend->hot_slots()) backend->set_hot_slots(slots);
     backend->set_use_pdl(pdl);
     auto cache = backend->new_cache(static_cast<std::size_t>(prompt + decode + 8));
@@ -318,14 +341,18 @@ int main(int argc, char** argv) {
     const double roof_s = pcie_bytes / (c.uva_gbs * 1e9) + (dense_bytes + per_tok_hit * block) / (c.hbm_gbs * 1e9);
     const double tok_s = decode / decode_s;
     const double achieved = roof_s * tok_s;
+    // The step's graph alone (GPU time; the rest of ms/token is the host's share between steps).
+    const double step_us = backend->decode_step_us(*cache, 32);
     char label[24];
-    std::snprintf(label, sizeof label, "%d%%%s", slots * 100 / 128, pdl ? "" : " noPDL");
-    if (slots == 128) std::snprintf(label, sizeof label, "all%s", pdl ? "" : " noPDL");
-    std::printf("%-10s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f\n", label,
-                100 * st.hit_rate(), tok_s, prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode);
-    rows.push_back({{"hot_slots", slots}, {"pdl", pdl}, {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
+    std::snprintf(label, sizeof label, "%d%%", slots * 100 / 128);
+    if (slots == 128) std::snprintf(label, sizeof label, "all%s", !pdl ? " noPDL" : "");
+    std::printf("%-10s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f %10.3f %9.1f%%\n", label,
+                100 * st.hit_rate(), tok_s, prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode,
+                step_us / 1000, 100 * roof_s * 1e6 / step_us);
+    rows.push_back({{"hot_slots", slots}, {"pdl", pdl},  {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
                     {"prefill_tok_s_decode_path", prompt / prefill_s}, {"pcie_bytes_per_token", pcie_bytes},
-                    {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved}});
+                    {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved},
+                    {"gpu_step_us", step_us}});
   }
   std::printf("\nprefill128 column: the %d-token prompt before each decode row, through the staged prefill path.\n", prompt);
 

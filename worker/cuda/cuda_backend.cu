@@ -133,8 +133,9 @@ void CudaBackend::Impl::allocate_activations() {
   f(&route_w, topk); f(&act, topk * inter);
   f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
   CUDA_CHECK(cudaMalloc(&route_ids, topk * sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(&d_token, sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(&d_pos, sizeof(int32_t)));
+  // Token and position side by side: one host→device copy per decode step.
+  CUDA_CHECK(cudaMalloc(&d_token, 2 * sizeof(int32_t)));
+  d_pos = d_token + 1;
   CUDA_CHECK(cudaMalloc(&router_done, sizeof(unsigned int)));
   CUDA_CHECK(cudaMemset(router_done, 0, sizeof(unsigned int)));
   CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
@@ -183,6 +184,8 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
       launch_gemv_bf16(L.mlp_down, h, x, H, I, true, stream);
     }
   }
+  // Final norm + lm_head inside the step (and its graph): logits of the token just decoded.
+  launch_norm_gemv_bf16(lm_head, x, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
 }
 
 void CudaBackend::Impl::logits_row(const float* x_row, std::vector<float>& out) {
@@ -218,7 +221,7 @@ CudaBackend::~CudaBackend() {
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
                   static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),
-                  static_cast<void*>(m.d_pos), static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
+                  static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
     if (p) cudaFree(p);
   if (m.h_scalars) cudaFreeHost(m.h_scalars);
   if (m.h_logits) cudaFreeHost(m.h_logits);
@@ -240,6 +243,29 @@ std::size_t CudaBackend::resident_bytes() const { return impl_->arena_used; }
 std::size_t CudaBackend::host_bytes_mapped() const { return impl_->store ? impl_->store->host_bytes_mapped() : 0; }
 std::size_t CudaBackend::expert_bytes() const { return impl_->store ? impl_->store->expert_bytes() : 0; }
 int CudaBackend::hot_slots() const { return impl_->store ? impl_->store->slots() : 0; }
+
+double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
+  Impl& m = *impl_;
+  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
+  if (!c.graph_ || reps <= 0) throw std::logic_error("decode_step_us: the cache has no decode graph yet (or reps <= 0)");
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < 6; ++r) {
+    CUDA_CHECK(cudaEventRecord(a, m.stream));
+    for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
+    CUDA_CHECK(cudaEventRecord(b, m.stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r > 0) us.push_back(1000.0 * ms / reps);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
 
 void CudaBackend::set_use_pdl(bool on) { impl_->opt.use_pdl = on; }
 
@@ -290,8 +316,7 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     m.h_scalars[0] = tokens[i];
     m.h_scalars[1] = static_cast<int32_t>(c.length_);
-    CUDA_CHECK(cudaMemcpyAsync(m.d_token, &m.h_scalars[0], sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
-    CUDA_CHECK(cudaMemcpyAsync(m.d_pos, &m.h_scalars[1], sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaMemcpyAsync(m.d_token, m.h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
     if (m.opt.use_graphs) {
       if (!c.graph_) {
         cudaGraph_t graph;
@@ -308,7 +333,11 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
     ++c.length_;
     const bool want = all_logits || i + 1 == tokens.size();
     if (want) {
-      m.logits_row(m.x, out);
+      // The step computed this token's logits already (final norm + lm_head in the graph).
+      const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
+      CUDA_CHECK(cudaMemcpyAsync(m.h_logits, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      out.insert(out.end(), m.h_logits, m.h_logits + V);
     } else {
       // The scalars' pinned buffer is rewritten next token: the copies must have consumed it.
       CUDA_CHECK(cudaStreamSynchronize(m.stream));

@@ -66,6 +66,12 @@ class CudaBackend : public Backend {
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
 
+  /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm and
+  /// lm_head), replayed `reps` times back to back, in µs per step (median of 5 timed runs, CUDA
+  /// events). Replays the last decoded token at its position, rewriting that KV row with the same
+  /// values. For the benchmark: forward()'s time per token minus this is the host's share.
+  /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
+  double decode_step_us(KvCache& cache, int reps);
   /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
   void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <stdexcept>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cpu/cpu_backend.hpp"
@@ -124,6 +125,34 @@ TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with bot
   CHECK(a->stats().misses == 0);
   CHECK_THROWS_WITH_AS(b->forward(*cb, prompt(9, 2048), false),
                        "KV cache full: 25 cached + 9 new tokens exceed the capacity of 32 tokens", KvCacheFull);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = temp_dir();
+  write_model(dir, small_moe());
+  Checkpoint ck = Checkpoint::open(dir);
+  cuda::CudaBackendOptions on, off;
+  on.hot_fraction = off.hot_fraction = 0.5;  // VRAM and host-memory experts both on the path
+  on.staged_prefill = off.staged_prefill = false;  // every position through the decode step
+  off.use_pdl = false;
+  auto a = cuda::make_cuda_backend(ck, on);
+  auto b = cuda::make_cuda_backend(ck, off);
+  const auto ids = prompt(20, 4096);
+  auto ca = a->new_cache(32), cb = b->new_cache(32);
+  CHECK_THROWS_AS(a->decode_step_us(*ca, 4), std::logic_error);  // no decode graph yet
+  auto la = a->forward(*ca, ids, true);
+  auto lb = b->forward(*cb, ids, true);
+  REQUIRE(la.size() == 20u * 4096u);
+  CHECK(la == lb);
+  CHECK(a->stats().hot_hits > 0);
+  CHECK(a->stats().misses > 0);
+  // Replaying the step rewrites the last KV row with the same values: the next token agrees.
+  const double us = a->decode_step_us(*ca, 4);
+  MESSAGE("decode step of the small MoE: " << us << " us");
+  CHECK(us > 0);
+  CHECK(a->forward(*ca, std::vector<int32_t>{11}, false) == b->forward(*cb, std::vector<int32_t>{11}, false));
   std::filesystem::remove_all(dir);
 }
 
