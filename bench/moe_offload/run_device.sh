@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp}
 cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${cublas_dir}:${LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
-for t in fused kernels backend; do
+for t in fused kernels backend flash; do
   timeout 180 "$BIN/test_worker_cuda_$t" 2>&1 | tee "$OUT/test_$t.log"
   echo "test_worker_cuda_$t rc=$?"
 done

@@ -129,6 +129,9 @@ struct CudaBackend::Impl {
 
  private:
   void ensure_prefill_buffers(int chunk, std::size_t capacity);
+  /// Prefill attention through the flash kernel (opt.flash_attention and a supported shape);
+  /// otherwise through cuBLAS with a materialised score matrix (pre.scores).
+  bool use_flash_attention() const;
   void prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> tokens, int pos0);
   void prefill_attention(detail::CudaKvCache& c, int layer, int n, int pos0);
   void prefill_moe(int layer, int si, int n);

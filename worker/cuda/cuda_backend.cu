@@ -268,6 +268,10 @@ double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
 }
 
 void CudaBackend::set_use_pdl(bool on) { impl_->opt.use_pdl = on; }
+void CudaBackend::set_flash_attention(bool on) {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  impl_->opt.flash_attention = on;
+}
 
 void CudaBackend::set_hot_slots(int slots) {
   if (!impl_->store) return;

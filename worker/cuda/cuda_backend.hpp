@@ -45,6 +45,9 @@ struct CudaBackendOptions {
   int stage_group = 8;
   /// When false, multi-token forwards run token by token through the decode step (reference).
   bool staged_prefill = true;
+  /// Prefill attention on the flash kernel (flash_attention.cuh) where the shape allows;
+  /// false: cuBLAS with a materialised score matrix (the earlier path, for comparison).
+  bool flash_attention = true;
 };
 
 /// Routing statistics since construction (or reset_stats()).
@@ -72,6 +75,8 @@ class CudaBackend : public Backend {
   /// values. For the benchmark: forward()'s time per token minus this is the host's share.
   /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
   double decode_step_us(KvCache& cache, int reps);
+  /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::flash_attention).
+  void set_flash_attention(bool on);
   /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
   void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).

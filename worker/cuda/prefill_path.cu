@@ -2,8 +2,9 @@
 //
 // Per chunk of n tokens at positions [pos0, pos0 + n), per layer:
 //   RMSNorm rows → bf16; q|k|v GEMM (cuBLAS, bf16 in, fp32 out, fp32 compute); q/k-norm + RoPE
-//   + KV append; attention of the chunk against the cache (per KV head: S = K·Qᵀ strided-batched
-//   over its query heads, causal softmax, O = P·V; TF32 tensor cores on the fp32 cache);
+//   + KV append; attention of the chunk against the cache (flash_attention.cuh: bf16 tensor
+//   cores, scores kept on chip; or, for other head sizes / when turned off, per KV head: S = K·Qᵀ
+//   strided-batched over its query heads, causal softmax, O = P·V, TF32 tensor cores);
 //   o-proj GEMM accumulated into the residual; RMSNorm rows; router logits from the fp32
 //   normalised rows (as decode: a bf16-rounded router input flips near-tied choices) + top-k.
 //   MoE: the routing ids come back to the host once per layer (the expert GEMM sizes are host
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "worker/cuda/backend_impl.cuh"
+#include "worker/cuda/flash_attention.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/prefill.cuh"
 
@@ -56,8 +58,13 @@ void CudaBackend::Impl::gemm(const bf16* W, int out, int in, const bf16* X, int 
                "cublasGemmEx");
 }
 
+bool CudaBackend::Impl::use_flash_attention() const {
+  return opt.flash_attention &&
+         flash_attention_supported(static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), static_cast<int>(d.head_dim));
+}
+
 void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) {
-  if (pre.chunk >= chunk && pre.capacity >= capacity) return;
+  if (pre.chunk >= chunk && pre.capacity >= capacity && (pre.scores != nullptr || use_flash_attention())) return;
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   chunk = std::max(chunk, pre.chunk);
@@ -85,7 +92,9 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.qkv = static_cast<float*>(alloc(n * static_cast<std::size_t>(qkv_dim()) * 4));
   pre.attn = static_cast<float*>(alloc(n * static_cast<std::size_t>(q_dim()) * 4));
   pre.attn_b = static_cast<bf16*>(alloc(n * static_cast<std::size_t>(q_dim()) * 2));
-  pre.scores = static_cast<float*>(alloc(group * qb * capacity * 4));
+  // The materialised scores (group × 512 queries × capacity floats: 268 MB at 16k) only for the
+  // cuBLAS attention path.
+  pre.scores = use_flash_attention() ? nullptr : static_cast<float*>(alloc(group * qb * capacity * 4));
   pre.logits = static_cast<float*>(alloc(n * E * 4));
   pre.route_w = static_cast<float*>(alloc(n * K * 4));
   pre.ids = static_cast<int32_t*>(alloc(n * K * 4));
@@ -154,6 +163,11 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
 
 void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int n, int pos0) {
   const int hd = static_cast<int>(d.head_dim), group = static_cast<int>(d.num_heads / d.num_kv_heads);
+  if (use_flash_attention()) {
+    launch_flash_attention_prefill(pre.qkv, qkv_dim(), c.k(l), c.v(l), pre.attn, q_dim(), n, pos0, static_cast<int>(d.num_heads),
+                                   static_cast<int>(d.num_kv_heads), hd, stream);
+    return;
+  }
   const int ld = static_cast<int>(c.capacity_);
   const int qb = std::min(n, k_attn_query_block);
   const float scale = 1.f / std::sqrt(static_cast<float>(hd)), one = 1.f, zero = 0.f;

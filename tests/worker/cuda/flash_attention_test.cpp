@@ -1,0 +1,92 @@
+// The flash prefill attention kernel (flash_attention.cuh) against a double-precision CPU
+// reference of causal GQA attention over a KV cache, on random inputs with poisoned outputs.
+// Tolerance: q, k and v enter the products as bf16 hi + lo pairs (~16 bits), the probabilities as
+// bf16 (relative rounding 2^-9), so the output (a weighted mean of v in [-1, 1]) may be off by
+// ~1e-3: relative L2 < 3e-3, max |error| < 5e-3. Shapes cover head_dim 32/64/128, groups 1/4/8, chunks not a multiple of
+// the 16-query tile, queries after an earlier chunk (pos0 > 0) and more than one 64-key tile.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "tests/worker/cuda/gpu_test_support.hpp"
+#include "worker/cuda/flash_attention.cuh"
+
+using namespace servedeck::worker::cuda;
+using gpu_test::DeviceBuffer;
+
+namespace {
+
+struct Shape {
+  int n_heads, n_kv_heads, hd, n, pos0;
+};
+
+/// out (n, n_heads·hd) from q (n, ldq) and caches (pos0 + n, n_kv·hd), in double.
+std::vector<float> reference(const Shape& s, const std::vector<float>& q, int ldq, const std::vector<float>& k,
+                             const std::vector<float>& v) {
+  const int kv_dim = s.n_kv_heads * s.hd, group = s.n_heads / s.n_kv_heads;
+  std::vector<float> out(static_cast<std::size_t>(s.n) * s.n_heads * s.hd);
+  for (int i = 0; i < s.n; ++i)
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int kvh = h / group, last = s.pos0 + i;
+      std::vector<double> w(static_cast<std::size_t>(last) + 1);
+      double mx = -1e300;
+      for (int j = 0; j <= last; ++j) {
+        double d = 0;
+        for (int c = 0; c < s.hd; ++c)
+          d += static_cast<double>(q[static_cast<std::size_t>(i) * ldq + h * s.hd + c]) * k[static_cast<std::size_t>(j) * kv_dim + kvh * s.hd + c];
+        w[static_cast<std::size_t>(j)] = d / std::sqrt(static_cast<double>(s.hd));
+        mx = std::max(mx, w[static_cast<std::size_t>(j)]);
+      }
+      double sum = 0;
+      for (auto& x : w) sum += (x = std::exp(x - mx));
+      for (int c = 0; c < s.hd; ++c) {
+        double o = 0;
+        for (int j = 0; j <= last; ++j) o += w[static_cast<std::size_t>(j)] * v[static_cast<std::size_t>(j) * kv_dim + kvh * s.hd + c];
+        out[(static_cast<std::size_t>(i) * s.n_heads + h) * s.hd + c] = static_cast<float>(o / sum);
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("flash prefill attention matches a double-precision reference") {
+  gpu_test::skip_without_gpu();
+  for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140}}) {
+    CAPTURE(s.n_heads);
+    CAPTURE(s.hd);
+    CAPTURE(s.n);
+    CAPTURE(s.pos0);
+    const int q_dim = s.n_heads * s.hd, kv_dim = s.n_kv_heads * s.hd, ldq = q_dim + 2 * kv_dim, len = s.pos0 + s.n;
+    // Queries scaled by 3: peaked enough that the softmax is not near-uniform.
+    const auto q = gpu_test::random_floats(static_cast<std::size_t>(s.n) * ldq, 11 + s.hd, 3.f);
+    const auto k = gpu_test::random_floats(static_cast<std::size_t>(len + 5) * kv_dim, 12 + s.n, 1.f);
+    const auto v = gpu_test::random_floats(static_cast<std::size_t>(len + 5) * kv_dim, 13 + s.pos0, 1.f);
+    DeviceBuffer<float> dq(q), dk(k), dv(v), out(static_cast<std::size_t>(s.n) * q_dim);
+    out.poison();
+    launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr);
+    const auto got = out.get();
+    const auto want = reference(s, q, ldq, k, v);
+    double max_abs = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(got[i] - want[i])));
+    const double rel = gpu_test::compare(want, got, "flash attention", 5e-3);
+    MESSAGE("flash attention vs reference: relative L2 " << rel << ", max |error| " << max_abs);
+    CHECK(rel < 3e-3);
+    CHECK(max_abs < 5e-3);
+  }
+}
+
+TEST_CASE("flash prefill attention refuses shapes it does not handle, naming them") {
+  gpu_test::skip_without_gpu();
+  CHECK_FALSE(flash_attention_supported(8, 2, 96));
+  CHECK_FALSE(flash_attention_supported(32, 2, 128));  // group 16 > 8
+  CHECK(flash_attention_supported(32, 4, 128));
+  CHECK_THROWS_WITH_AS(launch_flash_attention_prefill(nullptr, 768, nullptr, nullptr, nullptr, 768, 4, 0, 8, 2, 96, nullptr),
+                       "launch_flash_attention_prefill: head_dim must be 32, 64 or 128 and n_heads / n_kv_heads in [1, 8], "
+                       "got head_dim 96, heads 8 / 2",
+                       std::invalid_argument);
+  CHECK_THROWS_AS(launch_flash_attention_prefill(nullptr, 512, nullptr, nullptr, nullptr, 512, 0, 0, 8, 2, 32, nullptr),
+                  std::invalid_argument);
+}

@@ -1,0 +1,33 @@
+// Causal prefill attention on tensor cores, flash-style: each block streams key/value tiles of
+// the KV cache through shared memory and keeps a running (max, sum) softmax per query row, so
+// the (queries × keys) score matrix never reaches device memory (Dao et al., "FlashAttention",
+// 2022, online softmax of Milakov & Gimelshein 2018).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace servedeck::worker::cuda {
+
+/// True when launch_flash_attention_prefill handles this shape: head_dim 32, 64 or 128 and
+/// n_heads a multiple of n_kv_heads with n_heads / n_kv_heads <= 8 (one warp per query head of a group).
+bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
+
+/// out[i, h·hd : (h+1)·hd] = softmax_j(q_i,h · k_j / sqrt(hd)) · v_j over keys j in [0, pos0 + i],
+/// for chunk rows i < n (query i sits at position pos0 + i) and query heads h < n_heads; KV head
+/// of h = h / (n_heads / n_kv_heads) (GQA).
+///   q: (n, ldq) fp32, head h of row i at q + i·ldq + h·hd (already q-normed and rotated);
+///   k_cache, v_cache: (>= pos0 + n, n_kv_heads·hd) fp32, rows [0, pos0 + n) written;
+///   out: (n, ldo) fp32.
+/// Numerics: bf16 tensor cores (mma.sync m16n8k16) with fp32 accumulation. q and k enter as
+/// bf16 hi + lo pairs (x = hi + lo, ~16 significant bits) and S = Qhi·Khi + Qhi·Klo + Qlo·Khi,
+/// so the scores are close to fp32 ones (a plain bf16 product moved the test model's logits by
+/// several percent); v likewise (P·Vhi + P·Vlo); the probabilities P are bf16 (relative rounding
+/// 2^-9) and the running sum adds the rounded values, so each row's weights sum to exactly what
+/// multiplies v. The running max and sum and the output accumulate in fp32.
+/// One block per (16 queries, KV head) with one warp per query head of the group.
+/// Throws std::invalid_argument when !flash_attention_supported, n <= 0, pos0 < 0, or ldq/ldo are
+/// odd or shorter than n_heads · head_dim.
+void launch_flash_attention_prefill(const float* q, int ldq, const float* k_cache, const float* v_cache, float* out, int ldo,
+                                    int n, int pos0, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+
+}  // namespace servedeck::worker::cuda
