@@ -1,12 +1,16 @@
 // Launchers of the fused decode kernels (batch 1): six launches per MoE layer instead of ~17.
 //   1. launch_norm_gemv_bf16: RMSNorm of x computed per block into shared memory, then y = W·x̂
-//      (q|k|v concatenated at load → one launch; the router; lm_head with the final norm).
+//      (q|k|v concatenated at load → one launch; the router; lm_head with the final norm). When
+//      a block's rows fit in shared memory (one block per SM; q|k|v 5120x2048: 39 rows = 156 KB)
+//      they are bulk-copied (TMA) there before griddepcontrol.wait, so they stream during the
+//      previous kernel; larger matrices (lm_head) use one warp per row.
 //   2. launch_attention_decode_fused: q/k-norm + RoPE + KV append + single-query attention.
-//   3. launch_gemv_bf16 (kernels.cuh), accumulate: o-proj + residual.
+//   3. launch_gemv_bf16_pdl, accumulate: o-proj + residual (staged in shared memory as 1.).
 //   4. launch_router_fused: post-attention norm + router GEMV; the last block to finish computes
-//      softmax/top-k and folds the routing hit counters (no extra launches).
+//      softmax/top-k (by rank, over the block) and folds the routing hit counters.
 //   5. launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
-//   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add.
+//   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
+//      ids and the first rows of the routed experts before griddepcontrol.wait (see its doc).
 // pdl: launch with programmatic dependent launch (Hopper): the kernel may be scheduled while
 // its predecessor finishes and waits (griddepcontrol.wait) before touching memory, hiding most
 // of the launch gap between consecutive graph nodes. Results are identical with or without it.
@@ -82,11 +86,17 @@ void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bflo
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
                               cudaStream_t stream, bool pdl = false);
 
-/// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), one fixed order.
+/// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), in an order fixed by the
+/// shapes alone (inter <= 768: per expert the lanes' column blocks in order and the warp's
+/// shuffle tree, then the experts in slot order).
+/// With pdl, `ids` is read BEFORE waiting for the predecessor (for inter <= 768): it must have
+/// been written before the predecessor started, as in the decode step (router → gate/up → down).
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream, bool pdl = false);
 
-/// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL.
+/// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL. W: (out, in) bf16,
+/// in % 8 == 0, W and x 16-byte aligned. Rows staged in shared memory before the wait when
+/// ceil(out / SMs) rows fit (o-proj 2048x4096: 16 rows = 128 KB per block), else one warp per row.
 void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
                           cudaStream_t stream, bool pdl = false);
 

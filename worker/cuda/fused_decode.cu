@@ -37,6 +37,13 @@ __device__ __forceinline__ void wait_for_predecessor() {
   asm volatile("griddepcontrol.launch_dependents;" :::);
 }
 
+// Kernels whose dynamic shared memory may exceed the default 48 KB opt in once per size.
+template <class Kernel>
+void allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 template <class... KArgs, class... Args>
 void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t smem, cudaStream_t stream, bool pdl, Args... args) {
   cudaLaunchConfig_t cfg{};
@@ -94,6 +101,97 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
   }
 }
 
+// Staged GEMV (batch 1), y (+)= W · x̂ with x̂ = rmsnorm(x) * nw when NORM, else x: block b owns
+// the rows [b R, b R + R) (R = rows_per_block), one contiguous byte range of W, which thread 0
+// bulk-copies (TMA) into shared memory BEFORE waiting for the predecessor, so the weights stream
+// while the previous kernel still runs (R·in·2 bytes per SM). Then lane l of warp w takes the 16-byte
+// column blocks c = 32 w + l (+ 32 WARPS, ...) of 8 rows at a time; per row the lane sums its
+// blocks in order, the warp reduces with the shuffle tree, and the block adds the warps in order.
+// Shared memory: R·in bf16 weights | in fp32 x̂ | WARPS·R fp32 partials.
+constexpr int k_staged_warps = 8;
+constexpr std::size_t k_staged_smem_max = 200 * 1024;
+
+template <bool NORM>
+__global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
+    const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
+    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out) {
+  constexpr int WARPS = k_staged_warps, RG = 8;
+  extern __shared__ float4 dyn4[];
+  const int R = rows_per_block, r0 = blockIdx.x * R, nrows = min(R, out - r0), n8 = in / 8;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint4* ws = reinterpret_cast<const uint4*>(dyn4);
+  float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
+  float* part = xs + in;
+  __shared__ float red[WARPS];
+  __shared__ unsigned long long bar;
+  if (threadIdx.x == 0) {
+    detail::bulk_barrier_init(&bar);
+    detail::bulk_stage(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, &bar);
+  }
+  wait_for_predecessor();
+  if (NORM) {
+    block_rmsnorm_to_shared<WARPS>(x, nw, eps, in, xs, red);
+    if (xn_out != nullptr && blockIdx.x == 0)
+      for (int i = threadIdx.x; i < in; i += WARPS * 32) xn_out[i] = xs[i];
+  } else {
+#pragma unroll 4
+    for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4)
+      *reinterpret_cast<float4*>(xs + i) = *reinterpret_cast<const float4*>(x + i);
+  }
+  __syncthreads();  // the barrier's initialisation is visible to every thread
+  detail::bulk_wait(&bar);
+  const float4* xs4 = reinterpret_cast<const float4*>(xs);
+  for (int g = 0; g < nrows; g += RG) {
+    float acc[RG];
+#pragma unroll
+    for (int r = 0; r < RG; ++r) acc[r] = 0.f;
+    for (int c = warp * 32 + lane; c < n8; c += WARPS * 32) {
+      const float4 a = xs4[2 * c], b = xs4[2 * c + 1];
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+        if (g + r < nrows) acc[r] += detail::dot8(ws[static_cast<size_t>(g + r) * n8 + c], a, b);
+    }
+#pragma unroll
+    for (int r = 0; r < RG; ++r) acc[r] = warp_sum(acc[r]);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < RG; ++r)
+        if (g + r < nrows) part[warp * R + g + r] = acc[r];
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < nrows; r += WARPS * 32) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += part[w * R + r];
+    y[r0 + r] = accumulate ? y[r0 + r] + s : s;
+  }
+}
+
+// Shape of a staged GEMV launch: rows per block so that one block per SM covers `out`, and its
+// shared memory; smem == 0 when that does not fit (the row-per-warp kernels are used instead).
+struct StagedPlan {
+  int rows_per_block = 0, grid = 0;
+  std::size_t smem = 0;
+};
+
+StagedPlan staged_plan(int out, int in) {
+  StagedPlan p;
+  p.rows_per_block = (out + sm_count() - 1) / sm_count();
+  p.grid = (out + p.rows_per_block - 1) / p.rows_per_block;
+  const std::size_t R = static_cast<std::size_t>(p.rows_per_block), n = static_cast<std::size_t>(in);
+  const std::size_t bytes = R * n * 2 + n * 4 + k_staged_warps * R * 4;
+  p.smem = bytes <= k_staged_smem_max ? bytes : 0;
+  return p;
+}
+
+template <bool NORM>
+void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
+                   float* y, int out, int in, bool accumulate, float* xn_out) {
+  allow_dynamic_smem(staged_gemv_kernel<NORM>, p.smem);
+  launch(staged_gemv_kernel<NORM>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
+         accumulate ? 1 : 0, xn_out);
+}
+
 // Router: norm + GEMV; the last block to finish does softmax + top-k + counters.
 constexpr int k_router_warps = 2;
 
@@ -104,6 +202,8 @@ __global__ void __launch_bounds__(k_router_warps * 32) router_fused_kernel(
   float* xs = reinterpret_cast<float*>(dyn4);
   __shared__ float red[k_router_warps];
   __shared__ float p[1024];
+  __shared__ int pick_id[32];
+  __shared__ float pick_p[32];
   __shared__ int is_last;
   const int lane = threadIdx.x % 32, row0 = blockIdx.x * k_router_warps + threadIdx.x / 32;
   const detail::RowPrefetch pre = detail::prefetch_row(R + static_cast<size_t>(row0 < n ? row0 : 0) * hidden, hidden, lane);
@@ -121,30 +221,26 @@ __global__ void __launch_bounds__(k_router_warps * 32) router_fused_kernel(
   __syncthreads();
   if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == gridDim.x - 1;
   __syncthreads();
-  if (!is_last || threadIdx.x >= 32) return;
+  if (!is_last) return;
   __threadfence();
-  for (int e = lane; e < n; e += 32) p[e] = __ldcg(o.logits + e);
-  warp_softmax_inplace(p, n, lane);
-  float chosen_sum = 0.f;
-  for (int r = 0; r < k; ++r) {
-    float bv;
-    int bi;
-    warp_argmax(p, n, lane, bv, bi);
-    if (lane == 0) {
-      o.ids[r] = bi;
-      o.weights[r] = bv;
-      p[bi] = -1.f;
-      atomicAdd(&o.counters[o.hot_flags[bi] ? 0 : 1], 1ull);
-      atomicAdd(&o.layer_counts[bi], 1ull);
-    }
-    chosen_sum += bv;
-    __syncwarp();
+  for (int e = threadIdx.x; e < n; e += k_router_warps * 32) p[e] = __ldcg(o.logits + e);
+  __syncthreads();
+  if (threadIdx.x < 32) warp_softmax_inplace(p, n, lane);
+  __syncthreads();
+  // Top-k by rank over both warps (the picks and order of k warp_argmax rounds), then the
+  // renormalisation sum in pick order.
+  detail::block_topk_by_rank(p, n, k, threadIdx.x, k_router_warps * 32, pick_id, pick_p);
+  __syncthreads();
+  if (threadIdx.x < k) {
+    const int e = pick_id[threadIdx.x];
+    o.ids[threadIdx.x] = e;
+    atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
+    atomicAdd(&o.layer_counts[e], 1ull);
+    float chosen_sum = 0.f;
+    for (int r = 0; r < k; ++r) chosen_sum += pick_p[r];
+    o.weights[threadIdx.x] = renormalise ? pick_p[threadIdx.x] / chosen_sum : pick_p[threadIdx.x];
   }
-  if (lane == 0) {
-    if (renormalise)
-      for (int r = 0; r < k; ++r) o.weights[r] /= chosen_sum;
-    *o.done = 0u;  // ready for the next launch (the next kernel in the stream starts after this one)
-  }
+  if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch (the next kernel in the stream starts after this one)
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
@@ -331,6 +427,87 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
   }
 }
 
+// down for inter <= 768 (CH <= 3 16-byte column blocks per lane): block b owns the hidden rows
+// [16 b, 16 b + 16); warp w takes routed slots j = w, w + 8, ... and reads down_j's rows of the
+// block, 8 rows' loads in flight at once (a lane holds its CH column blocks of each row). The
+// router wrote ids two launches back (router → gate/up → down), so ids, the expert pointer and
+// the first 8 rows are read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
+// sums its blocks in order and the warp reduces with the shuffle tree; then out[h] +=
+// sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
+// one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
+constexpr int k_down_rows = 16;
+
+// A load the compiler may not hoist out of the row-group loop (it would hold CH·8 more
+// registers across it); the re-read hits L1.
+__device__ __forceinline__ float4 load_act(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+template <int CH>
+__global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
+                                                                           const int32_t* __restrict__ ids,
+                                                                           const float* __restrict__ weights, int k,
+                                                                           float* __restrict__ out) {
+  constexpr int RG = 8;
+  __shared__ float part[32][k_down_rows];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int h0 = blockIdx.x * k_down_rows, nrows = min(k_down_rows, t.hidden - h0), n8 = t.inter / 8;
+  uint4 w[RG][CH];
+  const uint4* rows = nullptr;
+  auto select = [&](int j) {
+    rows = reinterpret_cast<const uint4*>(t.experts[__ldcg(ids + j)] + static_cast<size_t>(2) * t.inter * t.hidden + static_cast<size_t>(h0) * t.inter);
+  };
+  auto load = [&](int g) {
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const int i = lane + 32 * c;
+        w[r][c] = g + r < nrows && i < n8 ? rows[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
+      }
+  };
+  if (warp < k) {
+    select(warp);
+    load(0);
+  }
+  wait_for_predecessor();
+  for (int j = warp; j < k; j += k_moe_warps) {
+    if (j != warp) {
+      select(j);
+      load(0);
+    }
+    const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
+    for (int g = 0; g < nrows; g += RG) {
+      if (g > 0) load(g);
+      float s[RG];
+#pragma unroll
+      for (int r = 0; r < RG; ++r) s[r] = 0.f;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const int i = lane + 32 * c;
+        const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) s[r] += detail::dot8(w[r][c], a, b);
+      }
+#pragma unroll
+      for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < RG; ++r)
+          if (g + r < nrows) part[j][g + r] = s[r];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < nrows) {
+    float tot = 0.f;
+    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
+    out[h0 + threadIdx.x] += tot;
+  }
+}
+
 // y (+)= W x with x from global memory (o-proj + residual).
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate) {
@@ -367,6 +544,8 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   require(out > 0 && in > 0, "launch_norm_gemv_bf16", "out and in must be positive, got " + std::to_string(out) + ", " + std::to_string(in));
   require(in % 8 == 0 && in <= 12288, "launch_norm_gemv_bf16", "in must be a multiple of 8 and <= 12288, got " + std::to_string(in));
   require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
+  const StagedPlan p = staged_plan(out, in);
+  if (p.smem != 0) return launch_staged<true>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
   launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
 }
@@ -410,6 +589,11 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
+  const int n8 = table.inter / 8;
+  const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
+  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
   launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
 }
 
@@ -418,6 +602,8 @@ void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int 
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
+  const StagedPlan p = staged_plan(out, in);
+  if (p.smem != 0) return launch_staged<false>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr);
   launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0);
 }
 

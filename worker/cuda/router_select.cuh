@@ -1,6 +1,8 @@
 // Device helpers for the MoE router (internal to worker/cuda): one warp turns a row of router
-// logits held in shared memory into probabilities and picks the top-k, the same way in the
-// decode step (fused_decode.cu) and in prefill (prefill.cu), so both route identically.
+// logits held in shared memory into probabilities (the same softmax in the decode step,
+// fused_decode.cu, and in prefill, prefill.cu) and picks the top-k: k warp_argmax rounds in
+// prefill, block_topk_by_rank in decode, which picks the same experts in the same order (ties →
+// lower id), so both route identically.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +47,25 @@ __device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, flo
   }
   best = bv;
   best_id = bi;
+}
+
+/// The k largest of p[0..n) over a whole block (thread t of nthreads takes e = t, t + nthreads,
+/// ...), in the order and with the ties of k rounds of warp_argmax: e is pick r when
+/// r = #{j : p[j] > p[e]} + #{j < e : p[j] == p[e]} < k. Writes ids[r] and vals[r] (shared
+/// memory) for r < k; every pick is written by exactly one thread. No barrier inside.
+__device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals) {
+  for (int e = t; e < n; e += nthreads) {
+    const float v = p[e];
+    int rank = 0;
+#pragma unroll 8
+    for (int j = 0; j < e; ++j) rank += p[j] >= v ? 1 : 0;
+#pragma unroll 8
+    for (int j = e + 1; j < n; ++j) rank += p[j] > v ? 1 : 0;
+    if (rank < k) {
+      ids[rank] = e;
+      vals[rank] = v;
+    }
+  }
 }
 
 }  // namespace servedeck::worker::cuda::detail

@@ -21,7 +21,8 @@ std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) 
 
 TEST_CASE("norm_gemv equals rmsnorm then gemv (and writes the normalised x)") {
   gpu_test::skip_without_gpu();
-  for (auto [out, in] : {std::pair{40, 64}, std::pair{5120, 2048}, std::pair{3000, 1024}}) {
+  // 5120x2048, 40x64, 3000x1024: rows staged in shared memory; 30000x1024: the row-per-warp kernel.
+  for (auto [out, in] : {std::pair{40, 64}, std::pair{5120, 2048}, std::pair{3000, 1024}, std::pair{30000, 1024}}) {
     DeviceBuffer<__nv_bfloat16> W(rand_bf16(static_cast<std::size_t>(out) * in, 3 + out, 0.05f));
     DeviceBuffer<__nv_bfloat16> nw(rand_bf16(static_cast<std::size_t>(in), 4, 1.f));
     DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(in), 5 + in, 2.f));
@@ -34,6 +35,46 @@ TEST_CASE("norm_gemv equals rmsnorm then gemv (and writes the normalised x)") {
     launch_norm_gemv_bf16(W.ptr, x.ptr, nw.ptr, 1e-6f, got.ptr, out, in, false, xn2.ptr, nullptr);
     CHECK(gpu_test::compare(want.get(), got.get(), "norm_gemv") < 1e-5);
     CHECK(gpu_test::compare(xn.get(), xn2.get(), "norm_gemv xn") < 1e-6);
+  }
+}
+
+TEST_CASE("gemv_pdl (staged and row-per-warp) equals gemv, accumulating") {
+  gpu_test::skip_without_gpu();
+  // 2048x4096 (the o-proj shape) and 40x64 are staged in shared memory; 20000x2048 is not.
+  for (auto [out, in] : {std::pair{2048, 4096}, std::pair{40, 64}, std::pair{20000, 2048}}) {
+    DeviceBuffer<__nv_bfloat16> W(rand_bf16(static_cast<std::size_t>(out) * in, 7 + out, 0.05f));
+    DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(in), 8 + in, 1.f));
+    const auto y0 = gpu_test::random_floats(static_cast<std::size_t>(out), 9, 1.f);
+    DeviceBuffer<float> want(y0), got(y0);
+    launch_gemv_bf16(W.ptr, x.ptr, want.ptr, out, in, true, nullptr);
+    launch_gemv_bf16_pdl(W.ptr, x.ptr, got.ptr, out, in, true, nullptr);
+    CHECK(gpu_test::compare(want.get(), got.get(), "gemv_pdl") < 1e-5);
+  }
+}
+
+TEST_CASE("fused MoE down equals the unfused MoE for inter 768, 512, 1024 and k above the warp count") {
+  gpu_test::skip_without_gpu();
+  const int E = 16, H = 256;
+  for (auto [I, K] : {std::pair{768, 8}, std::pair{512, 12}, std::pair{1024, 8}, std::pair{96, 3}}) {
+    const std::size_t block = 3ull * I * H;
+    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 41 + I, 0.1f));
+    std::vector<const __nv_bfloat16*> table(E);
+    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
+    DeviceBuffer<const __nv_bfloat16*> dtable(table);
+    const ExpertTable t{dtable.ptr, H, I};
+    std::vector<int32_t> ids_h(static_cast<std::size_t>(K));
+    for (int j = 0; j < K; ++j) ids_h[static_cast<std::size_t>(j)] = (j * 7 + 3) % E;
+    DeviceBuffer<int32_t> ids(ids_h);
+    DeviceBuffer<float> w(gpu_test::random_floats(static_cast<std::size_t>(K), 42, 1.f));
+    DeviceBuffer<float> xn(gpu_test::random_floats(static_cast<std::size_t>(H), 43, 1.f));
+    const auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 44, 1.f);
+    DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
+        act(static_cast<std::size_t>(K) * I);
+    launch_moe_decode(t, xn.ptr, ids.ptr, w.ptr, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
+    act.poison();
+    launch_moe_gate_up_fused(t, xn.ptr, ids.ptr, K, act.ptr, nullptr);
+    launch_moe_down_fused(t, act.ptr, ids.ptr, w.ptr, K, out2.ptr, nullptr);
+    CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe down") < 1e-5);
   }
 }
 
