@@ -1,8 +1,10 @@
-// Fused decode kernels (see fused.cuh for the launch plan per layer).
+// Fused decode kernels of attention and routing (see fused.cuh for the launch plan per layer);
+// the MoE expert kernels are in fused_moe.cu.
 #include <cmath>
 
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/fused.cuh"
+#include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
 #include "worker/cuda/router_select.cuh"
 
@@ -11,53 +13,16 @@ namespace servedeck::worker::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::allow_dynamic_smem;
+using detail::grid_for;
+using detail::launch;
+using detail::sm_count;
+using detail::wait_for_predecessor;
 using detail::lane_dot;
 using detail::warp_argmax;
 using detail::warp_max;
 using detail::warp_softmax_inplace;
 using detail::warp_sum;
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
-// Programmatic dependent launch: a kernel launched with `pdl` may be scheduled while its
-// predecessor in the stream finishes; it waits here, before touching any memory, until the
-// predecessor has completed and its writes are visible. Then it lets its own dependent be
-// scheduled early (that one waits in turn for this grid's completion before reading anything).
-// Without PDL both instructions do nothing.
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-}
-
-// Kernels whose dynamic shared memory may exceed the default 48 KB opt in once per size.
-template <class Kernel>
-void allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
-template <class... KArgs, class... Args>
-void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t smem, cudaStream_t stream, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(block));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
-}
 
 // Per block: xs = x / rms(x) * nw into shared memory (sum of squares in a fixed order).
 template <int WARPS>
@@ -362,152 +327,6 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   if (threadIdx.x == 0) s.counters[h] = 0u;  // ready for the next launch
 }
 
-constexpr int k_moe_warps = 8;
-
-// gate row r and up row r of expert j, SwiGLU: one warp per (j, r).
-__global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(ExpertTable t, const float* __restrict__ xn,
-                                                                            const int32_t* __restrict__ ids, int k,
-                                                                            float* __restrict__ act) {
-  __shared__ const bf16* blocks[32];
-  const int lane = threadIdx.x % 32;
-  const int total = k * t.inter;
-  wait_for_predecessor();
-  if (threadIdx.x < k) blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
-  __syncthreads();
-  for (int gw = blockIdx.x * k_moe_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_moe_warps) {
-    const int j = gw / t.inter, r = gw % t.inter;
-    const bf16* block = blocks[j];
-    const float g = lane_dot(block + static_cast<size_t>(r) * t.hidden, xn, t.hidden, lane);
-    const float u = lane_dot(block + static_cast<size_t>(t.inter + r) * t.hidden, xn, t.hidden, lane);
-    const float gs = warp_sum(g), us = warp_sum(u);
-    if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
-  }
-}
-
-// down row h of every routed expert, weighted sum in the order j = 0..k-1, residual add. The
-// routed experts' down pointers and weights go to shared memory once per block; a lane then
-// walks its columns with the loads of up to eight experts in flight at once (per-expert sums in
-// column order, then tot += w_j * sum_j in expert order: a fixed order).
-__global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(ExpertTable t, const float* __restrict__ act,
-                                                                         const int32_t* __restrict__ ids,
-                                                                         const float* __restrict__ weights, int k,
-                                                                         float* __restrict__ out) {
-  __shared__ const bf16* down[32];
-  __shared__ float wj[32];
-  const int lane = threadIdx.x % 32;
-  wait_for_predecessor();
-  if (threadIdx.x < k) {
-    down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
-    wj[threadIdx.x] = weights[threadIdx.x];
-  }
-  __syncthreads();
-  const int n8 = t.inter / 8;
-  for (int h = blockIdx.x * k_moe_warps + threadIdx.x / 32; h < t.hidden; h += gridDim.x * k_moe_warps) {
-    float tot = 0.f;
-    for (int j0 = 0; j0 < k; j0 += 8) {
-      float part[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) part[u] = 0.f;
-      for (int i = lane; i < n8; i += 32) {
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (j0 + u < k) {
-            const uint4 w = reinterpret_cast<const uint4*>(down[j0 + u] + static_cast<size_t>(h) * t.inter)[i];
-            const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j0 + u) * t.inter);
-            part[u] += detail::dot8(w, a4[2 * i], a4[2 * i + 1]);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (j0 + u < k) tot += wj[j0 + u] * part[u];
-    }
-    tot = warp_sum(tot);
-    if (lane == 0) out[h] += tot;
-  }
-}
-
-// down for inter <= 768 (CH <= 3 16-byte column blocks per lane): block b owns the hidden rows
-// [16 b, 16 b + 16); warp w takes routed slots j = w, w + 8, ... and reads down_j's rows of the
-// block, 8 rows' loads in flight at once (a lane holds its CH column blocks of each row). The
-// router wrote ids two launches back (router → gate/up → down), so ids, the expert pointer and
-// the first 8 rows are read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
-// sums its blocks in order and the warp reduces with the shuffle tree; then out[h] +=
-// sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
-// one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
-constexpr int k_down_rows = 16;
-
-// A load the compiler may not hoist out of the row-group loop (it would hold CH·8 more
-// registers across it); the re-read hits L1.
-__device__ __forceinline__ float4 load_act(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
-}
-
-template <int CH>
-__global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
-                                                                           const int32_t* __restrict__ ids,
-                                                                           const float* __restrict__ weights, int k,
-                                                                           float* __restrict__ out) {
-  constexpr int RG = 8;
-  __shared__ float part[32][k_down_rows];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int h0 = blockIdx.x * k_down_rows, nrows = min(k_down_rows, t.hidden - h0), n8 = t.inter / 8;
-  uint4 w[RG][CH];
-  const uint4* rows = nullptr;
-  auto select = [&](int j) {
-    rows = reinterpret_cast<const uint4*>(t.experts[__ldcg(ids + j)] + static_cast<size_t>(2) * t.inter * t.hidden + static_cast<size_t>(h0) * t.inter);
-  };
-  auto load = [&](int g) {
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const int i = lane + 32 * c;
-        w[r][c] = g + r < nrows && i < n8 ? rows[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
-      }
-  };
-  if (warp < k) {
-    select(warp);
-    load(0);
-  }
-  wait_for_predecessor();
-  for (int j = warp; j < k; j += k_moe_warps) {
-    if (j != warp) {
-      select(j);
-      load(0);
-    }
-    const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
-    for (int g = 0; g < nrows; g += RG) {
-      if (g > 0) load(g);
-      float s[RG];
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = 0.f;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const int i = lane + 32 * c;
-        const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) s[r] += detail::dot8(w[r][c], a, b);
-      }
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < RG; ++r)
-          if (g + r < nrows) part[j][g + r] = s[r];
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < nrows) {
-    float tot = 0.f;
-    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
-    out[h0 + threadIdx.x] += tot;
-  }
-}
-
 // y (+)= W x with x from global memory (o-proj + residual).
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate) {
@@ -519,12 +338,6 @@ __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ 
     const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, x, in, lane) : lane_dot(wr, x, in, lane));
     if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
   }
-}
-
-int grid_for(int rows, int warps) {
-  const int want = (rows + warps - 1) / warps;
-  const int cap = sm_count() * (2048 / (warps * 32));
-  return want < cap ? want : cap;
 }
 
 }  // namespace
@@ -574,27 +387,6 @@ void launch_router_fused(const bf16* R, const float* x, const bf16* norm_w, floa
   const int blocks = (n_experts + k_router_warps - 1) / k_router_warps;
   launch(router_fused_kernel, blocks, k_router_warps * 32, static_cast<std::size_t>(hidden) * sizeof(float), stream, pdl, R, x,
          norm_w, eps, xn_out, n_experts, hidden, k, renormalise ? 1 : 0, o);
-}
-
-void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
-                              cudaStream_t stream, bool pdl) {
-  detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_gate_up_fused",
-                  "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
-                      std::to_string(table.inter) + ", " + std::to_string(k));
-  launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
-}
-
-void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream, bool pdl) {
-  detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
-                  "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
-                      std::to_string(table.inter) + ", " + std::to_string(k));
-  const int n8 = table.inter / 8;
-  const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
-  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
-  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
-  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
-  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
 }
 
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
