@@ -60,6 +60,7 @@ class CudaKvCache : public KvCache {
 struct PrefillBuffers {
   int chunk = 0;
   std::size_t capacity = 0;
+  std::size_t scores_ld = 0;  // key columns of the cuBLAS path's score matrix (0: none)
   std::vector<void*> owned;
   float *x = nullptr, *qkv = nullptr, *attn = nullptr, *scores = nullptr, *logits = nullptr, *route_w = nullptr;
   float *gu = nullptr, *partial = nullptr, *xn32 = nullptr;
@@ -129,9 +130,12 @@ struct CudaBackend::Impl {
 
  private:
   void ensure_prefill_buffers(int chunk, std::size_t capacity);
-  /// Prefill attention through the flash kernel (opt.flash_attention and a supported shape);
-  /// otherwise through cuBLAS with a materialised score matrix (pre.scores).
+  /// Prefill attention through the flash kernel (opt.flash_attention and a supported shape) for
+  /// chunks ending past opt.flash_attention_min_keys keys; otherwise through cuBLAS with a
+  /// materialised score matrix (pre.scores).
   bool use_flash_attention() const;
+  /// Key columns the cuBLAS path's score matrix needs for a cache of `capacity` rows.
+  std::size_t score_columns(std::size_t capacity) const;
   void prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> tokens, int pos0);
   void prefill_attention(detail::CudaKvCache& c, int layer, int n, int pos0);
   void prefill_moe(int layer, int si, int n);

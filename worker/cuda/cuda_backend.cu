@@ -268,9 +268,10 @@ double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
 }
 
 void CudaBackend::set_use_pdl(bool on) { impl_->opt.use_pdl = on; }
-void CudaBackend::set_flash_attention(bool on) {
+void CudaBackend::set_flash_attention(bool on, int min_keys) {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->opt.flash_attention = on;
+  impl_->opt.flash_attention_min_keys = min_keys;
 }
 
 void CudaBackend::set_hot_slots(int slots) {

@@ -45,9 +45,13 @@ struct CudaBackendOptions {
   int stage_group = 8;
   /// When false, multi-token forwards run token by token through the decode step (reference).
   bool staged_prefill = true;
-  /// Prefill attention on the flash kernel (flash_attention.cuh) where the shape allows;
-  /// false: cuBLAS with a materialised score matrix (the earlier path, for comparison).
+  /// Prefill attention on the flash kernel (flash_attention.cuh) where the shape allows, for
+  /// chunks whose last query sees more than flash_attention_min_keys keys; shorter ones (and all
+  /// when false) use cuBLAS with a materialised score matrix. Measured on the H200 (Qwen3-30B-A3B
+  /// shape, docs/cuda-backend.md): flash 28% slower at 512 and 11% at 4096 tokens resident,
+  /// 16% faster at 16384, and it needs no score matrix (group × 512 × keys floats).
   bool flash_attention = true;
+  int flash_attention_min_keys = 8192;
 };
 
 /// Routing statistics since construction (or reset_stats()).
@@ -75,8 +79,9 @@ class CudaBackend : public Backend {
   /// values. For the benchmark: forward()'s time per token minus this is the host's share.
   /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
   double decode_step_us(KvCache& cache, int reps);
-  /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::flash_attention).
-  void set_flash_attention(bool on);
+  /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::
+  /// flash_attention and flash_attention_min_keys); for the benchmark.
+  void set_flash_attention(bool on, int min_keys);
   /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
   void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).

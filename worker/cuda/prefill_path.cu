@@ -63,8 +63,14 @@ bool CudaBackend::Impl::use_flash_attention() const {
          flash_attention_supported(static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), static_cast<int>(d.head_dim));
 }
 
+std::size_t CudaBackend::Impl::score_columns(std::size_t capacity) const {
+  // With flash attention on, the cuBLAS path serves only chunks ending within min_keys keys.
+  const std::size_t min_keys = static_cast<std::size_t>(std::max(opt.flash_attention_min_keys, 1));
+  return use_flash_attention() ? std::min(capacity, min_keys) : capacity;
+}
+
 void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) {
-  if (pre.chunk >= chunk && pre.capacity >= capacity && (pre.scores != nullptr || use_flash_attention())) return;
+  if (pre.chunk >= chunk && pre.capacity >= capacity && pre.scores_ld >= score_columns(capacity)) return;
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   chunk = std::max(chunk, pre.chunk);
@@ -92,9 +98,10 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.qkv = static_cast<float*>(alloc(n * static_cast<std::size_t>(qkv_dim()) * 4));
   pre.attn = static_cast<float*>(alloc(n * static_cast<std::size_t>(q_dim()) * 4));
   pre.attn_b = static_cast<bf16*>(alloc(n * static_cast<std::size_t>(q_dim()) * 2));
-  // The materialised scores (group × 512 queries × capacity floats: 268 MB at 16k) only for the
-  // cuBLAS attention path.
-  pre.scores = use_flash_attention() ? nullptr : static_cast<float*>(alloc(group * qb * capacity * 4));
+  // The cuBLAS path's materialised scores: group × 512 queries × key columns floats (268 MB for a
+  // 16k cache without flash attention; at most 8192 columns with it).
+  pre.scores_ld = score_columns(capacity);
+  pre.scores = static_cast<float*>(alloc(group * qb * pre.scores_ld * 4));
   pre.logits = static_cast<float*>(alloc(n * E * 4));
   pre.route_w = static_cast<float*>(alloc(n * K * 4));
   pre.ids = static_cast<int32_t*>(alloc(n * K * 4));
@@ -163,12 +170,12 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
 
 void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int n, int pos0) {
   const int hd = static_cast<int>(d.head_dim), group = static_cast<int>(d.num_heads / d.num_kv_heads);
-  if (use_flash_attention()) {
+  if (use_flash_attention() && pos0 + n > opt.flash_attention_min_keys) {
     launch_flash_attention_prefill(pre.qkv, qkv_dim(), c.k(l), c.v(l), pre.attn, q_dim(), n, pos0, static_cast<int>(d.num_heads),
                                    static_cast<int>(d.num_kv_heads), hd, stream);
     return;
   }
-  const int ld = static_cast<int>(c.capacity_);
+  const int ld = static_cast<int>(pre.scores_ld);  // >= pos0 + n (score_columns)
   const int qb = std::min(n, k_attn_query_block);
   const float scale = 1.f / std::sqrt(static_cast<float>(hd)), one = 1.f, zero = 0.f;
   for (int a = 0; a < n; a += qb) {

@@ -174,6 +174,7 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
     cuda::CudaBackendOptions tok, flash, classic;
     tok.staged_prefill = false;
     flash.prefill_chunk = classic.prefill_chunk = 24;  // 60 tokens: chunks at positions 0, 24, 48
+    flash.flash_attention_min_keys = 0;                // the flash kernel for every chunk
     classic.flash_attention = false;
     auto t = cuda::make_cuda_backend(ck, tok);
     auto f = cuda::make_cuda_backend(ck, flash);
