@@ -54,6 +54,7 @@ class CudaKvCache : public KvCache {
   std::size_t length_ = 0;
   float* kv_ = nullptr;
   cudaGraphExec_t graph_ = nullptr;
+  int32_t last_token_ = 0, last_pos_ = -1;  // the last single-token step run on this cache (decode_step_us)
 };
 
 /// Device buffers of the prefill path, sized for `chunk` tokens and a cache of `capacity`.

@@ -247,22 +247,43 @@ int CudaBackend::hot_slots() const { return impl_->store ? impl_->store->slots()
 double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
   Impl& m = *impl_;
   auto& c = dynamic_cast<CudaKvCache&>(cache_base);
-  if (!c.graph_ || reps <= 0) throw std::logic_error("decode_step_us: the cache has no decode graph yet (or reps <= 0)");
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
+  if (!c.graph_ || c.last_pos_ < 0 || reps <= 0)
+    throw std::logic_error("decode_step_us: the cache has no decode graph yet (or reps <= 0)");
+  // The graph reads the backend's token/position words, which the last step on ANY cache set:
+  // point them back at this cache's last step (its KV row is rewritten with the same values).
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.h_scalars[0] = c.last_token_;
+  m.h_scalars[1] = c.last_pos_;
+  CUDA_CHECK(cudaMemcpyAsync(m.d_token, m.h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+  // The replays route tokens too: keep the hit/miss and per-layer routing counters as they were.
+  const int E = static_cast<int>(std::max<int64_t>(m.d.moe.num_experts, 1));
+  const std::size_t n_counts = std::max<std::size_t>(1, m.d.layers.size() * static_cast<std::size_t>(E));
+  std::vector<unsigned long long> saved(2 + n_counts);
+  CUDA_CHECK(cudaMemcpyAsync(saved.data(), m.counters, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, m.stream));
+  CUDA_CHECK(cudaMemcpyAsync(saved.data() + 2, m.layer_counts, n_counts * sizeof(unsigned long long), cudaMemcpyDeviceToHost, m.stream));
+  cudaEvent_t ev[2] = {nullptr, nullptr};
   std::vector<double> us;
-  for (int r = 0; r < 6; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, m.stream));
-    for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
-    CUDA_CHECK(cudaEventRecord(b, m.stream));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r > 0) us.push_back(1000.0 * ms / reps);
+  try {
+    CUDA_CHECK(cudaEventCreate(&ev[0]));
+    CUDA_CHECK(cudaEventCreate(&ev[1]));
+    for (int r = 0; r < 6; ++r) {
+      CUDA_CHECK(cudaEventRecord(ev[0], m.stream));
+      for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
+      CUDA_CHECK(cudaEventRecord(ev[1], m.stream));
+      CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      if (r > 0) us.push_back(1000.0 * ms / reps);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(m.counters, saved.data(), 2 * sizeof(unsigned long long), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaMemcpyAsync(m.layer_counts, saved.data() + 2, n_counts * sizeof(unsigned long long), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  } catch (...) {
+    for (cudaEvent_t e : ev)
+      if (e) cudaEventDestroy(e);
+    throw;
   }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
+  for (cudaEvent_t e : ev) CUDA_CHECK(cudaEventDestroy(e));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
@@ -319,8 +340,8 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
     return out;
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    m.h_scalars[0] = tokens[i];
-    m.h_scalars[1] = static_cast<int32_t>(c.length_);
+    m.h_scalars[0] = c.last_token_ = tokens[i];
+    m.h_scalars[1] = c.last_pos_ = static_cast<int32_t>(c.length_);
     CUDA_CHECK(cudaMemcpyAsync(m.d_token, m.h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
     if (m.opt.use_graphs) {
       if (!c.graph_) {
@@ -339,7 +360,6 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
     const bool want = all_logits || i + 1 == tokens.size();
     if (want) {
       // The step computed this token's logits already (final norm + lm_head in the graph).
-      const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
       CUDA_CHECK(cudaMemcpyAsync(m.h_logits, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
       CUDA_CHECK(cudaStreamSynchronize(m.stream));
       out.insert(out.end(), m.h_logits, m.h_logits + V);

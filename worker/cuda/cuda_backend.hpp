@@ -48,8 +48,10 @@ struct CudaBackendOptions {
   /// Prefill attention on the flash kernel (flash_attention.cuh) where the shape allows, for
   /// chunks whose last query sees more than flash_attention_min_keys keys; shorter ones (and all
   /// when false) use cuBLAS with a materialised score matrix. Measured on the H200 (Qwen3-30B-A3B
-  /// shape, docs/cuda-backend.md): flash 28% slower at 512 and 11% at 4096 tokens resident,
-  /// 16% faster at 16384, and it needs no score matrix (group × 512 × keys floats).
+  /// shape, docs/cuda-backend.md, runs 11-12): at 512 and 4096 tokens resident flash was equal
+  /// to or slower than cuBLAS (0 to 46%), at 16384 it was 16-19% faster resident and ~10%
+  /// offloaded, and it needs no score matrix (group × 512 × keys floats). Used for GQA groups of
+  /// at least 4 (one warp per query head: smaller groups leave the multiprocessor nearly idle).
   bool flash_attention = true;
   int flash_attention_min_keys = 8192;
 };
@@ -76,7 +78,8 @@ class CudaBackend : public Backend {
   /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm and
   /// lm_head), replayed `reps` times back to back, in µs per step (median of 5 timed runs, CUDA
   /// events). Replays the last decoded token at its position, rewriting that KV row with the same
-  /// values. For the benchmark: forward()'s time per token minus this is the host's share.
+  /// values. For the benchmark: forward()'s time per token minus this is the host's share. The
+  /// routing counters (stats(), the captured profile) are restored afterwards.
   /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
   double decode_step_us(KvCache& cache, int reps);
   /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::

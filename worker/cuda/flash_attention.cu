@@ -31,7 +31,7 @@ constexpr int k_keys = 64;  // keys per tile
 
 template <int HD>
 struct Layout {
-  static constexpr int k_ld = HD + 8;        // bf16 row stride of Khi / Klo: (k_ld / 2) % 32 == 4, no bank conflicts
+  static constexpr int k_ld = HD + 8;        // bf16 row stride of Khi / Klo: B-fragment loads hit distinct banks
   static constexpr int v_ld = k_keys + 8;    // bf16 row stride of Vᵀhi / Vᵀlo (one row per dimension)
   static constexpr int staging_bytes = 2 * k_keys * HD * 4;  // fp32 K then V rows of one tile
   static constexpr int k_bytes = k_keys * k_ld * 2;
@@ -227,12 +227,9 @@ __global__ void __launch_bounds__(256) flash_attention_prefill_kernel(const floa
 template <int HD>
 void launch_hd(const float* q, int ldq, const float* kc, const float* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
-  static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(Layout<HD>::smem)));
-    return true;
-  }();
-  (void)attr_set;
+  // Per launch (cheap): the attribute is per device, and a backend may run on any device.
+  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(Layout<HD>::smem)));
   const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
   flash_attention_prefill_kernel<HD><<<grid, 32 * group, Layout<HD>::smem, stream>>>(
       q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, 1.f / std::sqrt(static_cast<float>(HD)));
@@ -250,8 +247,9 @@ void launch_flash_attention_prefill(const float* q, int ldq, const float* k_cach
                                     int n, int pos0, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
   using detail::require;
   require(flash_attention_supported(n_heads, n_kv_heads, head_dim), "launch_flash_attention_prefill",
-          "head_dim must be 32, 64 or 128 and n_heads / n_kv_heads in [1, 8], got head_dim " + std::to_string(head_dim) +
-              ", heads " + std::to_string(n_heads) + " / " + std::to_string(n_kv_heads));
+          "head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads with n_heads / n_kv_heads in [1, 8], got head_dim " +
+              std::to_string(head_dim) + ", heads " + std::to_string(n_heads) + " / " + std::to_string(n_kv_heads));
+  require(n_kv_heads <= 65535, "launch_flash_attention_prefill", "n_kv_heads must be <= 65535, got " + std::to_string(n_kv_heads));
   require(n > 0 && pos0 >= 0, "launch_flash_attention_prefill",
           "n must be positive and pos0 non-negative, got " + std::to_string(n) + ", " + std::to_string(pos0));
   require(ldq >= n_heads * head_dim && ldo >= n_heads * head_dim && ldq % 2 == 0 && ldo % 2 == 0, "launch_flash_attention_prefill",
@@ -259,6 +257,8 @@ void launch_flash_attention_prefill(const float* q, int ldq, const float* k_cach
               std::to_string(ldq) + ", " + std::to_string(ldo));
   require(detail::aligned16(k_cache) && detail::aligned16(v_cache), "launch_flash_attention_prefill",
           "the caches must be 16-byte aligned");
+  require(reinterpret_cast<std::uintptr_t>(q) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
+          "launch_flash_attention_prefill", "q and out must be 8-byte aligned (read and written as float2)");
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
     case 32: launch_hd<32>(q, ldq, k_cache, v_cache, out, ldo, n, pos0, n_kv_heads, group, stream); break;

@@ -25,8 +25,9 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 /// 2^-9) and the running sum adds the rounded values, so each row's weights sum to exactly what
 /// multiplies v. The running max and sum and the output accumulate in fp32.
 /// One block per (16 queries, KV head) with one warp per query head of the group.
-/// Throws std::invalid_argument when !flash_attention_supported, n <= 0, pos0 < 0, or ldq/ldo are
-/// odd or shorter than n_heads · head_dim.
+/// Throws std::invalid_argument when !flash_attention_supported, n_kv_heads > 65535, n <= 0,
+/// pos0 < 0, ldq/ldo odd or shorter than n_heads · head_dim, the caches not 16-byte aligned, or
+/// q/out not 8-byte aligned.
 void launch_flash_attention_prefill(const float* q, int ldq, const float* k_cache, const float* v_cache, float* out, int ldo,
                                     int n, int pos0, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
 

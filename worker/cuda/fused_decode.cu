@@ -152,7 +152,7 @@ StagedPlan staged_plan(int out, int in) {
 template <bool NORM>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
                    float* y, int out, int in, bool accumulate, float* xn_out) {
-  allow_dynamic_smem(staged_gemv_kernel<NORM>, p.smem);
+  allow_dynamic_smem(staged_gemv_kernel<NORM>, k_staged_smem_max);
   launch(staged_gemv_kernel<NORM>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
          accumulate ? 1 : 0, xn_out);
 }
@@ -360,6 +360,7 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   const StagedPlan p = staged_plan(out, in);
   if (p.smem != 0) return launch_staged<true>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
+  allow_dynamic_smem(norm_gemv_kernel<8>, 12288 * sizeof(float));  // the precondition's largest `in`
   launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
 }
 
@@ -385,6 +386,7 @@ void launch_router_fused(const bf16* R, const float* x, const bf16* norm_w, floa
   require(k > 0 && k <= n_experts && k <= 32, "launch_router_fused", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
   require(hidden % 8 == 0 && hidden <= 12288, "launch_router_fused", "hidden must be a multiple of 8 and <= 12288, got " + std::to_string(hidden));
   const int blocks = (n_experts + k_router_warps - 1) / k_router_warps;
+  allow_dynamic_smem(router_fused_kernel, 12288 * sizeof(float));  // the precondition's largest hidden
   launch(router_fused_kernel, blocks, k_router_warps * 32, static_cast<std::size_t>(hidden) * sizeof(float), stream, pdl, R, x,
          norm_w, eps, xn_out, n_experts, hidden, k, renormalise ? 1 : 0, o);
 }

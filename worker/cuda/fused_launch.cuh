@@ -22,20 +22,25 @@ inline int sm_count() {
 }
 
 // Programmatic dependent launch: a kernel launched with `pdl` may be scheduled while its
-// predecessor in the stream finishes; it waits here, before touching any memory, until the
-// predecessor has completed and its writes are visible. Then it lets its own dependent be
-// scheduled early (that one waits in turn for this grid's completion before reading anything).
+// predecessor in the stream finishes; it waits here, before reading anything the predecessor
+// (or an earlier kernel of the step) wrote, until the predecessor has completed and its writes
+// are visible. Only then does it let its own dependent be scheduled. That order is a contract
+// the decode step relies on: every fused kernel calls this before any early return, so kernel
+// N+1 cannot start before kernel N-1 has finished — moe_down_fused reads the router's ids (two
+// launches back) before its own wait. Weights, never written, may be read before it.
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
 }
 
-// Kernels whose dynamic shared memory may exceed the default 48 KB opt in once per size.
+/// Lets `kernel` launch with up to `max_bytes` of dynamic shared memory on the current device
+/// (the default limit is 48 KB including static shared memory). Call with the kernel's fixed
+/// maximum, never a per-launch size: the attribute belongs to the function, so a smaller later
+/// value would lower the limit for every launch.
 template <class Kernel>
-inline void allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+inline void allow_dynamic_smem(Kernel kernel, std::size_t max_bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes)));
 }
 
 template <class... KArgs, class... Args>

@@ -54,13 +54,19 @@ __device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, flo
 /// r = #{j : p[j] > p[e]} + #{j < e : p[j] == p[e]} < k. Writes ids[r] and vals[r] (shared
 /// memory) for r < k; every pick is written by exactly one thread. No barrier inside.
 __device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals) {
+  // A NaN probability ranks as -1 (below every real one), so the ranks stay a total order and
+  // every pick r < k is written even from a poisoned residual stream.
+  auto at = [p](int j) {
+    const float x = p[j];
+    return x == x ? x : -1.f;
+  };
   for (int e = t; e < n; e += nthreads) {
-    const float v = p[e];
+    const float v = at(e);
     int rank = 0;
 #pragma unroll 8
-    for (int j = 0; j < e; ++j) rank += p[j] >= v ? 1 : 0;
+    for (int j = 0; j < e; ++j) rank += at(j) >= v ? 1 : 0;
 #pragma unroll 8
-    for (int j = e + 1; j < n; ++j) rank += p[j] > v ? 1 : 0;
+    for (int j = e + 1; j < n; ++j) rank += at(j) > v ? 1 : 0;
     if (rank < k) {
       ids[rank] = e;
       vals[rank] = v;

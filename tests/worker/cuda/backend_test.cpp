@@ -159,7 +159,7 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
 
 // The flash attention kernel is within ~1e-3 of a double-precision reference on its own
 // (flash_attention_test.cpp). End to end, the prefill path also rounds every GEMM input to bf16:
-// on a dense model the flash kernel must add nothing measurable to that error. On the random MoE
+// on a dense model the flash kernel may add less than 25% to that error. On the random MoE
 // model a perturbation of that size flips near-tied expert choices, which moves some logits a
 // lot (measured on the H200: flash 0.031 vs cuBLAS 0.0037 relative L2, dense 0.0049 vs 0.0047),
 // so there the check is the argmax and a looser bound.

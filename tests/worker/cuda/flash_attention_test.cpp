@@ -84,8 +84,8 @@ TEST_CASE("flash prefill attention refuses shapes it does not handle, naming the
   CHECK_FALSE(flash_attention_supported(32, 2, 128));  // group 16 > 8
   CHECK(flash_attention_supported(32, 4, 128));
   CHECK_THROWS_WITH_AS(launch_flash_attention_prefill(nullptr, 768, nullptr, nullptr, nullptr, 768, 4, 0, 8, 2, 96, nullptr),
-                       "launch_flash_attention_prefill: head_dim must be 32, 64 or 128 and n_heads / n_kv_heads in [1, 8], "
-                       "got head_dim 96, heads 8 / 2",
+                       "launch_flash_attention_prefill: head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads "
+                       "with n_heads / n_kv_heads in [1, 8], got head_dim 96, heads 8 / 2",
                        std::invalid_argument);
   CHECK_THROWS_AS(launch_flash_attention_prefill(nullptr, 512, nullptr, nullptr, nullptr, 512, 0, 0, 8, 2, 32, nullptr),
                   std::invalid_argument);
