@@ -1,0 +1,262 @@
+// Loading the CUDA backend: a checkpoint's tensors converted to bf16 and uploaded (resident
+// weights into one VRAM arena, routed experts into the ExpertStore), or weights synthesised from a
+// seed for the benchmark shapes; then the activations, the hot-expert cache and cuBLAS.
+#include "worker/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "worker/cuda/backend_impl.cuh"
+#include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/fused.cuh"
+#include "worker/cuda/kernels.cuh"
+#include "worker/offload/expert_store.hpp"
+
+namespace servedeck::worker::cuda {
+
+using detail::LayerDev;
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {  // subnormal
+      float f = std::ldexp(static_cast<float>(mant), -24);
+      std::memcpy(&u, &f, 4);
+      u |= sign;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// Converts a checkpoint tensor to bf16 into `dst` (element count must match).
+void to_bf16(const TensorRef& t, uint16_t* dst, std::size_t count) {
+  if (!t.info) throw std::runtime_error("cuda backend: missing tensor");
+  if (t.info->element_count() != count)
+    throw std::runtime_error("cuda backend: tensor '" + t.info->name + "' has " + std::to_string(t.info->element_count()) +
+                             " elements, expected " + std::to_string(count));
+  const std::byte* src = t.bytes.data();
+  switch (t.info->dtype) {
+    case Dtype::bf16: std::memcpy(dst, src, count * 2); break;
+    case Dtype::f16:
+      for (std::size_t i = 0; i < count; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f32_to_bf16_bits(f16_bits_to_f32(h));
+      }
+      break;
+    case Dtype::f32:
+      for (std::size_t i = 0; i < count; ++i) {
+        float f;
+        std::memcpy(&f, src + 4 * i, 4);
+        dst[i] = f32_to_bf16_bits(f);
+      }
+      break;
+  }
+}
+
+/// Deterministic uniform bf16 in [-scale, scale] (splitmix64), for synthetic weights.
+void fill_random(uint16_t* dst, std::size_t count, uint64_t seed, float scale) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < count; ++i) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    dst[i] = f32_to_bf16_bits((2.f * u - 1.f) * scale);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using Source = std::function<void(const std::string& what, uint16_t* dst, std::size_t count, float fan_in)>;
+
+std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
+                                         const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
+  auto m = std::make_unique<CudaBackend::Impl>();
+  m->d = d;
+  m->opt = opt;
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&m->copy_stream, cudaStreamNonBlocking));
+  for (int b = 0; b < 2; ++b) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_ready[b], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_free[b], cudaEventDisableTiming));
+  }
+  if (cublasCreate(&m->cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasCreate failed");
+  if (cublasSetStream(m->cublas, m->stream) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasSetStream failed");
+  m->stage_group = static_cast<std::size_t>(std::max(1, opt.stage_group));
+  m->arena_bytes = m->resident_elems() * 2;
+  CUDA_CHECK(cudaMalloc(&m->arena, m->arena_bytes));
+  const std::size_t H = static_cast<std::size_t>(d.hidden_size);
+  auto upload = [&](const std::string& what, std::size_t count, float fan_in) {
+    std::vector<uint16_t> host(count);
+    src(what, host.data(), count, fan_in);
+    return m->place(host);
+  };
+  m->embed = upload("embed", static_cast<std::size_t>(d.vocab_size) * H, 1.f);
+  m->lm_head = d.tie_word_embeddings ? m->embed : upload("lm_head", static_cast<std::size_t>(d.vocab_size) * H, static_cast<float>(H));
+  m->final_norm = upload("final_norm", H, 0.f);
+  int moe_layers = 0;
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    const std::string p = "layer " + std::to_string(l) + " ";
+    LayerDev L{};
+    L.input_norm = upload(p + "input_norm", H, 0.f);
+    {  // q | k | v concatenated: one GEMV (decode) or GEMM (prefill) computes all three
+      const std::size_t nq = static_cast<std::size_t>(m->q_dim()) * H, nkv = static_cast<std::size_t>(m->kv_dim()) * H;
+      std::vector<uint16_t> host(nq + 2 * nkv);
+      src(p + "q", host.data(), nq, static_cast<float>(H));
+      src(p + "k", host.data() + nq, nkv, static_cast<float>(H));
+      src(p + "v", host.data() + nq + nkv, nkv, static_cast<float>(H));
+      L.qkv = m->place(host);
+    }
+    L.o = upload(p + "o", H * static_cast<std::size_t>(m->q_dim()), static_cast<float>(m->q_dim()));
+    L.q_norm = d.qk_norm ? upload(p + "q_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
+    L.k_norm = d.qk_norm ? upload(p + "k_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
+    L.post_norm = upload(p + "post_norm", H, 0.f);
+    L.moe = d.layers[l].mlp == MlpKind::moe;
+    if (L.moe) {
+      L.router = upload(p + "router", static_cast<std::size_t>(d.moe.num_experts) * H, static_cast<float>(H));
+      m->moe_index.push_back(moe_layers++);
+    } else {
+      const std::size_t I = static_cast<std::size_t>(d.intermediate_size);
+      L.mlp_gate = upload(p + "mlp_gate", I * H, static_cast<float>(H));
+      L.mlp_up = upload(p + "mlp_up", I * H, static_cast<float>(H));
+      L.mlp_down = upload(p + "mlp_down", H * I, static_cast<float>(I));
+      m->moe_index.push_back(-1);
+    }
+    m->layers.push_back(L);
+  }
+  if (moe_layers > 0) {
+    const int E = static_cast<int>(d.moe.num_experts);
+    m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, static_cast<int>(H), static_cast<int>(d.moe.intermediate_size));
+    // Fill host blocks in parallel (the 30B benchmark shape holds ~58 GB of experts).
+    const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int idx = t; idx < moe_layers * E; idx += threads)
+          expert_src(idx / E, idx % E, reinterpret_cast<uint16_t*>(m->store->host_block(idx / E, idx % E)));
+      });
+    }
+    for (auto& th : pool) th.join();
+    m->store->register_host();
+    if (!opt.profile_path.empty()) {
+      m->profile = offload::load_expert_profile(opt.profile_path);
+      m->have_profile = true;
+      const std::string layout = "layers=" + std::to_string(moe_layers) + " experts=" + std::to_string(E) + " offloaded=all";
+      if (m->profile.layout != layout)
+        m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
+                              "', this launch is '" + layout + "'; mismatched layers fall back to id order");
+    }
+    int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
+    if (opt.vram_budget_gib > 0) {
+      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) - 2.0 * 1073741824.0;
+      const int fit = budget <= 0 ? 0 : static_cast<int>(budget / (static_cast<double>(m->store->block_bytes()) * moe_layers));
+      if (fit < slots) {
+        m->warnings.push_back("--vram-budget-gib " + std::to_string(opt.vram_budget_gib) + " leaves room for " +
+                              std::to_string(fit) + " hot experts per layer (asked " + std::to_string(slots) + ")");
+        slots = fit;
+      }
+    }
+    m->store->fill_hot_cache(slots, m->have_profile ? &m->profile : nullptr, &m->warnings);
+  }
+  m->allocate_activations();
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackendOptions opt) {
+  const ModelDescription& d = ck.description();
+  auto tensor_for = [&](const std::string& what) -> const TensorRef& {
+    if (what == "embed") return ck.embed_tokens();
+    if (what == "lm_head") return ck.lm_head();
+    if (what == "final_norm") return ck.final_norm();
+    const std::size_t space = what.find(' ', 6);
+    const std::size_t l = std::stoul(what.substr(6, space - 6));
+    const std::string f = what.substr(space + 1);
+    const LayerWeights& L = ck.layers()[l];
+    if (f == "input_norm") return L.input_norm;
+    if (f == "q") return L.q_proj;
+    if (f == "k") return L.k_proj;
+    if (f == "v") return L.v_proj;
+    if (f == "o") return L.o_proj;
+    if (f == "q_norm") return L.q_norm;
+    if (f == "k_norm") return L.k_norm;
+    if (f == "post_norm") return L.post_attn_norm;
+    if (f == "router") return L.router;
+    if (f == "mlp_gate") return L.mlp_gate;
+    if (f == "mlp_up") return L.mlp_up;
+    if (f == "mlp_down") return L.mlp_down;
+    throw std::logic_error("cuda backend: no tensor for " + what);
+  };
+  Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float) { to_bf16(tensor_for(what), dst, count); };
+  std::vector<int> moe_layers;
+  for (std::size_t l = 0; l < d.layers.size(); ++l)
+    if (d.layers[l].mlp == MlpKind::moe) moe_layers.push_back(static_cast<int>(l));
+  auto experts = [&](int si, int e, uint16_t* block) {
+    const ExpertWeights& w = ck.layers()[static_cast<std::size_t>(moe_layers[static_cast<std::size_t>(si)])].experts[static_cast<std::size_t>(e)];
+    const std::size_t n = static_cast<std::size_t>(d.moe.intermediate_size) * static_cast<std::size_t>(d.hidden_size);
+    to_bf16(w.gate, block, n);
+    to_bf16(w.up, block + n, n);
+    to_bf16(w.down, block + 2 * n, n);
+  };
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+}
+
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& d, uint64_t seed, CudaBackendOptions opt) {
+  std::map<std::string, uint64_t> ids;
+  Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float fan_in) {
+    if (fan_in == 0.f) {  // norms: ones
+      for (std::size_t i = 0; i < count; ++i) dst[i] = f32_to_bf16_bits(1.f);
+      return;
+    }
+    const uint64_t id = ids.emplace(what, ids.size() + 1).first->second;
+    fill_random(dst, count, seed ^ (id * 0x100000001B3ull), fan_in == 1.f ? 0.5f : 1.f / std::sqrt(fan_in));
+  };
+  const std::size_t H = static_cast<std::size_t>(d.hidden_size), I = static_cast<std::size_t>(d.moe.intermediate_size);
+  auto experts = [&](int layer, int e, uint16_t* block) {
+    const uint64_t s = seed + 0x51ED270B27ull * (static_cast<uint64_t>(layer) * 4096 + static_cast<uint64_t>(e) + 1);
+    fill_random(block, 2 * I * H, s, 1.f / std::sqrt(static_cast<float>(H)));
+    fill_random(block + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
+  };
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+}
+
+std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string& dir, CudaBackendOptions opt) {
+  auto ck = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  std::unique_ptr<CudaBackend> b = make_cuda_backend(*ck, opt);
+  b->impl_->owned_checkpoint = std::move(ck);
+  return b;
+}
+
+}  // namespace servedeck::worker::cuda
