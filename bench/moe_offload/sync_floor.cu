@@ -16,6 +16,9 @@
 
 #include <cuda_runtime.h>
 
+#include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/fused_launch.cuh"
+
 namespace {
 
 /// Sense-free generation barrier over `blocks` co-resident blocks. `count` and `generation` are
@@ -53,18 +56,8 @@ struct GridBarrier {
 };
 
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));           \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-
 __global__ void chain_step(float* buf, int i) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
+  servedeck::worker::cuda::detail::wait_for_predecessor();
   __shared__ float v;
   if (threadIdx.x == 0) v = __ldcg(buf + (i - 1) * gridDim.x + blockIdx.x) + 1.f;
   __syncthreads();
@@ -83,16 +76,16 @@ __global__ void barrier_chain(float* buf, int steps, GridBarrier bar) {
 
 float time_graph(cudaStream_t st, const std::vector<cudaGraphExec_t>& ge) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> ts;
   for (int r = 0; r < 7; ++r) {
-    CHECK(cudaEventRecord(a, st));
-    for (auto g : ge) CHECK(cudaGraphLaunch(g, st));
-    CHECK(cudaEventRecord(b, st));
-    CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(a, st));
+    for (auto g : ge) CUDA_CHECK(cudaGraphLaunch(g, st));
+    CUDA_CHECK(cudaEventRecord(b, st));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     if (r > 0) ts.push_back(ms);
   }
   std::sort(ts.begin(), ts.end());
@@ -109,37 +102,28 @@ int main(int argc, char** argv) {
     return 77;
   }
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int grid = 2 * sms;
   float* buf = nullptr;
-  CHECK(cudaMalloc(&buf, sizeof(float) * grid * (steps + 1)));
-  CHECK(cudaMemset(buf, 0, sizeof(float) * grid * (steps + 1)));
+  CUDA_CHECK(cudaMalloc(&buf, sizeof(float) * grid * (steps + 1)));
+  CUDA_CHECK(cudaMemset(buf, 0, sizeof(float) * grid * (steps + 1)));
   unsigned int* state = nullptr;
-  CHECK(cudaMalloc(&state, 2 * sizeof(unsigned int)));
-  CHECK(cudaMemset(state, 0, 2 * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMalloc(&state, 2 * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(state, 0, 2 * sizeof(unsigned int)));
   cudaStream_t st;
-  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
   auto capture = [&](auto body) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     body();
-    CHECK(cudaStreamEndCapture(st, &g));
-    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
     return ge;
   };
   auto launch_step = [&](int i, bool pdl) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(256);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&cfg, chain_step, buf, i));
+    servedeck::worker::cuda::detail::launch(chain_step, grid, 256, 0, st, pdl, buf, i);
   };
   const auto pdl_graph = capture([&] { for (int i = 1; i <= steps; ++i) launch_step(i, true); });
   const auto plain_graph = capture([&] { for (int i = 1; i <= steps; ++i) launch_step(i, false); });
@@ -158,7 +142,7 @@ int main(int argc, char** argv) {
               1000.f * (t_bar - t_one) / (steps - 1), 1000.f * t_one);
   // The chain must have run: every slot of the last step holds `steps`.
   std::vector<float> last(static_cast<std::size_t>(grid));
-  CHECK(cudaMemcpy(last.data(), buf + static_cast<std::size_t>(steps) * grid, grid * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(last.data(), buf + static_cast<std::size_t>(steps) * grid, grid * sizeof(float), cudaMemcpyDeviceToHost));
   for (float v : last)
     if (v < 1.f) {
       std::printf("chain did not run (last step holds %g)\n", v);
