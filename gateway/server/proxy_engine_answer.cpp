@@ -1,0 +1,229 @@
+// ProxyCall (proxy_internal.hpp), reading what the engine sends: SSE events through the
+// response policies into the stream normaliser, the role-only prefix held back until real
+// output, engine error events and the G09 retry, the end of the stream (finish chunk, [DONE],
+// or a closed connection), engine error bodies and the non-streaming answer.
+#include "gateway/server/proxy_internal.hpp"
+
+#include "gateway/server/request_body.hpp"
+
+namespace servedeck::gateway {
+
+namespace {
+
+/// HTTP status for an engine error object: its numeric code when it is one, else 502.
+int status_for_engine_error(const json& err) {
+  if (err.is_object()) {
+    if (auto c = err.find("code"); c != err.end() && c->is_number_integer()) {
+      auto v = c->get<int64_t>();
+      if (v >= 400 && v <= 599) return static_cast<int>(v);
+    }
+  }
+  return 502;
+}
+
+}  // namespace
+
+namespace detail {
+
+void ProxyCall::on_upstream_data(std::string_view bytes) {
+  if (done_) return;
+  if (upstream_status_ != 200 || !stream_) {
+    if (engine_text_.size() + bytes.size() > k_max_engine_body)
+      return fail(502, "the engine's answer exceeds " + std::to_string(k_max_engine_body) + " bytes",
+                  "server_error", "engine_body_too_large", ErrorSource::servedeck);
+    engine_text_.append(bytes);
+    return;
+  }
+  const int attempt = attempt_;
+  for (auto& ev : parser_.feed(bytes)) {
+    handle_event(ev);
+    if (done_ || attempt != attempt_) return;  // ended, or retried (G09): the rest is stale
+  }
+}
+
+void ProxyCall::handle_event(const sse::Event& ev) {
+  if (ev.comment) return;
+  if (ev.data == "[DONE]") return finish_stream();
+  JsonParseError perr;
+  json chunk = parse_json(ev.data, perr);
+  if (chunk.is_discarded())
+    return fail(502, "the engine sent a malformed event: " + perr.message, "server_error", "engine_bad_event",
+                ErrorSource::engine);
+  if (chunk.is_object() && chunk.contains("error")) return on_engine_error(chunk["error"]);
+  std::vector<json> chunks;
+#ifdef SERVEDECK_HAVE_POLICIES
+  if (stream_pipeline_)
+    chunks = stream_pipeline_->on_chunk(chunk);
+  else
+    chunks.push_back(std::move(chunk));
+#else
+  chunks.push_back(std::move(chunk));
+#endif
+  std::string out;
+  for (const auto& c : chunks) normalizer_->on_chunk(c, out);
+  deliver(std::move(out));
+}
+
+void ProxyCall::deliver(std::string out) {
+  if (out.empty()) return;
+  if (!normalizer_->produced_output() && !client_started_) {
+    held_ += out;  // only a role chunk so far (G09: it may still be retried away)
+    return;
+  }
+  if (!ttft_ms_) ttft_ms_ = ms_since(job_.start);
+  start_client_stream();
+  if (!held_.empty()) {
+    out.insert(0, held_);
+    held_.clear();
+  }
+  write_client(out);
+}
+
+void ProxyCall::on_engine_error(const json& err) {
+  if (!normalizer_->produced_output() && !retried_ && normalizer_->emitted_any()) {
+    // G09: only the role chunk came before the error: retry once, transparently.
+    retried_ = true;
+    retrying_ = true;
+    ++attempt_;  // the rest of this attempt's events are stale (the cancel lands later)
+    upstream_->cancel();
+    return;
+  }
+  if (!client_started_) {
+    return fail(status_for_engine_error(err), engine_message(err), engine_type(err), engine_code(err),
+                ErrorSource::engine);
+  }
+  std::string out = held_;
+  held_.clear();
+  normalizer_->fail_with_engine_error(err, out);
+  error_code_ = engine_code(err);
+  end_stream(std::move(out));
+}
+
+std::string ProxyCall::engine_message(const json& err) {
+  if (err.is_object() && err.contains("message") && err["message"].is_string()) return err["message"].get<std::string>();
+  return err.is_string() ? err.get<std::string>() : dump_json(err);
+}
+
+std::string ProxyCall::engine_type(const json& err) {
+  if (err.is_object() && err.contains("type") && err["type"].is_string()) return err["type"].get<std::string>();
+  return "server_error";
+}
+
+std::string ProxyCall::engine_code(const json& err) {
+  if (err.is_object() && err.contains("code")) {
+    const auto& c = err["code"];
+    if (c.is_string() && !c.get_ref<const std::string&>().empty()) return c.get<std::string>();
+    if (c.is_number()) return dump_json(c);
+  }
+  return "engine_error";
+}
+
+void ProxyCall::finish_stream() {
+  if (done_) return;
+  std::string out;
+#ifdef SERVEDECK_HAVE_POLICIES
+  if (stream_pipeline_) {
+    std::optional<policies::PolicyError> perr;
+    auto rest = stream_pipeline_->finish(perr);
+    for (const auto& c : rest) normalizer_->on_chunk(c, out);
+    if (perr) {
+      deliver(std::move(out));
+      if (done_) return;
+      return fail(502, perr->message, "server_error", perr->code, ErrorSource::servedeck);
+    }
+  }
+#endif
+  if (!normalizer_->produced_output() && !client_started_)
+    return fail(502, "the engine's stream ended without any content, reasoning or tool call", "server_error",
+                "empty_stream", ErrorSource::engine);
+  deliver(std::move(out));
+  if (done_) return;
+  out.clear();
+  if (normalizer_->finish(out) == StreamEnd::error) error_code_ = "empty_stream";
+  end_stream(std::move(out));
+}
+
+void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
+  if (retrying_) {
+    retrying_ = false;
+    parser_ = sse::Parser();
+    normalizer_.emplace(normalizer_options());
+    held_.clear();
+    return send_upstream();
+  }
+  if (done_) return;
+  if (f == UpstreamFailure::cancelled) return on_client_gone();
+  if (f == UpstreamFailure::none || f == UpstreamFailure::closed) {
+    if (upstream_status_ != 200) {
+      if (f == UpstreamFailure::closed && upstream_status_ == 0)
+        return fail(502, "the engine closed the connection without answering (" + detail + ")", "server_error",
+                    "upstream_closed", ErrorSource::engine);
+      return answer_engine_error_body();
+    }
+    if (!stream_) {
+      if (f == UpstreamFailure::closed)
+        return fail(502, "the engine closed the connection before its answer was complete (" + detail + ")",
+                    "server_error", "upstream_closed", ErrorSource::engine);
+      return answer_body();
+    }
+    if (auto last = parser_.finish()) {
+      handle_event(*last);
+      if (done_) return;
+    }
+    if (normalizer_->finish_seen()) return finish_stream();
+    return fail(502, "the engine closed the stream before its finish chunk or [DONE] (" + detail + ")",
+                "server_error", "upstream_closed", ErrorSource::engine);
+  }
+  if (f == UpstreamFailure::connect_timeout || f == UpstreamFailure::first_byte_timeout ||
+      f == UpstreamFailure::gap_timeout)
+    return fail(504, detail, "timeout_error", std::string("upstream_") + std::string(to_string(f)),
+                ErrorSource::servedeck);
+  if (f == UpstreamFailure::connect)
+    return fail(502, "cannot reach the engine of model '" + job_.model->name + "': " + detail, "server_error",
+                "engine_unreachable", ErrorSource::servedeck);
+  fail(502, detail, "server_error", "upstream_io", ErrorSource::servedeck);
+}
+
+void ProxyCall::answer_engine_error_body() {
+  JsonParseError perr;
+  json j = parse_json(engine_text_, perr);
+  json err = j.is_object() && j.contains("error") ? j["error"] : json();
+  std::string message = err.is_null() ? (engine_text_.empty() ? "the engine answered HTTP " + std::to_string(upstream_status_)
+                                                              : engine_text_.substr(0, 2000))
+                                      : engine_message(err);
+  int status = upstream_status_ >= 400 && upstream_status_ <= 599 ? upstream_status_ : 502;
+  fail(status, message, err.is_null() ? "server_error" : engine_type(err),
+       err.is_null() ? "engine_http_" + std::to_string(upstream_status_) : engine_code(err), ErrorSource::engine);
+}
+
+void ProxyCall::answer_body() {
+  JsonParseError perr;
+  json body = parse_json(engine_text_, perr);
+  if (body.is_discarded() || !body.is_object())
+    return fail(502, "the engine's answer is not a JSON object: " + perr.message, "server_error", "engine_bad_body",
+                ErrorSource::engine);
+  if (body.contains("error")) {
+    const json err = body["error"];
+    return fail(status_for_engine_error(err), engine_message(err), engine_type(err), engine_code(err),
+                ErrorSource::engine);
+  }
+#ifdef SERVEDECK_HAVE_POLICIES
+  if (response_ctx_) {
+    policies::ResponsePipeline rp(*response_ctx_);
+    if (auto perr2 = rp.apply_body(body)) return fail(502, perr2->message, "server_error", perr2->code, ErrorSource::servedeck);
+  }
+#endif
+  if (!StreamNormalizer::normalize_body(body, job_.requested_id, normalizer_options().id_seed))
+    return fail(502, "the engine's answer carries no content, reasoning or tool call", "server_error",
+                "empty_response", ErrorSource::engine);
+  if (auto u = body.find("usage"); u != body.end() && u->is_object()) usage_ = *u;
+  ttft_ms_ = ms_since(job_.start);
+  done_ = true;
+  if (capture_) captured_body_ = body;
+  job_.res->send(200, "application/json", dump_json(body));
+  record(200);
+}
+
+}  // namespace detail
+
+}  // namespace servedeck::gateway

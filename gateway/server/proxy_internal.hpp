@@ -1,0 +1,139 @@
+// Internal to the streaming proxy (gateway/server/proxy.hpp): the ProxyCall class shared by its
+// two translation units. proxy.cpp holds the call's life (start, the policy pipeline on the
+// request, the upstream request, backpressure, heartbeats, writes to the client, the endings and
+// the request-log row); proxy_engine_answer.cpp holds reading what the engine sends (SSE events,
+// engine errors and the G09 retry, end of stream, the non-streaming body). Not part of the
+// public API; include it from nowhere else.
+//
+// note: the class layout depends on SERVEDECK_HAVE_POLICIES, a PRIVATE definition of
+// servedeck_gateway; every file that includes this header must be compiled in that target.
+#pragma once
+
+#include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/asio.hpp>
+
+#include "common/openai_error.hpp"
+#include "common/sse.hpp"
+#include "gateway/server/proxy.hpp"
+#include "gateway/server/stream_normalizer.hpp"
+#include "gateway/server/upstream.hpp"
+#ifdef SERVEDECK_HAVE_POLICIES
+#include "policies/pipeline.hpp"
+#include "policies/min_output_tokens.hpp"
+#include "policies/capture.hpp"
+#endif
+
+namespace servedeck::gateway {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+}  // namespace servedeck::gateway
+
+namespace servedeck::gateway::detail {
+
+constexpr std::size_t k_max_engine_body = 64u * 1024 * 1024;  // a non-streaming engine answer, bytes
+
+inline double ms_since(clock_type::time_point t) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+/// One proxied completion, from start() to its one request-log row (proxy.hpp describes the
+/// endings). Held by shared_ptr: the upstream callbacks, the heartbeat timer and the client's
+/// disconnect callback each keep it alive. Every member after start() runs on `strand_`.
+class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
+ public:
+  ProxyCall(ProxyShared& shared, ProxyJob job);
+
+  void start();
+
+ private:
+  StreamNormalizer::Options normalizer_options() const;
+
+  void begin();
+
+#ifdef SERVEDECK_HAVE_POLICIES
+  policies::RepairCounter repair_counter();
+#endif
+
+  void send_upstream();
+
+  /// Backpressure: above k_high_water bytes queued for the client, stop reading the engine
+  /// until the client took all but k_low_water.
+  bool should_pause();
+
+  // --- heartbeats while the engine has not produced its first output --------------------
+  void arm_heartbeat();
+  void start_client_stream();
+  void write_client(std::string_view bytes);
+
+  // --- upstream data (proxy_engine_answer.cpp) -------------------------------------------
+  void on_upstream_data(std::string_view bytes);
+  void handle_event(const sse::Event& ev);
+  /// Sends normalised output; a role-only prefix is held until the first real output.
+  void deliver(std::string out);
+  void on_engine_error(const json& err);
+  static std::string engine_message(const json& err);
+  static std::string engine_type(const json& err);
+  static std::string engine_code(const json& err);
+  void finish_stream();
+  void on_upstream_end(UpstreamFailure f, const std::string& detail);
+  /// The engine answered with a non-200 status: pass it on with source "engine".
+  void answer_engine_error_body();
+  /// A complete non-streaming answer from the engine.
+  void answer_body();
+
+  // --- endings ----------------------------------------------------------------------------
+  /// An error: a real status when the client's stream has not started, else an error event.
+  void fail(int status, const std::string& message, const std::string& type, const std::string& code,
+            ErrorSource source);
+  void answer_local(int status, const std::string& message, const std::string& type, const std::string& code);
+  void end_stream(std::string out);
+  void on_client_gone();
+  void record(int status);
+
+ public:
+  static void write_log(ProxyShared& shared, state::RequestRecord r);
+
+ private:
+  ProxyShared& shared_;
+  ProxyJob job_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  asio::steady_timer heartbeat_;
+  std::shared_ptr<UpstreamCall> upstream_;
+  json engine_body_;
+  std::string engine_text_;       // non-streaming or error body from the engine
+  sse::Parser parser_;
+  std::optional<StreamNormalizer> normalizer_;
+#ifdef SERVEDECK_HAVE_POLICIES
+  std::unique_ptr<policies::ResponseContext> response_ctx_;
+  std::optional<policies::StreamPipeline> stream_pipeline_;
+#endif
+  std::string held_;              // role-only output not yet sent (G09)
+  std::optional<json> usage_;
+  std::optional<double> ttft_ms_;
+  std::string error_code_;
+  int upstream_status_ = 0;
+  bool chat_ = true;
+  bool stream_ = false;
+  bool include_usage_ = false;
+  bool client_started_ = false;
+  bool retried_ = false;
+  bool retrying_ = false;
+  int attempt_ = 0;
+  bool done_ = false;
+  bool capture_ = false;            // policies/capture.hpp: policy on and SERVEDECK_CAPTURE=1
+  std::string captured_stream_;     // SSE bytes sent to the client (capture only), bounded
+  json captured_body_;              // non-streaming body sent to the client (capture only)
+};
+
+}  // namespace servedeck::gateway::detail
