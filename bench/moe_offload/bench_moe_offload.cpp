@@ -155,7 +155,8 @@ void kernel_breakdown(double hbm_gbs) {
   auto* acount = static_cast<unsigned int*>(dalloc(32 * 4));
   CUDA_CHECK(cudaMemset(acount, 0, 32 * 4));
   const cuda::AttentionShape shape{32, 4, 128, 128, 1e-6f, freq, CAP, ascratch, acount};
-  auto time_graph = [&](const char* name, double bytes, int n, const std::function<void(int)>& body) {
+  // µs per body(i) call: the n calls captured as one graph, median of 5 timed launches.
+  auto graph_us = [&](int n, const std::function<void(int)>& body) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -175,10 +176,15 @@ void kernel_breakdown(double hbm_gbs) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
       if (r > 0) ts.push_back(ms * 1000.0 / n);
     }
-    const double us = median(ts);
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    CUDA_CHECK(cudaGraphExecDestroy(ge));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return median(ts);
+  };
+  auto time_graph = [&](const char* name, double bytes, int n, const std::function<void(int)>& body) {
+    const double us = graph_us(n, body);
     std::printf("%-28s %9.2f %10.2f %9.0f %8.1f%%\n", name, us, bytes / 1e6, bytes / us / 1e3, 100 * bytes / us / 1e3 / hbm_gbs);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
     return us;
   };
   std::printf("\nper-kernel decode breakdown (graph of %d PDL launches each, distinct weights per launch)\n", reps);
@@ -208,17 +214,26 @@ void kernel_breakdown(double hbm_gbs) {
   // The six kernels in step order, one layer after another (distinct weights per layer): the
   // layer as the step runs it, against the sum of its kernels timed alone.
   const double layer_bytes = 2.0 * ((QD + 2.0 * KVD) * H + H * QD + E * H + K * 3.0 * I * H) + 256.0 * KVD * 8;
-  time_graph("layer sequence (6 kernels)", layer_bytes, reps, [&](int i) {
+  // skip < 0: the whole layer; else the layer without kernel `skip` (its inputs are left as
+  // they are), so full minus that is the kernel's marginal cost inside the sequence.
+  auto layer_sequence = [&](int i, int skip) {
     const std::size_t qkv_sz = static_cast<std::size_t>(QD + 2 * KVD) * H;
     const bf16* rwt = r_w + static_cast<std::size_t>(i) * E * H;
-    cuda::launch_norm_gemv_bf16(qkv_w + i * qkv_sz, x, nw, 1e-6f, qkv, QD + 2 * KVD, H, false, nullptr, st, true);
-    cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
-    cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
-    cuda::launch_router_fused(rwt, x, nw, 1e-6f, xn, E, H, K, true, cuda::RouterOutputs{logits, router_ids, rw, done, flags, counters, lc},
-                              st, true);
-    cuda::launch_moe_gate_up_fused(t, xn, ids + i * K, K, act, st, true);
-    cuda::launch_moe_down_fused(t, act, ids + i * K, rw, K, x, st, true);
-  });
+    if (skip != 0) cuda::launch_norm_gemv_bf16(qkv_w + i * qkv_sz, x, nw, 1e-6f, qkv, QD + 2 * KVD, H, false, nullptr, st, true);
+    if (skip != 1) cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
+    if (skip != 2) cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
+    if (skip != 3)
+      cuda::launch_router_fused(rwt, x, nw, 1e-6f, xn, E, H, K, true, cuda::RouterOutputs{logits, router_ids, rw, done, flags, counters, lc},
+                                st, true);
+    if (skip != 4) cuda::launch_moe_gate_up_fused(t, xn, ids + i * K, K, act, st, true);
+    if (skip != 5) cuda::launch_moe_down_fused(t, act, ids + i * K, rw, K, x, st, true);
+  };
+  const double full = time_graph("layer sequence (6 kernels)", layer_bytes, reps, [&](int i) { layer_sequence(i, -1); });
+  std::printf("marginal cost in the sequence (layer minus the layer without the kernel), us:");
+  const char* short_names[] = {"qkv", "attention", "o-proj", "router", "gate_up", "down"};
+  for (int k = 0; k < 6; ++k)
+    std::printf(" %s %.2f", short_names[k], full - graph_us(reps, [&](int i) { layer_sequence(i, k); }));
+  std::printf("\n");
   time_graph("norm+lm_head (151936x2048)", 2.0 * V * H, 4, [&](int) {
     cuda::launch_norm_gemv_bf16(lm, x, nw, 1e-6f, logits, V, H, false, nullptr, st, true);
   });
