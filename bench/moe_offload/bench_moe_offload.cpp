@@ -5,9 +5,10 @@
 //
 // In one run it measures the machine's own ceilings (pinned host→device copy, zero-copy UVA
 // reads by our GEMV kernel, HBM reads by the same kernel), then decode tok/s (batch 1, 128-token
-// prompt, 256 new tokens, greedy) with the hot-expert cache at 0%, 25%, 50% and 100% of experts,
-// bytes read over PCIe per token, and achieved time ÷ roofline time, where
-//   roofline/token = PCIe bytes / UVA GB/s + VRAM bytes read / HBM GB/s.
+// prompt, 256 new tokens, greedy) with the hot-expert cache at 0%, 25%, 50% and 100% of experts
+// (and all resident after a 4096-token prompt), bytes read over PCIe per token, and achieved
+// time ÷ roofline time, where
+//   roofline/token = PCIe bytes / UVA GB/s + VRAM bytes read (weights, KV rows) / HBM GB/s.
 // Then prefill tok/s at 512, 4096 and 16384 tokens (one chunk each), all experts resident and all
 // offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
 // roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
@@ -372,15 +373,19 @@ int main(int argc, char** argv) {
   struct Row {
     int slots;
     bool pdl;
+    int prompt;  // tokens before the decoded ones
   };
-  for (const Row row : {Row{0, true}, Row{32, true}, Row{64, true}, Row{128, false}, Row{128, true}}) {
+  // KV bytes a decode step reads: every cached row of every layer (fp32 K and V).
+  const double kv_row_bytes = static_cast<double>(backend->kv_bytes_per_token());
+  for (const Row row : {Row{0, true, prompt}, Row{32, true, prompt}, Row{64, true, prompt}, Row{128, false, prompt}, Row{128, true, prompt},
+                        Row{128, true, 4096}}) {
     const int slots = row.slots;
     const bool pdl = row.pdl;
     if (slots != backend->hot_slots()) backend->set_hot_slots(slots);
     backend->set_use_pdl(pdl);
-    auto cache = backend->new_cache(static_cast<std::size_t>(prompt + decode + 8));
+    auto cache = backend->new_cache(static_cast<std::size_t>(row.prompt + decode + 8));
     std::vector<int32_t> ids;
-    for (int i = 0; i < prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
+    for (int i = 0; i < row.prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
     auto tp = clk::now();
     auto logits = backend->forward(*cache, ids, false);
     const double prefill_s = seconds_since(tp);
@@ -395,23 +400,25 @@ int main(int argc, char** argv) {
     const double per_tok_miss = static_cast<double>(st.misses) / decode;
     const double per_tok_hit = static_cast<double>(st.hot_hits) / decode;
     const double pcie_bytes = per_tok_miss * block;
-    const double roof_s = pcie_bytes / (c.uva_gbs * 1e9) + (dense_bytes + per_tok_hit * block) / (c.hbm_gbs * 1e9);
+    const double kv_bytes = kv_row_bytes * (row.prompt + (decode + 1) / 2.0);  // mean cached rows while decoding
+    const double roof_s = pcie_bytes / (c.uva_gbs * 1e9) + (dense_bytes + per_tok_hit * block + kv_bytes) / (c.hbm_gbs * 1e9);
     const double tok_s = decode / decode_s;
     const double achieved = roof_s * tok_s;
     // The step's graph alone (GPU time; the rest of ms/token is the host's share between steps).
     const double step_us = backend->decode_step_us(*cache, 32);
     char label[24];
     std::snprintf(label, sizeof label, "%d%%", slots * 100 / 128);
-    if (slots == 128) std::snprintf(label, sizeof label, "all%s", !pdl ? " noPDL" : "");
+    if (slots == 128) std::snprintf(label, sizeof label, "all%s", !pdl ? " noPDL" : row.prompt != prompt ? " @4k" : "");
     std::printf("%-10s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f %10.3f %9.1f%%\n", label,
-                100 * st.hit_rate(), tok_s, prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode,
+                100 * st.hit_rate(), tok_s, row.prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode,
                 step_us / 1000, 100 * roof_s * 1e6 / step_us);
-    rows.push_back({{"hot_slots", slots}, {"pdl", pdl},  {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
-                    {"prefill_tok_s_decode_path", prompt / prefill_s}, {"pcie_bytes_per_token", pcie_bytes},
+    rows.push_back({{"hot_slots", slots}, {"pdl", pdl}, {"prompt_tokens", row.prompt}, {"hit_rate", st.hit_rate()}, {"decode_tok_s", tok_s},
+                    {"prefill_tok_s_decode_path", row.prompt / prefill_s}, {"kv_bytes_per_token", kv_bytes}, {"pcie_bytes_per_token", pcie_bytes},
                     {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved},
                     {"gpu_step_us", step_us}});
   }
-  std::printf("\nprefill128 column: the %d-token prompt before each decode row, through the staged prefill path.\n", prompt);
+  std::printf("\nprefill128 column: the prompt before each decode row (%d tokens; 4096 for \"all @4k\"), through the staged prefill\n"
+              "path. Roofline: PCIe bytes / UVA GB/s + (resident weights + hot experts + the KV rows read) / HBM GB/s.\n", prompt);
 
   // Prefill rows. The backend is at all-resident now; warm up once at the largest size so the
   // prefill buffers and cuBLAS are set up outside the timed runs.

@@ -35,8 +35,12 @@ namespace servedeck::worker::cuda {
 void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
                            int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false);
 
-/// Blocks per query head in the fused decode attention (split over positions).
-constexpr int k_attention_splits = 4;
+/// Blocks per query head in the fused decode attention (split over positions). Measured on
+/// the H200 (bench/moe_offload/results-2026-11-29-h200-session4.txt, run 7; 32/4 heads of 128,
+/// 8 warps per block): 8 splits against 4 take the attention from 9.5 to 8.3 µs alone and the
+/// layer sequence from 66.9 to 62.9 µs at position 255; at position 4095, 76.5 → 44.2 µs alone
+/// and 197.7 → 124.7 µs in the sequence. 2, 16 and 32 splits and 4 warps per block were slower.
+constexpr int k_attention_splits = 8;
 
 /// Shapes and scratch of the fused attention step.
 struct AttentionShape {
