@@ -62,7 +62,7 @@ json StreamTranslator::usage_json() const {
 }
 
 json StreamTranslator::item_json(const OpenItem& item, bool done) const {
-  const char* status = done ? "completed" : "in_progress";
+  const char* status = !done ? "in_progress" : item.truncated ? "incomplete" : "completed";
   switch (item.kind) {
     case ItemKind::reasoning: {
       json content = json::array();
@@ -86,7 +86,7 @@ json StreamTranslator::item_json(const OpenItem& item, bool done) const {
 
 void StreamTranslator::open_item(ItemKind kind, std::vector<StreamEvent>& out) {
   close_current(out);
-  OpenItem item{kind, static_cast<int>(items_.size()), "", "", "", "", "", ""};
+  OpenItem item{kind, static_cast<int>(items_.size()), "", "", "", "", "", "", false};
   item.id = response_id_ + (kind == ItemKind::reasoning ? "_rs" : "_msg") + std::to_string(item_counter_++);
   items_.push_back(item);
   current_ = static_cast<int>(items_.size()) - 1;
@@ -166,7 +166,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
       auto found = tool_index_.find(index);
       if (found == tool_index_.end()) {
         close_current(out);
-        OpenItem item{ItemKind::function_call, static_cast<int>(items_.size()), "", "", "", "", "", ""};
+        OpenItem item{ItemKind::function_call, static_cast<int>(items_.size()), "", "", "", "", "", "", false};
         item.id = response_id_ + "_fc" + std::to_string(item_counter_++);
         item.call_id = tc.contains("id") && tc["id"].is_string() && !tc["id"].get<std::string>().empty()
                            ? tc["id"].get<std::string>() : "call_" + item.id;
@@ -199,6 +199,9 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
 std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out;
   if (ended_) return out;
+  // Finish "length": the token limit cut the item generated last; its output_item.done (below)
+  // and the final response object carry status "incomplete". Items closed earlier were whole.
+  if (finish_reason_ == "length" && !items_.empty()) items_.back().truncated = true;
   close_current(out);
   for (const auto& [index, pos] : tool_index_) {
     (void)index;

@@ -50,7 +50,8 @@ class StreamTranslator {
   /// One upstream chat.completion.chunk (already normalised by the gateway).
   std::vector<StreamEvent> on_chunk(const nlohmann::json& chunk);
   /// Upstream ended properly: closes open items, then response.completed (or .incomplete when
-  /// the finish reason was "length").
+  /// the finish reason was "length"; then the last output item, the one the token limit cut,
+  /// is closed with status "incomplete" and earlier items with "completed", as OpenAI does).
   std::vector<StreamEvent> finish();
   /// Upstream failed: closes nothing further, emits response.failed with `code` and `message`.
   std::vector<StreamEvent> fail(const std::string& code, const std::string& message);
@@ -73,6 +74,7 @@ class StreamTranslator {
     std::string name;        // function_call: the client's name
     std::string ns;          // function_call: the client's namespace, "" when none
     std::string engine_name; // function_call: name the engine used (for history)
+    bool truncated = false;  // the item the token limit cut (finish "length"): status "incomplete" once done
   };
 
   StreamEvent make(const std::string& type, nlohmann::json data);

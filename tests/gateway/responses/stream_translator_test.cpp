@@ -102,14 +102,65 @@ TEST_CASE("G32: an upstream failure after output_item.added ends with response.f
   CHECK(all.back().to_sse().rfind("event: response.failed\ndata: {", 0) == 0);
 }
 
-TEST_CASE("finish length gives response.incomplete with the reason") {
+TEST_CASE("finish length gives response.incomplete with the reason, and the cut message item is incomplete") {
   TranslatedRequest req;
   StreamTranslator t("resp_3", "tiny", 1, req);
-  (void)t.start();
-  (void)t.on_chunk(chunk({{"content", "partial"}}, "length"));
-  auto end = t.finish();
-  CHECK(end.back().type == "response.incomplete");
-  CHECK(end.back().data["response"]["incomplete_details"]["reason"] == "max_output_tokens");
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"reasoning_content", "hmm"}})));
+  append(all, t.on_chunk(chunk({{"content", "partial"}}, "length")));
+  append(all, t.finish());
+  CHECK(all.back().type == "response.incomplete");
+  const json& r = all.back().data["response"];
+  CHECK(r["status"] == "incomplete");
+  CHECK(r["incomplete_details"]["reason"] == "max_output_tokens");
+  REQUIRE(r["output"].size() == 2);
+  CHECK(r["output"][0]["type"] == "reasoning");
+  CHECK(r["output"][0]["status"] == "completed");  // closed whole before the message began
+  CHECK(r["output"][1]["type"] == "message");
+  CHECK(r["output"][1]["status"] == "incomplete");
+  CHECK(r["output"][1]["content"][0]["text"] == "partial");
+
+  // Each output_item.done says what the final object says about that item.
+  std::vector<json> done_items;
+  for (const auto& e : all)
+    if (e.type == "response.output_item.done") done_items.push_back(e.data["item"]);
+  REQUIRE(done_items.size() == 2);
+  CHECK(done_items[0]["status"] == "completed");
+  CHECK(done_items[1]["type"] == "message");
+  CHECK(done_items[1]["status"] == "incomplete");
+}
+
+TEST_CASE("finish length while a tool call's arguments stream: the cut call is incomplete, the message before it completed") {
+  TranslatedRequest req;
+  StreamTranslator t("resp_5", "tiny", 1, req);
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"content", "Reading"}})));
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_1"},
+                                                              {"function", {{"name", "read"}, {"arguments", "{\"pa"}}}}})}},
+                               "length")));
+  append(all, t.finish());
+  CHECK(all.back().type == "response.incomplete");
+  const json& r = all.back().data["response"];
+  REQUIRE(r["output"].size() == 2);
+  CHECK(r["output"][0]["status"] == "completed");
+  CHECK(r["output"][1]["type"] == "function_call");
+  CHECK(r["output"][1]["status"] == "incomplete");
+  CHECK(r["output"][1]["arguments"] == "{\"pa");
+}
+
+TEST_CASE("a non-streaming chat.completion cut at its token limit: response and message both incomplete") {
+  TranslatedRequest req;
+  json completion = {{"object", "chat.completion"},
+                     {"choices", json::array({{{"index", 0}, {"finish_reason", "length"},
+                                                {"message", {{"role", "assistant"}, {"content", "Hello fr"}}}}})},
+                     {"usage", {{"prompt_tokens", 3}, {"completion_tokens", 4}, {"total_tokens", 7}}}};
+  json r = translate_completion(completion, "resp_6", "tiny", 5, req);
+  CHECK(r["status"] == "incomplete");
+  CHECK(r["incomplete_details"]["reason"] == "max_output_tokens");
+  REQUIRE(r["output"].size() == 1);
+  CHECK(r["output"][0]["type"] == "message");
+  CHECK(r["output"][0]["status"] == "incomplete");
+  CHECK(r["output"][0]["content"][0]["text"] == "Hello fr");
 }
 
 TEST_CASE("a non-streaming chat.completion translates to the same output items") {
