@@ -13,7 +13,7 @@ namespace servedeck::preflight::checks {
 using registry::ModelEntry;
 
 void Context::add(std::string check, Verdict v, std::string reading, std::string limit, std::string message) {
-  out.push_back(CheckResult{std::move(check), v, std::move(reading), std::move(limit), std::move(message)});
+  out.push_back(CheckResult{std::move(check), v, std::move(reading), std::move(limit), std::move(message), stage});
 }
 
 std::string gib(double v) {
@@ -287,7 +287,9 @@ void files(Context& c) {
           (venv ? "venv interpreter " : "program ") + program + " is missing or not executable");
   else
     c.add("program", Verdict::refuse, program + " not in PATH", "executable in PATH",
-          "program " + program + " not found in PATH (" + std::string(std::getenv("PATH") ? std::getenv("PATH") : "") + ")");
+          "program " + program + " not found in PATH; searched this process's PATH=" +
+              (std::getenv("PATH") ? std::string(std::getenv("PATH")) : std::string("(unset: /usr/local/bin:/usr/bin:/bin)")) +
+              " (`servedeck preflight` searches the CLI's own PATH, a switch the daemon's)");
 
   // Hot-expert profile: advisory; the pinner falls back per layer.
   if (!m.hot_profile.empty()) {

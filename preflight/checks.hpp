@@ -1,5 +1,6 @@
 // The individual preflight checks. Each appends one or more CheckResult rows; none stops the others.
-// Internal to servedeck_preflight; run_preflight (preflight.cpp) calls them in table order.
+// Internal to servedeck_preflight; run_preflight (preflight.cpp) calls them in table order, and
+// that table gives each check its Stage (before or after the running engine is stopped).
 #pragma once
 
 #include <optional>
@@ -18,6 +19,7 @@ struct Context {
   const registry::LaunchSpec& launch;
   const std::optional<MeasuredFigures>& measured;
   std::vector<CheckResult>& out;
+  Stage stage = Stage::machine;  // stamped on every row add() appends (run_preflight sets it per check)
 
   void add(std::string check, Verdict v, std::string reading, std::string limit, std::string message);
 };

@@ -17,6 +17,14 @@ std::string_view to_string(Verdict v) {
   return "unknown";
 }
 
+std::string_view to_string(Stage s) {
+  switch (s) {
+    case Stage::declaration: return "declaration";
+    case Stage::machine: return "machine";
+  }
+  return "unknown";
+}
+
 bool Report::refused() const {
   return std::any_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.verdict == Verdict::refuse; });
 }
@@ -38,7 +46,8 @@ nlohmann::json Report::to_json() const {
                            {"verdict", std::string(to_string(c.verdict))},
                            {"reading", c.reading},
                            {"limit", c.limit},
-                           {"message", c.message}});
+                           {"message", c.message},
+                           {"stage", std::string(to_string(c.stage))}});
   j["launch"] = {{"program", launch.program}, {"argv", launch.argv}, {"env", launch.env}, {"host", launch.host},
                  {"port", launch.port}};
   if (measured) {
@@ -117,26 +126,59 @@ std::string Report::table() const {
   return out;
 }
 
+namespace {
+
+/// One check of the table below.
+struct CheckDef {
+  void (*run)(checks::Context&);
+  Stage stage;
+  const char* why;  // why stopping the running engine can (machine) or cannot (declaration) change it
+};
+
+// The checks in table order, each with its stage. `switch` runs the declaration ones before it
+// stops the running engine, so a launch that cannot work does not take down one that does.
+constexpr CheckDef k_checks[] = {
+    {checks::gpu_present, Stage::declaration,
+     "whether GPU N exists and its compute capability are properties of the hardware and driver"},
+    {checks::vram_fit, Stage::machine, "free VRAM: the running engine holds most of it until it is stopped"},
+    {checks::cuda_processes, Stage::machine, "the running engine is itself a CUDA process on the GPU"},
+    {checks::host_ram, Stage::machine, "MemAvailable: the running engine holds host RAM (pinned offload, page cache)"},
+    {checks::context, Stage::declaration,
+     "ctx vs validated_ctx / prefilled_ctx / model max and the KV cap are arithmetic on the declaration and the "
+     "checkpoint's config.json"},
+    {checks::shm, Stage::machine, "/dev/shm free: the running engine's buffers are reaped only after the stop"},
+    {checks::ptrace, Stage::declaration, "kernel.yama.ptrace_scope is a sysctl no engine changes"},
+    {checks::memlock, Stage::declaration, "RLIMIT_MEMLOCK is the daemon's own limit"},
+    {checks::files, Stage::declaration, "checkpoint, program and hot-expert profile are files on disk"},
+    {checks::consistency, Stage::declaration, "offload in env, argv and cpu_offload_gib are all declarations"},
+    {checks::measured, Stage::declaration, "compares declarations with figures stored from an earlier launch"},
+    {checks::rules, Stage::declaration,
+     "[[rules]] match on the declaration, the rendered launch and the GPU's compute capability"},
+};
+
+}  // namespace
+
 Report run_preflight(const registry::Registry& reg, const registry::ModelEntry& m, Readings& readings, int port,
-                     const std::optional<MeasuredFigures>& measured) {
+                     const std::optional<MeasuredFigures>& measured, Scope scope) {
   Report r;
   r.model = m.name;
   r.measured = measured;
   r.launch = registry::render_launch(m, port, reg.server);
   checks::Context c{reg, m, readings, r.launch, measured, r.checks};
-  checks::gpu_present(c);
-  checks::vram_fit(c);
-  checks::cuda_processes(c);
-  checks::host_ram(c);
-  checks::context(c);
-  checks::shm(c);
-  checks::ptrace(c);
-  checks::memlock(c);
-  checks::files(c);
-  checks::consistency(c);
-  checks::measured(c);
-  checks::rules(c);
+  for (const CheckDef& d : k_checks) {
+    if (scope == Scope::declaration_only && d.stage != Stage::declaration) continue;
+    c.stage = d.stage;
+    d.run(c);
+  }
   return r;
+}
+
+Report declaration_rows(const Report& r) {
+  Report out = r;
+  out.checks.clear();
+  for (const auto& c : r.checks)
+    if (c.stage == Stage::declaration) out.checks.push_back(c);
+  return out;
 }
 
 }  // namespace servedeck::preflight

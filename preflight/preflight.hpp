@@ -18,12 +18,31 @@ namespace servedeck::preflight {
 enum class Verdict { pass, warn, refuse };
 std::string_view to_string(Verdict v);
 
+/// Whether stopping the engine that is running now can change a check's verdict. `switch` runs
+/// the `declaration` checks before it stops the running engine (a refusal there leaves the running
+/// model serving) and every check after the stop. Each check's stage, with the reason, is in the
+/// table in preflight/preflight.cpp.
+enum class Stage {
+  declaration,  // depends on the registry entry, files on disk, system settings and which GPU is present
+  machine,      // depends on what the running engine holds: free VRAM, MemAvailable, /dev/shm, CUDA processes
+};
+std::string_view to_string(Stage s);
+
+/// Which checks run_preflight runs.
+enum class Scope {
+  all,               // every check (the full preflight: `servedeck preflight`, and `switch` after the stop)
+  declaration_only,  // only Stage::declaration checks (`switch` before stopping the running engine)
+};
+
 struct CheckResult {
   std::string check;     // "host_ram", "vram_fit", "ctx_validated", "rule:<id>", ...
   Verdict verdict = Verdict::pass;
   std::string reading;   // what was read, with units: "MemAvailable 70.2 GiB"
   std::string limit;     // what it was compared against: "host_ram_gib 155 GiB"
   std::string message;   // one line; a refusal contains both numbers
+  /// Set by run_preflight from the check's table entry. Default `machine`: a row nobody classified
+  /// never refuses a switch before the running engine is stopped.
+  Stage stage = Stage::machine;
 };
 
 /// A process holding GPU memory (from NVML).
@@ -77,7 +96,7 @@ struct Report {
   registry::LaunchSpec launch;         // rendered argv and env
   std::optional<MeasuredFigures> measured;  // as passed to run_preflight
   bool refused() const;                // any refusal
-  /// {"model","refused","checks":[{"check","verdict","reading","limit","message"}],
+  /// {"model","refused","checks":[{"check","verdict","reading","limit","message","stage"}],
   ///  "launch":{"program","argv","env","host","port"},"measured":{...}|null}
   nlohmann::json to_json() const;
   /// Aligned text table for the CLI: one row per check (check, verdict, reading, limit), the
@@ -89,8 +108,14 @@ struct Report {
 
 /// Runs every check for `m` (including the registry's [[rules]]); collects all results (never
 /// stops at the first refusal). `port` is the port the launch would use. `measured`: the last
-/// measured figures for this model, if the caller has them. Never throws for machine readings.
+/// measured figures for this model, if the caller has them. `scope`: Scope::declaration_only runs
+/// only the checks whose verdict cannot change by stopping the running engine. Never throws for
+/// machine readings.
 Report run_preflight(const registry::Registry& reg, const registry::ModelEntry& m, Readings& readings,
-                     int port, const std::optional<MeasuredFigures>& measured = std::nullopt);
+                     int port, const std::optional<MeasuredFigures>& measured = std::nullopt,
+                     Scope scope = Scope::all);
+
+/// The rows of `r` whose stage is Stage::declaration (same model, launch and measured figures).
+Report declaration_rows(const Report& r);
 
 }  // namespace servedeck::preflight

@@ -329,3 +329,55 @@ TEST_CASE("every refusal's message contains every number of its reading and limi
   }
   CHECK(refusals >= 10);
 }
+
+TEST_CASE("stages: declaration_only runs the checks stopping an engine cannot change; the full run holds both") {
+  // glm53 with nothing on disk, no GPU and a box whose RAM and VRAM are held by another engine:
+  // before the stop only the declaration refusals may show (gpu, checkpoint, program); the RAM
+  // and VRAM readings belong to the engine that is about to be stopped.
+  FakeReadings fr;
+  fr.no_gpu();
+  fr.mem = 20;
+  fr.all_paths = false;
+  Report before = run_preflight(shipped(), entry("glm53"), fr, 8002, std::nullopt, Scope::declaration_only);
+  INFO(before.table());
+  CHECK(before.refused());
+  for (const auto& c : before.checks) {
+    INFO(c.check);
+    CHECK(c.stage == Stage::declaration);
+  }
+  for (const char* name : {"gpu", "checkpoint", "program", "ctx_validated", "ctx_model_max", "kv_cap", "rules"})
+    CHECK_MESSAGE(find(before, name) != nullptr, name);
+  CHECK(find(before, "gpu")->verdict == Verdict::refuse);
+  CHECK(find(before, "checkpoint")->verdict == Verdict::refuse);
+  CHECK(find(before, "program")->verdict == Verdict::refuse);
+  for (const char* name : {"host_ram", "shm", "vram_fit", "cuda_processes"})
+    CHECK_MESSAGE(find(before, name) == nullptr, name);
+
+  Report full = run_preflight(shipped(), entry("glm53"), fr, 8002);
+  REQUIRE(find(full, "host_ram"));
+  CHECK(find(full, "host_ram")->verdict == Verdict::refuse);
+  CHECK(find(full, "host_ram")->stage == Stage::machine);
+  CHECK(find(full, "program")->stage == Stage::declaration);
+  // The declaration rows of the full run are exactly the declaration-only run's rows.
+  Report filtered = declaration_rows(full);
+  REQUIRE(filtered.checks.size() == before.checks.size());
+  for (std::size_t i = 0; i < before.checks.size(); ++i) {
+    CHECK(filtered.checks[i].check == before.checks[i].check);
+    CHECK(filtered.checks[i].verdict == before.checks[i].verdict);
+  }
+  CHECK(full.to_json()["checks"][0]["stage"] == "declaration");  // "gpu" comes first
+}
+
+TEST_CASE("stages: a pinned engine beside another CUDA process refuses only after the stop") {
+  FakeReadings fr;
+  fr.used = 90;
+  fr.procs = {GpuProcess{4242, "python3", 90000}};
+  Report before = run_preflight(shipped(), entry("glm53"), fr, 8002, std::nullopt, Scope::declaration_only);
+  INFO(before.table());
+  CHECK_FALSE(before.refused());
+  Report full = run_preflight(shipped(), entry("glm53"), fr, 8002);
+  CHECK(full.refused());
+  REQUIRE(find(full, "vram_fit"));
+  CHECK(find(full, "vram_fit")->verdict == Verdict::refuse);
+  CHECK(find(full, "vram_fit")->stage == Stage::machine);
+}
