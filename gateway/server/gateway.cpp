@@ -348,9 +348,22 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   if (snap.model == entry->name && (snap.state == SlotState::preflight || snap.state == SlotState::starting))
     return local(503, entry->name, id, stream, "model '" + entry->name + "' is loading (" + slot_state_name(snap.state) + ")",
                  "overloaded_error", "model_loading", {{"Retry-After", retry}});
-  std::string running = snap.model.empty() || snap.state == SlotState::stopped
-                            ? std::string("no model is running")
-                            : "the running model is '" + snap.model + "' (" + slot_state_name(snap.state) + ")";
+  if (snap.model == entry->name && snap.state == SlotState::failed) {
+    // The slot failed on this very model: say so with the reason, not "the running model is it".
+    std::string reason = snap.last_error.substr(0, snap.last_error.find('\n'));
+    if (reason.empty()) reason = "no reason recorded";
+    return local(409, entry->name, id, stream,
+                 "model '" + entry->name + "' (requested as '" + id + "') is not running: its slot is failed: " +
+                     reason + ". Inspect with: servedeck status; retry with: servedeck switch " + entry->name,
+                 "invalid_request_error", "model_not_running");
+  }
+  std::string running;
+  if (snap.model.empty() || snap.state == SlotState::stopped)
+    running = "no model is running";
+  else if (snap.state == SlotState::failed)
+    running = "the slot is failed (last model '" + snap.model + "')";
+  else
+    running = "the running model is '" + snap.model + "' (" + slot_state_name(snap.state) + ")";
   local(409, entry->name, id, stream,
         "model '" + entry->name + "' (requested as '" + id + "') is not running; " + running +
             ". Switch with: servedeck switch " + entry->name,

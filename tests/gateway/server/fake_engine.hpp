@@ -191,6 +191,11 @@ class FakeSlotControl : public gateway::SlotControl {
     snap_.model = std::move(model);
   }
 
+  void set_last_error(std::string e) {
+    std::lock_guard lk(mu_);
+    snap_.last_error = std::move(e);
+  }
+
   int ensure_calls() const { return ensure_calls_.load(); }
   int starts() const { return starts_.load(); }
   int leases() const { return leases_.load(); }

@@ -36,6 +36,34 @@ TEST_CASE("request errors the gateway answers itself") {
     CHECK(m.find("servedeck switch qwen") != std::string::npos);
     CHECK(rig.slots.ensure_calls() == 0);
   }
+  SUBCASE("409 for a model whose slot failed: says failed, gives the reason and how to retry") {
+    rig.slots.set_state(gateway::SlotState::failed, "glm53");
+    rig.slots.set_last_error("preflight refused glm53:\npreflight glm53: REFUSED (3 refused, 0 warnings, 9 checks)\n...");
+    auto r = rig.post("/v1/chat/completions", chat("glm53-flash"));
+    CHECK(r.status == 409);
+    auto e = json::parse(r.body)["error"];
+    CHECK(e["code"] == "model_not_running");
+    auto m = e["message"].get<std::string>();
+    INFO(m);
+    CHECK(m.find("'glm53' (requested as 'glm53-flash') is not running") != std::string::npos);
+    CHECK(m.find("slot is failed: preflight refused glm53:") != std::string::npos);
+    CHECK(m.find("REFUSED (3 refused") == std::string::npos);  // only the first line of the reason
+    CHECK(m.find("the running model is") == std::string::npos);
+    CHECK(m.find("servedeck status") != std::string::npos);
+    CHECK(m.find("servedeck switch glm53") != std::string::npos);
+    CHECK(rig.slots.ensure_calls() == 0);
+  }
+  SUBCASE("409 for another model while the slot is failed: names the failed slot, not a running model") {
+    rig.slots.set_state(gateway::SlotState::failed, "glm53");
+    rig.slots.set_last_error("engine exited during start with status 1");
+    auto r = rig.post("/v1/chat/completions", chat("qwen3.8-flash-next"));
+    CHECK(r.status == 409);
+    auto m = json::parse(r.body)["error"]["message"].get<std::string>();
+    INFO(m);
+    CHECK(m.find("the slot is failed (last model 'glm53')") != std::string::npos);
+    CHECK(m.find("the running model is") == std::string::npos);
+    CHECK(m.find("servedeck switch qwen") != std::string::npos);
+  }
   CHECK(rig.engine.requests() == 0);
 }
 
