@@ -88,7 +88,8 @@ OpResult Supervisor::switch_to(const std::string& model, const Progress& progres
   }
   store_.add_event("switch", m->name, {{"from", previous}});
   OpResult r = do_switch(*m, progress);
-  if (!r.ok && reg_.server.restore_previous_on_failed_start && !previous.empty() && previous != m->name) {
+  if (!r.ok && !r.refused_before_stop && reg_.server.restore_previous_on_failed_start && !previous.empty() &&
+      previous != m->name) {
     if (const auto* prev = reg_.find_by_name(previous)) {
       say(progress, "restoring the previous model " + previous + " (restore_previous_on_failed_start)");
       {
@@ -115,21 +116,33 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
     return {false, b, 0};
   }
   bool have_engine = false;
+  std::string running;  // the ready model this switch would take down
   {
     std::lock_guard lk(mu_);
     have_engine = engine_ != nullptr || state_ != SlotState::stopped;
+    if (state_ == SlotState::ready) running = model_;
   }
+  int port = m.port != 0 ? m.port : free_port();
+  if (!running.empty())
+    if (auto refused = preflight_before_stop(m, running, port, progress)) {
+      refused->seconds = seconds_since(t0);
+      return *refused;
+    }
   if (have_engine) {
     if (std::string e = stop_engine("switch to " + m.name, true, progress); !e.empty())
       return {false, e, seconds_since(t0)};
   }
   reap(progress);
 
-  int port = m.port != 0 ? m.port : free_port();
   set_state(SlotState::preflight);
   {
+    // The slot is now about `m`, which has no launch yet: the last launch's record and log
+    // (already written to the store) are not its own.
     std::lock_guard lk(mu_);
     model_ = m.name;
+    record_ = {};
+    log_.reset();
+    port_ = 0;
   }
   say(progress, "preflight " + m.name + " (port " + std::to_string(port) + ")");
   preflight::Report report;
@@ -157,6 +170,48 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
   }
   OpResult r = launch(m, progress);
   r.seconds = seconds_since(t0);
+  return r;
+}
+
+std::optional<OpResult> Supervisor::preflight_before_stop(const registry::ModelEntry& m, const std::string& running,
+                                                          int port, const Progress& progress) {
+  preflight::Report report;
+  std::string why;
+  try {
+    // Only the declaration checks: the machine checks (free VRAM, MemAvailable, /dev/shm, other
+    // CUDA processes) would read what `running` holds and run after the stop.
+    report = opt_.preflight ? preflight::declaration_rows(opt_.preflight(m, port))
+                            : preflight::run_preflight(reg_, m, readings_, port, std::nullopt,
+                                                       preflight::Scope::declaration_only);
+  } catch (const std::exception& e) {
+    why = "preflight of " + m.name + " failed to run: " + e.what();
+  }
+  if (why.empty() && !report.refused()) {
+    say(progress, "preflight " + m.name + " before stopping " + running + ": " + std::to_string(report.checks.size()) +
+                      " declaration checks, no refusal");
+    return std::nullopt;
+  }
+  nlohmann::json detail;
+  if (why.empty()) {
+    std::string table = report.table();
+    std::istringstream lines(table);
+    for (std::string line; std::getline(lines, line);) say(progress, "preflight: " + line);
+    why = "preflight refused " + m.name + " before stopping " + running + " (" + running +
+          " is still ready and serving):\n" + table;
+    detail = report.to_json();
+  } else {
+    detail = {{"model", m.name}, {"refused", true}, {"error", why}};
+  }
+  detail["before_stop"] = true;
+  detail["kept_running"] = running;
+  store_.add_event("preflight", m.name, detail);
+  {
+    std::lock_guard lk(mu_);
+    last_error_ = why;  // the slot stays ready: its state, model, engine and log are untouched
+  }
+  say(progress, "switch to " + m.name + " refused; " + running + " is still ready");
+  OpResult r{false, why, 0};
+  r.refused_before_stop = true;
   return r;
 }
 

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +66,9 @@ struct OpResult {
   bool ok = false;
   std::string error;      // why it failed (with the log tail for a failed start)
   double seconds = 0;     // how long it took
+  /// A switch refused by a declaration check (preflight::Stage::declaration) before the running
+  /// engine was stopped: the slot is exactly as it was (still ready and serving).
+  bool refused_before_stop = false;
 };
 
 class Supervisor : public gateway::SlotControl {
@@ -83,10 +87,16 @@ class Supervisor : public gateway::SlotControl {
   gateway::Lease acquire(const std::string& model) override;
   void ensure_running(const std::string& model, std::function<void(bool ok, std::string error)> done) override;
 
-  /// Brings `model` (registry key, served name or alias) up: drain in-flight leases (up to the
-  /// running model's drain_timeout_s), stop, reap /dev/shm, preflight (a refusal ends the switch
-  /// with the table), start, wait for ready. Blocking; `progress` gets each step as it happens.
-  /// On a failed start with server.restore_previous_on_failed_start, starts the previous model.
+  /// Brings `model` (registry key, served name or alias) up. When a model is ready: first the
+  /// declaration checks of the preflight (those whose verdict stopping it cannot change: program,
+  /// checkpoint, GPU present, ctx, KV cap, offload consistency, [[rules]]); a refusal there ends
+  /// the switch with the table, leaves the running model ready and serving, records the refusal
+  /// (a "preflight" event with before_stop, and last_error) and sets OpResult::refused_before_stop.
+  /// Then: drain in-flight leases (up to the running model's drain_timeout_s), stop, reap
+  /// /dev/shm, the full preflight (a refusal ends the switch with the table, slot `failed`),
+  /// start, wait for ready. Blocking; `progress` gets each step as it happens. On a failed start
+  /// (not a refusal before the stop) with server.restore_previous_on_failed_start, starts the
+  /// previous model.
   OpResult switch_to(const std::string& model, const Progress& progress = {});
 
   /// A switch asked for by a client request (ensure_running) rather than by the operator: it
@@ -129,6 +139,10 @@ class Supervisor : public gateway::SlotControl {
   const registry::ModelEntry* resolve(const std::string& model) const;
   void set_state(SlotState s, const std::string& error = "");
   OpResult do_switch(const registry::ModelEntry& m, const Progress& progress);
+  /// The declaration checks for `m` while `running` is ready; nullopt when none refuses, else the
+  /// refusal (recorded; the slot untouched).
+  std::optional<OpResult> preflight_before_stop(const registry::ModelEntry& m, const std::string& running, int port,
+                                                const Progress& progress);
   OpResult launch(const registry::ModelEntry& m, const Progress& progress);
   /// Waits for ready; "" on success, else why.
   std::string wait_ready(const registry::ModelEntry& m, EngineProcess& engine, LaunchLog& log, int port,

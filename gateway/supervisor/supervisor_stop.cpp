@@ -46,7 +46,9 @@ std::string Supervisor::stop_engine(const std::string& why, bool drain, const Pr
     }
   }
   set_state(SlotState::stopping);
-  if (log) log->note("stopping: " + why);
+  // Only a live engine's log hears about its stop: a slot that is failed or stopped still holds
+  // the last launch's log, whose engine exited long ago.
+  if (log && engine && engine->running()) log->note("stopping: " + why);
   TerminateResult t;
   if (engine) {
     say(progress, "stopping " + model + " (pid " + std::to_string(engine->pid()) + ")");

@@ -243,28 +243,41 @@ void Supervisor::recover(const Progress& progress) {
 
 nlohmann::json Supervisor::status_json() const {
   auto s = snapshot();
-  nlohmann::json j;
-  j["slot"] = "main";
-  j["state"] = std::string(gateway::to_string(s.state));
-  j["model"] = s.model;
-  j["pid"] = s.pid;
-  j["port"] = s.port;
-  j["launch_id"] = s.launch_id;
-  j["since_ms"] = s.since_ms;
-  j["last_error"] = s.last_error;
-  j["switching_to"] = s.switching_to;
-  j["in_flight"] = s.in_flight;
   std::shared_ptr<EngineProcess> engine;
   int64_t ready_ms = 0;
   std::string log_path, blocker;
+  state::LaunchRecord rec;
   {
     std::lock_guard lk(mu_);
     engine = engine_;
     ready_ms = ready_ms_;
     log_path = log_ ? log_->path() : record_.log_path;
     blocker = blocker_;
+    rec = record_;
   }
-  j["uptime_s"] = s.state == SlotState::ready ? (state::now_ms() - ready_ms) / 1000.0 : 0.0;
+  // Live: an engine of this slot is up (or being started/stopped). A failed or stopped slot has
+  // no live pid, port, uptime or memory; its last launch's pid/port/exit status are "last_*".
+  const bool live = s.state == SlotState::ready || s.state == SlotState::starting || s.state == SlotState::stopping;
+  nlohmann::json j;
+  j["slot"] = "main";
+  j["state"] = std::string(gateway::to_string(s.state));
+  j["model"] = s.model;
+  j["pid"] = live ? s.pid : 0;
+  j["port"] = live ? s.port : 0;
+  j["launch_id"] = s.launch_id;
+  j["since_ms"] = s.since_ms;
+  j["last_error"] = s.last_error;
+  j["switching_to"] = s.switching_to;
+  j["in_flight"] = s.in_flight;
+  j["last_pid"] = rec.pid;
+  j["last_port"] = rec.port;
+  j["exit_status"] = rec.exit_status ? nlohmann::json(*rec.exit_status) : nlohmann::json(nullptr);
+  if (s.state == SlotState::ready)
+    j["uptime_s"] = (state::now_ms() - ready_ms) / 1000.0;
+  else if (live)
+    j["uptime_s"] = 0.0;
+  else
+    j["uptime_s"] = nullptr;
   j["log_path"] = log_path;
   j["blocker"] = blocker;
   const registry::ModelEntry* m = reg_.find_by_name(s.model);
@@ -272,7 +285,7 @@ nlohmann::json Supervisor::status_json() const {
   j["served_name"] = m ? m->served_name : "";
   j["host_rss_gib"] = nullptr;
   j["vram_gib"] = nullptr;
-  if (engine) {
+  if (engine && live) {
     std::vector<int64_t> pids;
     int64_t rss = 0;
     for (const auto& p : engine->members()) {

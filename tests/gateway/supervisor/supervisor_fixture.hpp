@@ -3,6 +3,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -30,8 +31,9 @@ class NoGpuReadings : public servedeck::preflight::Readings {
   std::optional<double> shm_free_gib() override { return 10.0; }
   std::optional<int> ptrace_scope() override { return 0; }
   std::optional<double> memlock_limit_gib() override { return 1e9; }
-  bool path_exists(const std::string&) override { return true; }
-  bool is_executable(const std::string&) override { return true; }
+  // The real file system: the fake engine exists, a program the test names but never wrote does not.
+  bool path_exists(const std::string& p) override { return ::access(p.c_str(), F_OK) == 0; }
+  bool is_executable(const std::string& p) override { return ::access(p.c_str(), X_OK) == 0; }
 };
 
 /// Collects progress lines (thread-safe).
@@ -80,6 +82,7 @@ struct Fixture {
   std::unique_ptr<servedeck::supervisor::Supervisor> sup;
   std::atomic<bool> refuse_preflight{false};
   bool fake_gpu = false;  // make(): FakeGpuProbe instead of NoGpuProbe
+  bool real_preflight = false;  // make(): preflight::run_preflight on `readings` instead of the one-row fake
   std::shared_ptr<std::atomic<int64_t>> gpu_held_until = std::make_shared<std::atomic<int64_t>>(0);
 
   Fixture() {
@@ -121,7 +124,7 @@ struct Fixture {
     opt.shm_dir = shm_dir;
     opt.poll_ms = 50;
     opt.kill_wait_ms = 3000;
-    opt.preflight = [this](const servedeck::registry::ModelEntry& m, int port) {
+    if (!real_preflight) opt.preflight = [this](const servedeck::registry::ModelEntry& m, int port) {
       servedeck::preflight::Report r;
       r.model = m.name;
       servedeck::preflight::CheckResult c;
