@@ -62,15 +62,40 @@ std::string config_path(const Args& a) {
   return "/etc/servedeck/models.toml";
 }
 
-std::string state_dir(const Args& a) {
-  if (a.has("--state-dir")) return a.get("--state-dir");
-  if (const char* e = std::getenv("SERVEDECK_STATE_DIR"); e && *e) return e;
+std::optional<std::string> found_config(const Args& a) {
+  if (a.has("--config")) return a.get("--config");
+  std::error_code ec;
+  if (std::filesystem::exists("models.toml", ec)) return "models.toml";
+  if (std::filesystem::exists("/etc/servedeck/models.toml", ec)) return "/etc/servedeck/models.toml";
+  return std::nullopt;
+}
+
+std::string no_config_message() {
+  std::error_code ec;
+  std::string cwd = std::filesystem::current_path(ec).string();
+  if (ec) cwd = ".";
+  return "no models.toml in " + cwd + " or /etc/servedeck; pass --config FILE";
+}
+
+StateDir resolve_state_dir(const Args& a) {
+  if (a.has("--state-dir")) return {a.get("--state-dir"), ""};
+  if (const char* e = std::getenv("SERVEDECK_STATE_DIR"); e && *e) return {e, ""};
+  const std::string fallback = "/var/lib/servedeck";
+  auto config = found_config(a);
+  if (!config)
+    return {fallback, no_config_message() + " (the running daemon's) or --state-dir DIR"};
   try {
-    return registry::load_registry(config_path(a)).server.state_dir;
-  } catch (const std::exception&) {
-    return "/var/lib/servedeck";
+    return {registry::load_registry(*config).server.state_dir, ""};
+  } catch (const registry::RegistryError& e) {
+    std::string first = e.diagnostics.empty() ? e.what() : e.diagnostics.front().to_string();
+    return {fallback, *config + " does not load (" + first + "; `servedeck lint` lists every problem); fix it, "
+                      "or pass --state-dir DIR"};
+  } catch (const std::exception& e) {
+    return {fallback, *config + " does not load (" + e.what() + "); fix it, or pass --state-dir DIR"};
   }
 }
+
+std::string state_dir(const Args& a) { return resolve_state_dir(a).dir; }
 
 std::string daemon_file(const std::string& dir) { return (std::filesystem::path(dir) / "daemon.json").string(); }
 

@@ -27,8 +27,29 @@ Args parse_args(int argc, char** argv);
 /// --config, else ./models.toml when it exists, else /etc/servedeck/models.toml.
 std::string config_path(const Args& a);
 
+/// The config file the CLI would use: --config (as given, even when missing: the reader names
+/// it), else ./models.toml when it exists, else /etc/servedeck/models.toml when it exists;
+/// nullopt when none of them is there.
+std::optional<std::string> found_config(const Args& a);
+
+/// "no models.toml in <cwd> or /etc/servedeck; pass --config FILE" (what to say when
+/// found_config() is nullopt).
+std::string no_config_message();
+
+/// Where the CLI looks for the daemon's files, and whether it knows or only guesses.
+struct StateDir {
+  std::string dir;
+  /// Empty when `dir` came from --state-dir, $SERVEDECK_STATE_DIR or a config that loads. Else
+  /// `dir` is only the default /var/lib/servedeck and this says why (no config found, or the
+  /// config does not load) and what to pass; verbs must not call a daemon "down" on a guess.
+  std::string guessed_because;
+};
+
 /// --state-dir, else $SERVEDECK_STATE_DIR, else the registry's server.state_dir (when the config
-/// loads), else /var/lib/servedeck.
+/// loads), else /var/lib/servedeck (guessed_because set).
+StateDir resolve_state_dir(const Args& a);
+
+/// resolve_state_dir(a).dir.
 std::string state_dir(const Args& a);
 
 /// Where the daemon writes its admin address: <state_dir>/daemon.json
@@ -52,6 +73,12 @@ nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, con
 /// arrives, returns the result event's JSON ({"ok", "error", "seconds"}).
 nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, const nlohmann::json& body,
                             const std::function<void(const std::string&)>& on_line);
+
+/// `servedeck models` as text: one line per entry of `models` (the /admin/models array:
+/// {"name", "engine", "ctx", "state", "ids": [...]}), columns name, engine, "ctx N", state, ids,
+/// each padded to its longest entry (two spaces between columns). Missing fields print as "" ("-"
+/// for ctx).
+std::string models_table(const nlohmann::json& models);
 
 // The verbs. Each returns the process exit code.
 int cmd_serve(const Args& a);

@@ -3,10 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <vector>
 
 #include "common/http/client.hpp"
 #include "gateway/cli/cli_common.hpp"
@@ -45,12 +47,25 @@ std::string fmt_time(int64_t ms) {
   return b;
 }
 
-/// The daemon, or nullopt after printing why to stderr (for verbs that need it).
+/// The daemon, or nullopt after printing why to stderr (for verbs that need it). When the state
+/// directory is only a guess (no config found), says so instead of calling the daemon not running.
 std::optional<DaemonAddress> need_daemon(const Args& a) {
   std::string why;
-  auto d = find_daemon(state_dir(a), why);
-  if (!d) std::cerr << "servedeck: the daemon is not running (" << why << "); start it with `servedeck serve`\n";
+  auto sd = resolve_state_dir(a);
+  auto d = find_daemon(sd.dir, why);
+  if (d) return d;
+  if (!sd.guessed_because.empty())
+    std::cerr << "servedeck: cannot tell where the daemon is: " << sd.guessed_because << "\n";
+  else
+    std::cerr << "servedeck: the daemon is not running (" << why << "); start it with `servedeck serve`\n";
   return d;
+}
+
+/// For `status`/`logs` when no daemon answered in a guessed state directory: the CLI does not
+/// know which daemon to ask, so it says that (exit 2) rather than reporting one down.
+int cannot_locate(const std::string& verb, const StateDir& sd) {
+  std::cerr << "servedeck: " << verb << ": cannot tell where the daemon is: " << sd.guessed_because << "\n";
+  return 2;
 }
 
 int run_stream(const Args& a, const std::string& target, const nlohmann::json& body, const std::string& what) {
@@ -139,15 +154,17 @@ int cmd_switch(const Args& a) {
 int cmd_stop(const Args& a) { return run_stream(a, "/admin/stop", nlohmann::json::object(), "stop"); }
 
 int cmd_status(const Args& a) {
-  std::string dir = state_dir(a);
+  const StateDir sd = resolve_state_dir(a);
+  const std::string& dir = sd.dir;
   std::string why;
   auto d = find_daemon(dir, why);
-  if (!d) return status_offline(a, dir, why);
+  if (!d) return sd.guessed_because.empty() ? status_offline(a, dir, why) : cannot_locate("status", sd);
   nlohmann::json s;
   int status = 0;
   try {
     s = admin_json(*d, "GET", "/admin/status", nullptr, status);
   } catch (const std::exception& e) {
+    if (!sd.guessed_because.empty()) return cannot_locate("status", sd);
     return status_offline(a, dir, "no answer at " + d->host + ":" + std::to_string(d->port) + ": " + e.what());
   }
   if (status != 200) {
@@ -176,6 +193,39 @@ int cmd_status(const Args& a) {
   return 0;
 }
 
+std::string models_table(const nlohmann::json& models) {
+  struct Row {
+    std::string name, engine, ctx, state, ids;
+  };
+  std::vector<Row> rows;
+  std::size_t w_name = 0, w_engine = 0, w_ctx = 0, w_state = 0;
+  auto text = [](const nlohmann::json& m, const char* key) {
+    return m.is_object() && m.contains(key) && m[key].is_string() ? m[key].get<std::string>() : std::string();
+  };
+  for (const auto& m : models) {
+    Row r{text(m, "name"), text(m, "engine"), "", text(m, "state"), ""};
+    r.ctx = m.is_object() && m.contains("ctx") && m["ctx"].is_number_integer()
+                ? std::to_string(m["ctx"].get<int64_t>()) : "-";
+    if (m.is_object() && m.contains("ids") && m["ids"].is_array())
+      for (const auto& id : m["ids"])
+        if (id.is_string()) r.ids += (r.ids.empty() ? "" : ", ") + id.get<std::string>();
+    w_name = std::max(w_name, r.name.size());
+    w_engine = std::max(w_engine, r.engine.size());
+    w_ctx = std::max(w_ctx, r.ctx.size());
+    w_state = std::max(w_state, r.state.size());
+    rows.push_back(std::move(r));
+  }
+  auto pad = [](const std::string& s, std::size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line = pad(r.name, w_name) + "  " + pad(r.engine, w_engine) + "  ctx " + pad(r.ctx, w_ctx) + "  " +
+                       pad(r.state, w_state) + "  " + r.ids;
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
 int cmd_models(const Args& a) {
   std::string why;
   nlohmann::json models;
@@ -188,8 +238,13 @@ int cmd_models(const Args& a) {
     }
   }
   if (models.is_null()) {
+    auto config = found_config(a);
+    if (!config) {
+      std::cerr << "servedeck: models: " << no_config_message() << "\n";
+      return 2;
+    }
     try {
-      auto reg = registry::load_registry(config_path(a));
+      auto reg = registry::load_registry(*config);
       models = nlohmann::json::array();
       for (const auto& m : reg.models)
         models.push_back({{"name", m.name}, {"served_name", m.served_name}, {"ids", m.all_ids()},
@@ -207,17 +262,13 @@ int cmd_models(const Args& a) {
     std::cout << models.dump(2) << "\n";
     return 0;
   }
-  for (const auto& m : models) {
-    std::string ids;
-    for (const auto& id : m["ids"]) ids += (ids.empty() ? "" : ", ") + id.get<std::string>();
-    std::printf("%-16s %-10s ctx %-8lld %-10s %s\n", m.value("name", "").c_str(), m.value("engine", "").c_str(),
-                static_cast<long long>(m.value("ctx", int64_t{0})), m.value("state", "").c_str(), ids.c_str());
-  }
+  std::cout << models_table(models);
   return 0;
 }
 
 int cmd_logs(const Args& a) {
-  std::string dir = state_dir(a);
+  const StateDir sd = resolve_state_dir(a);
+  const std::string& dir = sd.dir;
   std::string model = a.has("--model") ? a.get("--model") : (a.positional.empty() ? "" : a.positional[0]);
   std::string lines = a.get("--lines", "100");
   std::string why;
@@ -244,7 +295,8 @@ int cmd_logs(const Args& a) {
       why = e.what();
     }
   }
-  // Daemon down: read the newest launch log recorded in the store.
+  // Daemon down: read the newest launch log recorded in the store (when the CLI knows which).
+  if (!sd.guessed_because.empty()) return cannot_locate("logs", sd);
   try {
     state::Store store(dir);
     for (const auto& l : store.recent_launches(200)) {

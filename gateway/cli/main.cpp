@@ -25,8 +25,18 @@ verbs:
   compare --baseline HOST:PORT --candidate HOST:PORT [--model ID] [--prompts FILE] [--json]
                             prompt-logprob KL and top-1 agreement vs the baseline's own drift (exit 1 outside)
 
---config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir defaults to
-$SERVEDECK_STATE_DIR, else the registry's server.state_dir.
+--config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir (where daemon.json
+tells the CLI the daemon's address) defaults to $SERVEDECK_STATE_DIR, else the config's
+server.state_dir. With no --config, no ./models.toml and no /etc/servedeck/models.toml, the CLI
+cannot know which daemon to ask: it says so and exits 2 (pass --config FILE or --state-dir DIR).
+
+exit status:
+  0  done
+  1  the verb failed: a switch or stop failed, lint found errors, preflight refused, a soak
+     turn failed, compare fell outside the baseline's drift, or an unexpected error
+  2  usage error (unknown verb, flag or model); no models.toml found, or serve/preflight cannot
+     load it; no daemon to talk to (switch, stop, soak, probe)
+  3  status: the daemon is down (what the state store last recorded is shown)
 )";
 
 }  // namespace

@@ -71,7 +71,12 @@ int cmd_serve(const Args& a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::string config = config_path(a);
+  auto found = found_config(a);
+  if (!found) {
+    std::cerr << "servedeck: serve: " << no_config_message() << "\n";
+    return 2;
+  }
+  const std::string config = *found;
   registry::Registry reg;
   try {
     reg = registry::load_registry(config);

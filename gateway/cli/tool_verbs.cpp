@@ -54,12 +54,14 @@ struct Running {
   std::string engine_host = "127.0.0.1";
   int engine_port = 0;
   std::string served_name;
+  StateDir state;  // where the daemon was looked for (guessed_because set when only guessed)
 };
 
 Running running(const Args& a) {
   Running r;
   std::string why;
-  auto d = find_daemon(state_dir(a), why);
+  r.state = resolve_state_dir(a);
+  auto d = find_daemon(r.state.dir, why);
   if (!d) return r;
   r.gateway_host = d->host;
   r.gateway_port = d->port;
@@ -86,7 +88,11 @@ int cmd_soak(const Args& a) {
   } else {
     r = running(a);
     if (r.gateway_port == 0) {
-      std::cerr << "servedeck soak: no daemon found in " << state_dir(a) << "; start one or pass --url HOST:PORT\n";
+      if (!r.state.guessed_because.empty())
+        std::cerr << "servedeck soak: cannot tell where the daemon is: " << r.state.guessed_because
+                  << "; or pass --url HOST:PORT\n";
+      else
+        std::cerr << "servedeck soak: no daemon found in " << r.state.dir << "; start one or pass --url HOST:PORT\n";
       return 2;
     }
     o.host = r.gateway_host;
@@ -126,7 +132,11 @@ int cmd_probe(const Args& a) {
   } else {
     r = running(a);
     if (r.engine_port == 0) {
-      std::cerr << "servedeck probe amnesia: no ready engine found through the daemon; pass --url HOST:PORT of an engine\n";
+      if (r.gateway_port == 0 && !r.state.guessed_because.empty())
+        std::cerr << "servedeck probe amnesia: cannot tell where the daemon is: " << r.state.guessed_because
+                  << "; or pass --url HOST:PORT of an engine\n";
+      else
+        std::cerr << "servedeck probe amnesia: no ready engine found through the daemon; pass --url HOST:PORT of an engine\n";
       return 2;
     }
     o.host = r.engine_host;
