@@ -181,11 +181,21 @@ int cmd_status(const Args& a) {
   if (!s.value("model", std::string()).empty())
     std::cout << "  model " << s.value("model", "") << " (" << s.value("served_name", "") << ")";
   std::cout << "\n";
-  if (s.value("pid", 0) != 0)
-    std::cout << "  pid " << s.value("pid", 0) << "  port " << s.value("port", 0) << "  uptime "
-              << fmt_duration(s.value("uptime_s", 0.0)) << "  ctx " << s.value("ctx", 0) << "\n"
+  auto integer = [&](const char* key) {
+    return s.contains(key) && s[key].is_number_integer() ? s[key].get<int64_t>() : int64_t{0};
+  };
+  if (integer("pid") != 0) {  // a live engine (the daemon reports pid 0 for a failed/stopped slot)
+    double uptime = s.contains("uptime_s") && s["uptime_s"].is_number() ? s["uptime_s"].get<double>() : 0.0;
+    std::cout << "  pid " << integer("pid") << "  port " << integer("port") << "  uptime " << fmt_duration(uptime)
+              << "  ctx " << integer("ctx") << "\n"
               << "  VRAM " << fmt_gib(s["vram_gib"]) << "  host RAM " << fmt_gib(s["host_rss_gib"]) << "  in flight "
-              << s.value("in_flight", 0) << "\n";
+              << integer("in_flight") << "\n";
+  } else if (integer("last_pid") != 0) {  // the last launch's figures, labelled as such; no live readings
+    std::cout << "  last launch: pid " << integer("last_pid") << "  port " << integer("last_port");
+    if (s.contains("exit_status") && s["exit_status"].is_number_integer())
+      std::cout << "  exit status " << s["exit_status"].get<int>();
+    std::cout << "\n";
+  }
   if (!s.value("switching_to", std::string()).empty()) std::cout << "  switching to " << s["switching_to"] << "\n";
   if (!s.value("log_path", std::string()).empty()) std::cout << "  log " << s.value("log_path", "") << "\n";
   if (!s.value("blocker", std::string()).empty()) std::cout << "  BLOCKED: " << s.value("blocker", "") << "\n";

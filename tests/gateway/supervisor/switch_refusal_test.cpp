@@ -66,7 +66,7 @@ TEST_CASE("switch refusal: a missing program refuses before the stop; the runnin
   CHECK(r.error.find("preflight refused ghost before stopping a") != std::string::npos);
   CHECK(r.error.find("program " + ghost.program + " is missing or not executable") != std::string::npos);
   CHECK(lines.any("preflight: program"));
-  CHECK_FALSE(lines.any("stopping a"));
+  CHECK_FALSE(lines.any("stopping a (pid"));
   CHECK_FALSE(lines.any("restoring the previous model"));
 
   // The slot is exactly as it was: same engine, ready, answering, leases granted.
@@ -126,7 +126,7 @@ TEST_CASE("switch refusal: a machine check still refuses after the stop; status 
   INFO(lines.all());
   CHECK_FALSE(r.ok);
   CHECK_FALSE(r.refused_before_stop);
-  CHECK(lines.any("stopping a"));
+  CHECK(lines.any("stopping a (pid"));
   CHECK(r.error.find("preflight refused big") != std::string::npos);
   CHECK_FALSE(sdtest::alive(a.pid));
   auto s = sup.snapshot();
