@@ -20,6 +20,8 @@
 //        └───────────────────────────┘  (a member stuck in D, or VRAM never released → failed,
 //                                         and the next launch is blocked with that message)
 //
+// A switch from `ready` first runs preflight's declaration checks (those stopping the engine
+// cannot change) while the slot stays `ready`: a refusal there is no transition at all.
 // A switch from `failed` or `starting` goes through `stopping` too (a full reap: any process of
 // the last launch's session is killed and the /dev/shm files are reaped) so the slot never wedges.
 #pragma once

@@ -119,7 +119,9 @@ class Supervisor : public gateway::SlotControl {
   /// launch blocker, last measured memory.
   nlohmann::json status_json() const;
 
-  /// The log file of the current launch, or of the newest launch of `model` when given.
+  /// The log file of the current launch, or of the newest launch of `model` when given. With no
+  /// current launch: the newest launch of the slot's model ("" when it never launched, e.g. after
+  /// a preflight refusal), or of any model when the slot has none yet.
   std::string log_path(const std::string& model = "") const;
 
   /// Makes a start in progress give up at its next poll ("the daemon is shutting down"; its

@@ -305,16 +305,20 @@ nlohmann::json Supervisor::status_json() const {
 }
 
 std::string Supervisor::log_path(const std::string& model) const {
+  std::string wanted = model;
   {
     std::lock_guard lk(mu_);
     if (model.empty() || model == model_) {
       if (log_) return log_->path();
       if (!record_.log_path.empty()) return record_.log_path;
     }
+    // The slot is about a model with no launch of its own now (e.g. refused by preflight after
+    // the stop): its newest launch, never another model's log.
+    if (wanted.empty()) wanted = model_;
   }
-  const registry::ModelEntry* m = model.empty() ? nullptr : resolve(model);
+  const registry::ModelEntry* m = wanted.empty() ? nullptr : resolve(wanted);
   for (const auto& l : store_.recent_launches(200))
-    if ((model.empty() || (m && l.model == m->name)) && !l.log_path.empty()) return l.log_path;
+    if ((wanted.empty() || (m && l.model == m->name)) && !l.log_path.empty()) return l.log_path;
   return "";
 }
 

@@ -147,6 +147,8 @@ TEST_CASE("switch refusal: a machine check still refuses after the stop; status 
   CHECK(st["host_rss_gib"].is_null());
   CHECK(st["last_error"].get<std::string>().find("preflight refused big") != std::string::npos);
   CHECK(sup.log_path("big").empty());
+  CHECK(sup.log_path().empty());  // `servedeck logs` does not show a's log as big's
+  CHECK(sup.log_path("a") == log_a);
 
   // Later switches do not write into a's log (its engine exited long ago).
   std::string a_log_before = read_file(log_a);
