@@ -133,6 +133,8 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
       return {false, e, seconds_since(t0)};
   }
   reap(progress);
+  // A fresh port for the launch: the one picked before the drain may have been taken since.
+  if (m.port == 0 && have_engine) port = free_port();
 
   set_state(SlotState::preflight);
   {
