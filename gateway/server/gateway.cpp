@@ -31,18 +31,6 @@ bool is_loopback(std::string_view address) {
          address == "localhost";
 }
 
-const char* slot_state_name(SlotState s) {
-  switch (s) {
-    case SlotState::stopped: return "stopped";
-    case SlotState::preflight: return "preflight";
-    case SlotState::starting: return "starting";
-    case SlotState::ready: return "ready";
-    case SlotState::stopping: return "stopping";
-    case SlotState::failed: return "failed";
-  }
-  return "unknown";
-}
-
 void send_json(http::Responder& res, int status, const json& body, http::Headers extra = {}) {
   res.send(status, "application/json", dump_json(body), std::move(extra));
 }
@@ -235,7 +223,7 @@ void Gateway::Impl::handle_models(http::Responder& res) {
 void Gateway::Impl::handle_health(http::Responder& res) {
   auto snap = slots.snapshot();
   json j{{"status", "ok"},
-         {"slot", {{"state", slot_state_name(snap.state)}, {"model", snap.model}, {"in_flight", snap.in_flight}}}};
+         {"slot", {{"state", std::string(to_string(snap.state))}, {"model", snap.model}, {"in_flight", snap.in_flight}}}};
   if (!snap.switching_to.empty()) j["slot"]["switching_to"] = snap.switching_to;
   send_json(res, 200, j);
 }
@@ -346,7 +334,7 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   std::string retry = std::to_string(opt.retry_after_s);
   if (entry->switch_on_request) return enqueue(std::move(job), stream);
   if (snap.model == entry->name && (snap.state == SlotState::preflight || snap.state == SlotState::starting))
-    return local(503, entry->name, id, stream, "model '" + entry->name + "' is loading (" + slot_state_name(snap.state) + ")",
+    return local(503, entry->name, id, stream, "model '" + entry->name + "' is loading (" + std::string(to_string(snap.state)) + ")",
                  "overloaded_error", "model_loading", {{"Retry-After", retry}});
   if (snap.model == entry->name && snap.state == SlotState::failed) {
     // The slot failed on this very model: say so with the reason, not "the running model is it".
@@ -363,7 +351,7 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   else if (snap.state == SlotState::failed)
     running = "the slot is failed (last model '" + snap.model + "')";
   else
-    running = "the running model is '" + snap.model + "' (" + slot_state_name(snap.state) + ")";
+    running = "the running model is '" + snap.model + "' (" + std::string(to_string(snap.state)) + ")";
   local(409, entry->name, id, stream,
         "model '" + entry->name + "' (requested as '" + id + "') is not running; " + running +
             ". Switch with: servedeck switch " + entry->name,

@@ -12,19 +12,6 @@ std::string num(double v) {
   return buf;
 }
 
-/// Local names (the supervisor's to_string(SlotState) lives in another library).
-const char* state_name(SlotState s) {
-  switch (s) {
-    case SlotState::stopped: return "stopped";
-    case SlotState::preflight: return "preflight";
-    case SlotState::starting: return "starting";
-    case SlotState::ready: return "ready";
-    case SlotState::stopping: return "stopping";
-    case SlotState::failed: return "failed";
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 std::string prometheus_escape(std::string_view v) {
@@ -156,7 +143,7 @@ std::string Metrics::render(const SlotSnapshot& slot) const {
   out += "# TYPE servedeck_slot_state gauge\n";
   for (auto s : {SlotState::stopped, SlotState::preflight, SlotState::starting, SlotState::ready, SlotState::stopping,
                  SlotState::failed})
-    out += "servedeck_slot_state{model=\"" + prometheus_escape(slot.model) + "\",state=\"" + state_name(s) +
+    out += "servedeck_slot_state{model=\"" + prometheus_escape(slot.model) + "\",state=\"" + std::string(to_string(s)) +
            "\"} " + (slot.state == s ? "1" : "0") + "\n";
   out += "# HELP servedeck_policy_repairs_total Repairs made by per-model policies.\n";
   out += "# TYPE servedeck_policy_repairs_total counter\n";

@@ -1,21 +1,5 @@
 #include "gateway/supervisor/slot.hpp"
 
-namespace servedeck::gateway {
-
-std::string_view to_string(SlotState s) {
-  switch (s) {
-    case SlotState::stopped: return "stopped";
-    case SlotState::preflight: return "preflight";
-    case SlotState::starting: return "starting";
-    case SlotState::ready: return "ready";
-    case SlotState::stopping: return "stopping";
-    case SlotState::failed: return "failed";
-  }
-  return "unknown";
-}
-
-}  // namespace servedeck::gateway
-
 namespace servedeck::supervisor {
 
 bool allowed_transition(SlotState from, SlotState to) {

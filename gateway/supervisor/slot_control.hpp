@@ -9,12 +9,26 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace servedeck::gateway {
 
 /// Slot states. See the diagram in gateway/supervisor/slot.hpp.
 enum class SlotState { stopped, preflight, starting, ready, stopping, failed };
-std::string_view to_string(SlotState s);
+
+/// The state's name as status, /metrics and error messages print it ("unknown" for a value
+/// outside the enum). Inline: the gateway library uses it without linking the supervisor's.
+inline std::string_view to_string(SlotState s) {
+  switch (s) {
+    case SlotState::stopped: return "stopped";
+    case SlotState::preflight: return "preflight";
+    case SlotState::starting: return "starting";
+    case SlotState::ready: return "ready";
+    case SlotState::stopping: return "stopping";
+    case SlotState::failed: return "failed";
+  }
+  return "unknown";
+}
 
 struct SlotSnapshot {
   SlotState state = SlotState::stopped;
