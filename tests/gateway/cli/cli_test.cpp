@@ -17,6 +17,7 @@
 #include "gateway/state/store.hpp"
 #include "gateway/supervisor/launch_log.hpp"
 #include "gateway/supervisor/process_group.hpp"
+#include "tests/gateway/cli/cli_run.hpp"
 #include "tests/gateway/supervisor/test_util.hpp"
 
 using namespace servedeck;
@@ -25,23 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  std::string out;
-};
-
-/// Runs the shell command `cmd` (stdout+stderr already redirected by the caller), output captured.
-Run cli_cmd(const std::string& cmd) {
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using sdtest::cli_cmd;
+using sdtest::Run;
 
 /// Runs the servedeck CLI with `args` (shell-quoted by the caller), stdout+stderr captured.
 Run run_cli(const std::string& args) { return cli_cmd(std::string(SERVEDECK_CLI) + " " + args + " 2>&1"); }
@@ -51,7 +37,7 @@ Run cli_in(const std::string& cwd, const std::string& args) {
   return cli_cmd("cd '" + cwd + "' && env -u SERVEDECK_STATE_DIR " + SERVEDECK_CLI + " " + args + " 2>&1");
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using sdtest::contains;
 
 std::string write_config(const std::string& dir, const std::string& extra_a = "") {
   std::string fe = SERVEDECK_FAKE_ENGINE;

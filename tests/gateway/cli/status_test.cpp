@@ -13,6 +13,7 @@
 #include "common/http/client.hpp"
 #include "gateway/supervisor/launch_log.hpp"
 #include "gateway/supervisor/process_group.hpp"
+#include "tests/gateway/cli/cli_run.hpp"
 #include "tests/gateway/supervisor/test_util.hpp"
 
 using namespace servedeck;
@@ -20,24 +21,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc = -1;
-  std::string out;
-};
+using sdtest::contains;
+using sdtest::Run;
 
-Run servedeck_cli(const std::string& args) {
-  Run r;
-  FILE* p = popen((std::string(SERVEDECK_CLI) + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+Run servedeck_cli(const std::string& args) { return sdtest::cli_cmd(std::string(SERVEDECK_CLI) + " " + args + " 2>&1"); }
 
 }  // namespace
 

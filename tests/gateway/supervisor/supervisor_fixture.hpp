@@ -8,9 +8,11 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/http/client.hpp"
 #include "gateway/state/store.hpp"
 #include "gateway/supervisor/supervisor.hpp"
 #include "preflight/preflight.hpp"
@@ -145,5 +147,18 @@ struct Fixture {
     return *sup;
   }
 };
+
+/// HTTP status of GET /health on 127.0.0.1:port, 0 when nothing answers within 2 s.
+inline int health_status(int port) {
+  try {
+    servedeck::http::ClientRequest r;
+    r.port = port;
+    r.target = "/health";
+    r.timeout_ms = 2000;
+    return servedeck::http::fetch(r).status;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
 
 }  // namespace sdtest

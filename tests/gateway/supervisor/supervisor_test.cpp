@@ -14,17 +14,7 @@ using sdtest::Fixture;
 using sdtest::Lines;
 
 namespace {
-int health_status(int port) {
-  try {
-    http::ClientRequest r;
-    r.port = port;
-    r.target = "/health";
-    r.timeout_ms = 2000;
-    return http::fetch(r).status;
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
+using sdtest::health_status;
 }  // namespace
 
 TEST_CASE("supervisor: switch A -> B stops A completely, starts B, records both launches") {

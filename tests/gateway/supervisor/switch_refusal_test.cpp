@@ -17,17 +17,7 @@ using sdtest::Lines;
 
 namespace {
 
-int health_status(int port) {
-  try {
-    http::ClientRequest r;
-    r.port = port;
-    r.target = "/health";
-    r.timeout_ms = 2000;
-    return http::fetch(r).status;
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
+using sdtest::health_status;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
