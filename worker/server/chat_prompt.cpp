@@ -107,9 +107,8 @@ Failure build_chat_prompt(const nlohmann::json& body, const TextModel& text, Cha
       out.tools_enabled = true;
     }
   }
-  if (auto it = body.find("tool_choice"); it != body.end() && it->is_string() && it->get<std::string>() == "none") {
-    out.tools_enabled = false;
-  }
+  if (auto e = parse_tool_choice(body, out.tools, out.tool_choice)) return bad(std::move(*e));
+  if (out.tool_choice.mode == ToolChoiceMode::none) out.tools_enabled = false;
   try {
     out.text = text.render_chat(context);
   } catch (const ChatRenderError& e) {

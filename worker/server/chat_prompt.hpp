@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/server/text_model.hpp"
+#include "worker/server/tool_choice.hpp"
 
 namespace servedeck::worker {
 
@@ -20,11 +21,14 @@ struct ChatPrompt {
   std::vector<int32_t> tokens;
   nlohmann::json tools;           // the request's tools (null when absent)
   bool tools_enabled = false;     // tools given and tool_choice != "none"
+  ToolChoice tool_choice;         // the request's tool_choice, checked against tools (tool_choice.hpp)
 };
 
 /// Reads body["messages"], ["tools"], ["tool_choice"], ["chat_template_kwargs"],
 /// ["add_generation_prompt"] and renders. Returns {status, message} on failure: 400 for a
-/// malformed request or a conversation the template refuses, 500 for a template failure.
+/// malformed request (including a tool_choice parse_tool_choice refuses) or a conversation the
+/// template refuses, 500 for a template failure. The forced tool-call prefix is not added here
+/// (the chat route adds it; /tokenize shows the template's prompt).
 std::optional<std::pair<int, std::string>> build_chat_prompt(const nlohmann::json& body, const TextModel& text,
                                                              ChatPrompt& out);
 

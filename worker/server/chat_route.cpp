@@ -1,7 +1,10 @@
 // POST /v1/chat/completions: template → engine → reasoning/tool-call parsers → OpenAI chat
 // shapes, streamed (one SSE event per token delta, then a finish chunk, the usage chunk when
 // stream_options.include_usage, and [DONE]) or whole.
-// Stream start, endings and the usage chunk: generation_state.hpp.
+// Stream start, endings and the usage chunk: generation_state.hpp. tool_choice "required" and
+// named functions force the answer's start (tool_choice.hpp): the forced text is appended to the
+// prompt tokens and fed to the parser ahead of the first generated piece, so its tool-call deltas
+// come out exactly as for a model that wrote it (it is counted in prompt_tokens, not completion).
 #include <mutex>
 
 #include "common/json_limits.hpp"
@@ -23,6 +26,7 @@ constexpr const char* k_route = "chat";
 
 struct ChatState : GenerationState {
   std::unique_ptr<OutputParser> parser;
+  std::string forced;  // tool_choice's forced answer start, fed to the parser before the first token
   ParsedOutput parsed;  // non-stream
   nlohmann::json logprobs_content = nlohmann::json::array();
 
@@ -69,8 +73,16 @@ struct ChatState : GenerationState {
     }
   }
 
+  // The parser's input for a generated piece: the forced start first, once.
+  std::string take_forced(std::string_view generated) {
+    std::string t = std::move(forced);
+    forced.clear();
+    t += generated;
+    return t;
+  }
+
   void on_event(const GenerationEvent& ev) {
-    auto deltas = parser->push(ev.text);
+    auto deltas = parser->push(take_forced(ev.text));
     nlohmann::json entry;
     if (params.want_logprobs && ev.logprob) entry = chat_logprob_entry(*ev.logprob, *text);
     if (params.stream) {
@@ -90,7 +102,8 @@ struct ChatState : GenerationState {
 
   void on_done(const GenerationResult& r) {
     if (end_unfinished(r)) return;
-    auto tail = parser->finish();
+    auto tail = parser->push(take_forced({}));
+    for (auto& d : parser->finish()) tail.push_back(std::move(d));
     metrics->count_request(k_route, 200);
     if (params.stream) {
       stream_deltas(tail, nullptr);
@@ -133,8 +146,18 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
     return reply_error(ctx, k_route, *res, f->first, f->second, f->first == 400 ? "invalid_request_error" : "server_error",
                        f->first == 400 ? "invalid_messages" : "template_failed");
   Engine& engine = *ctx.model.engine;
+  const auto& eo = engine.options();
+  const bool opens_reasoning = prompt_opens_reasoning(prompt.tokens, eo.think_start_id, eo.think_end_id);
+  if (auto e = forced_tool_call_prefix(prompt.tool_choice, ctx.options.tool_parser, opens_reasoning, state->forced))
+    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
   GenerationRequest& gen = state->params.gen;
   gen.prompt = std::move(prompt.tokens);
+  if (!state->forced.empty()) {
+    // note: encoded on its own, not with the rendered prompt, so the prompt's tokens stay the
+    // template's and the prefix's are the ones the model would have sampled for that text.
+    const auto forced_tokens = ctx.model.text->encode(state->forced);
+    gen.prompt.insert(gen.prompt.end(), forced_tokens.begin(), forced_tokens.end());
+  }
   if (!state->params.max_tokens_given) {
     const std::size_t room = std::min(ctx.model.max_model_len, engine.kv_capacity_tokens());
     gen.max_tokens = room > gen.prompt.size() ? room - gen.prompt.size() : 0;
@@ -143,10 +166,9 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");
 
-  const auto& eo = engine.options();
   OutputParserOptions po;
   po.reasoning = ctx.options.reasoning_parser;
-  po.starts_in_reasoning = prompt_opens_reasoning(gen.prompt, eo.think_start_id, eo.think_end_id);
+  po.starts_in_reasoning = opens_reasoning;  // the forced text (if any) is parsed as output
   po.tool_parser = prompt.tools_enabled ? ctx.options.tool_parser : ToolParserKind::none;
   po.tools = prompt.tools;
   state->parser = std::make_unique<OutputParser>(std::move(po));

