@@ -56,12 +56,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-std::string config_path(const Args& a) {
-  if (a.has("--config")) return a.get("--config");
-  if (std::filesystem::exists("models.toml")) return "models.toml";
-  return "/etc/servedeck/models.toml";
-}
-
 std::optional<std::string> found_config(const Args& a) {
   if (a.has("--config")) return a.get("--config");
   std::error_code ec;
@@ -69,6 +63,8 @@ std::optional<std::string> found_config(const Args& a) {
   if (std::filesystem::exists("/etc/servedeck/models.toml", ec)) return "/etc/servedeck/models.toml";
   return std::nullopt;
 }
+
+std::string config_path(const Args& a) { return found_config(a).value_or("/etc/servedeck/models.toml"); }
 
 std::string no_config_message() {
   std::error_code ec;

@@ -200,9 +200,7 @@ TEST_CASE("cli: models sizes its columns to the longest entry") {
                     {"ids", {"glm53-flash"}}});
   std::string table = servedeck::cli::models_table(models);
   CAPTURE(table);
-  std::vector<std::string> lines;
-  std::istringstream in(table);
-  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  const std::vector<std::string> lines = sdtest::lines_of(table);
   REQUIRE(lines.size() == 3);
   // Every column starts at the same offset on every line.
   auto col = [&](const std::string& line, const std::string& cell) { return line.find(cell); };
@@ -225,9 +223,7 @@ TEST_CASE("cli: models sizes its columns to the longest entry") {
   auto r = run_cli("--config " + cfg + " models");
   CAPTURE(r.out);
   REQUIRE(r.rc == 0);
-  std::vector<std::string> out;
-  std::istringstream rin(r.out);
-  for (std::string l; std::getline(rin, l);) out.push_back(l);
+  const std::vector<std::string> out = sdtest::lines_of(r.out);
   REQUIRE(out.size() == 3);
   for (const auto& l : out) {
     CHECK(l.find(" ctx ") == out[0].find(" ctx "));
