@@ -255,18 +255,19 @@ void kernel_breakdown(double hbm_gbs) {
 /// 2 products (QKᵀ, PV) × 2 FLOPs per multiply-add × head_dim × heads × n(n+1)/2 query-key pairs.
 void flash_attention_bench() {
   constexpr int heads = 32, kv_heads = 4, hd = 128, q_dim = heads * hd, kv_dim = kv_heads * hd, ldq = q_dim + 2 * kv_dim;
-  std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma, hi+lo q/k/v: 3+2 products)\n");
+  std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
   std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
   for (int n : {512, 4096, 16384}) {
     const std::size_t nq = static_cast<std::size_t>(n) * ldq, nkv = static_cast<std::size_t>(n) * kv_dim;
-    float *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+    float *q = nullptr, *out = nullptr;
+    __nv_bfloat16 *k = nullptr, *v = nullptr;
     CUDA_CHECK(cudaMalloc(&q, nq * 4));
-    CUDA_CHECK(cudaMalloc(&k, nkv * 4));
-    CUDA_CHECK(cudaMalloc(&v, nkv * 4));
+    CUDA_CHECK(cudaMalloc(&k, nkv * 2));
+    CUDA_CHECK(cudaMalloc(&v, nkv * 2));
     CUDA_CHECK(cudaMalloc(&out, static_cast<std::size_t>(n) * q_dim * 4));
     CUDA_CHECK(cudaMemset(q, 0x3c, nq * 4));  // fp32 ≈ 0.0115 everywhere: finite
-    CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 4));
-    CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 4));
+    CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 2));  // bf16 0x3c3c ≈ 0.0115
+    CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 2));
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
     CUDA_CHECK(cudaEventCreate(&b));
@@ -286,7 +287,10 @@ void flash_attention_bench() {
     std::printf("%7d %10.3f %10.1f\n", n, t, flops / (t * 1e-3) / 1e12);
     CUDA_CHECK(cudaEventDestroy(a));
     CUDA_CHECK(cudaEventDestroy(b));
-    for (float* p : {q, k, v, out}) CUDA_CHECK(cudaFree(p));
+    CUDA_CHECK(cudaFree(q));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(k));
+    CUDA_CHECK(cudaFree(v));
   }
 }
 
@@ -324,7 +328,7 @@ ModelDescription qwen3_30b_a3b(int layers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int decode = 256, prompt = 128, layers = 48, prefill_max = 16384;
+  int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16;
   bool breakdown_only = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -333,6 +337,7 @@ int main(int argc, char** argv) {
     else if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
     else if (a == "--breakdown-only") breakdown_only = std::atoi(argv[i + 1]) != 0;
+    else if (a == "--stage-buffers") stage_buffers = std::atoi(argv[i + 1]);
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -355,6 +360,7 @@ int main(int argc, char** argv) {
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 0;
   opt.prefill_chunk = std::max(prefill_max, prompt);  // each benchmarked prompt is one chunk
+  opt.stage_buffers = stage_buffers;
   auto backend = cuda::make_synthetic_cuda_backend(d, 1, opt);
   const double load_s = seconds_since(t0);
   const double expert_gib = backend->expert_bytes() / 1073741824.0;
@@ -435,22 +441,27 @@ int main(int argc, char** argv) {
     auto cache = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
     backend->forward(*cache, prompt_ids(sizes.back()), false);
   }
-  std::printf("\nprefill (one chunk per prompt; cold experts staged in groups of 8 through two VRAM buffers)\n");
+  std::printf("\nprefill (one chunk per prompt; cold experts staged in groups of %d through a ring of %d VRAM buffers, %.2f GiB;\n"
+              "chunks of >= %d tokens route in two parts, the first part's experts copying during the second's attention)\n",
+              opt.stage_group, stage_buffers, opt.stage_group * stage_buffers * block / 1073741824.0, opt.prefill_split_min_tokens);
   std::printf("%-10s %7s %10s %9s %12s %15s %9s\n", "mode", "tokens", "tok/s", "seconds", "staged GiB", "staging roof t/s", "achieved");
-  // Rows: resident and offloaded, each with the default attention policy (flash kernel for chunks
-  // ending past 8192 keys, cuBLAS below), the flash kernel for every size, and cuBLAS only (the
-  // score matrix materialised), in the same run for the ratios.
+  // Rows: resident and offloaded, each with the default attention policy (the flash kernel) and
+  // with cuBLAS attention (the score matrix materialised); offloaded also the default with long
+  // chunks not split in two routing parts; in the same run for the ratios.
   struct Mode {
     int slots;
     const char* name;
     bool flash;
     int min_keys;
+    int split_min = -1;  // -1: the option's default
   };
-  for (const Mode mode : {Mode{128, "resident", true, 8192}, Mode{128, "res flash", true, 0}, Mode{128, "res cuBLAS", false, 0},
-                          Mode{0, "offloaded", true, 8192}, Mode{0, "off flash", true, 0}, Mode{0, "off cuBLAS", false, 0}}) {
+  const int dflt_keys = opt.flash_attention_min_keys;
+  for (const Mode mode : {Mode{128, "resident", true, dflt_keys}, Mode{128, "res cuBLAS", false, 0}, Mode{0, "offloaded", true, dflt_keys},
+                          Mode{0, "off cuBLAS", false, 0}, Mode{0, "off nosplit", true, dflt_keys, 0}}) {
     const int slots = mode.slots;
     backend->set_hot_slots(slots);
     backend->set_flash_attention(mode.flash, mode.min_keys);
+    backend->set_prefill_split(mode.split_min < 0 ? opt.prefill_split_min_tokens : mode.split_min);
     if (!sizes.empty()) {  // (re)allocate the prefill buffers of this path outside the timed runs
       auto warm = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
       backend->forward(*warm, prompt_ids(2), false);

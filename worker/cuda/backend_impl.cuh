@@ -66,9 +66,14 @@ struct PrefillBuffers {
   float *x = nullptr, *qkv = nullptr, *attn = nullptr, *scores = nullptr, *logits = nullptr, *route_w = nullptr;
   float *gu = nullptr, *partial = nullptr, *xn32 = nullptr;
   bf16 *xb = nullptr, *attn_b = nullptr, *xp = nullptr, *act = nullptr;
+  bf16 *k_b = nullptr, *v_b = nullptr;  // flash attention: one layer's K and V cache rows in bf16 (capacity × kv_dim)
   int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
-  bf16* stage[2] = {nullptr, nullptr};
+  std::vector<bf16*> stage;  // staging buffers, stage_group experts each
   int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
+  // Pinned and mapped (chunk × top_k each): the MoE row order the host computes, fetched by a
+  // kernel (launch_fetch_mapped_i32) so that it does not wait behind the staging copies.
+  int32_t *h_src = nullptr, *h_slot = nullptr;
+  int32_t *h_src_dev = nullptr, *h_slot_dev = nullptr;
   PrefillBuffers() = default;
   PrefillBuffers(const PrefillBuffers&) = delete;
   PrefillBuffers& operator=(const PrefillBuffers&) = delete;
@@ -83,7 +88,8 @@ struct CudaBackend::Impl {
   CudaBackendOptions opt;
   cudaStream_t stream = nullptr;
   cudaStream_t copy_stream = nullptr;
-  cudaEvent_t stage_ready[2] = {nullptr, nullptr}, stage_free[2] = {nullptr, nullptr};
+  std::vector<cudaEvent_t> stage_ready, stage_free;  // per staging buffer (ring of opt.stage_buffers)
+  cudaEvent_t ids_ready[2] = {nullptr, nullptr};     // a prefill part's routing ids are on the host
   cublasHandle_t cublas = nullptr;
   char* arena = nullptr;  // resident weights, VRAM
   std::size_t arena_bytes = 0, arena_used = 0;
@@ -138,8 +144,14 @@ struct CudaBackend::Impl {
   /// Key columns the cuBLAS path's score matrix needs for a cache of `capacity` rows.
   std::size_t score_columns(std::size_t capacity) const;
   void prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> tokens, int pos0);
-  void prefill_attention(detail::CudaKvCache& c, int layer, int n, int pos0);
-  void prefill_moe(int layer, int si, int n);
+  /// Attention of chunk rows [r0, r1) (positions pos0 + r0 ...) against the cache; the K/V rows
+  /// of the whole chunk are already appended (and, for flash, rounded into pre.k_b / pre.v_b).
+  void prefill_attention(detail::CudaKvCache& c, int layer, int r0, int r1, int pos0, bool flash);
+  /// Rows [r0, r1) after attention: o-proj into the residual, post-attention RMSNorm, and for a
+  /// MoE layer the router; its ids go to the host (pre.h_ids) and ids_ready[part] is recorded.
+  void prefill_attention_out(int layer, int r0, int r1, int part);
+  /// The MoE of a chunk whose rows were routed in `parts` parts (prefill_attention_out).
+  void prefill_moe(int si, int n, int parts, int split_row);
   void gemm(const bf16* W, int out, int in, const bf16* X, int n, int ldx, float* Y, int ldy, float beta);
 };
 

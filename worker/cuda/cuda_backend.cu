@@ -156,10 +156,12 @@ CudaBackend::~CudaBackend() {
     if (p) cudaFree(p);
   if (m.h_scalars) cudaFreeHost(m.h_scalars);
   if (m.h_logits) cudaFreeHost(m.h_logits);
-  for (int b = 0; b < 2; ++b) {
-    if (m.stage_ready[b]) cudaEventDestroy(m.stage_ready[b]);
-    if (m.stage_free[b]) cudaEventDestroy(m.stage_free[b]);
-  }
+  for (cudaEvent_t e : m.stage_ready)
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : m.stage_free)
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : m.ids_ready)
+    if (e) cudaEventDestroy(e);
   if (m.cublas) cublasDestroy(m.cublas);
   if (m.copy_stream) cudaStreamDestroy(m.copy_stream);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -224,6 +226,11 @@ void CudaBackend::set_flash_attention(bool on, int min_keys) {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->opt.flash_attention = on;
   impl_->opt.flash_attention_min_keys = min_keys;
+}
+
+void CudaBackend::set_prefill_split(int min_tokens) {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  impl_->opt.prefill_split_min_tokens = min_tokens;
 }
 
 void CudaBackend::set_hot_slots(int slots) {

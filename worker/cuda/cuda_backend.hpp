@@ -41,19 +41,30 @@ struct CudaBackendOptions {
   /// Prefill: tokens per chunk when forward() gets more than one token (each chunk stages the
   /// routed experts of every MoE layer once, so larger chunks move fewer bytes per token).
   int prefill_chunk = 4096;
-  /// Prefill: experts per staging buffer (two buffers, double-buffered against compute).
+  /// Prefill: experts per staging buffer.
   int stage_group = 8;
+  /// Prefill: staging buffers (>= 2), a ring: up to this many groups are in flight at once, so
+  /// stage_buffers × stage_group × expert bytes of VRAM let that many cold experts copy ahead of
+  /// compute (e.g. while the second part of a split layer computes its attention).
+  int stage_buffers = 2;
+  /// Prefill: MoE layers of chunks of at least this many tokens run their attention-to-router
+  /// part in two parts, the first quarter of the rows then the rest; the experts the first part
+  /// routes to start copying while the second part computes (its attention is ~15/16 of the
+  /// causal work). The split depends on the chunk length alone, so offload on and off run the
+  /// same GEMMs and stay bit-identical. 0 = never split.
+  int prefill_split_min_tokens = 1024;
   /// When false, multi-token forwards run token by token through the decode step (reference).
   bool staged_prefill = true;
-  /// Prefill attention on the flash kernel (flash_attention.cuh) where the shape allows, for
-  /// chunks whose last query sees more than flash_attention_min_keys keys; shorter ones (and all
-  /// when false) use cuBLAS with a materialised score matrix. Measured on the H200 (Qwen3-30B-A3B
-  /// shape, docs/cuda-backend.md, runs 11-12): at 512 and 4096 tokens resident flash was equal
-  /// to or slower than cuBLAS (0 to 46%), at 16384 it was 16-19% faster resident and ~10%
-  /// offloaded, and it needs no score matrix (group × 512 × keys floats). Used for GQA groups of
-  /// at least 4 (one warp per query head: smaller groups leave the multiprocessor nearly idle).
+  /// Prefill attention on the flash kernel (flash_attention.cuh, bf16 numerics) where the shape
+  /// allows, for chunks whose last query sees more than flash_attention_min_keys keys; shorter
+  /// ones (and all when false) use cuBLAS (TF32 on the fp32 cache) with a materialised score
+  /// matrix. Measured on the H200 (Qwen3-30B-A3B shape, resident, docs/cuda-backend.md session
+  /// 5): the flash kernel took 0.068 / 0.170 / 0.796 s for 512 / 4096 / 16384-token prompts
+  /// against cuBLAS's 0.099 / 0.293 / 2.658 s, so it serves every length by default. Used for
+  /// GQA groups of at least 4 (one warp per query head: smaller groups leave the multiprocessor
+  /// nearly idle).
   bool flash_attention = true;
-  int flash_attention_min_keys = 8192;
+  int flash_attention_min_keys = 0;
 };
 
 /// Routing statistics since construction (or reset_stats()).
@@ -85,6 +96,9 @@ class CudaBackend : public Backend {
   /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::
   /// flash_attention and flash_attention_min_keys); for the benchmark.
   void set_flash_attention(bool on, int min_keys);
+  /// Sets CudaBackendOptions::prefill_split_min_tokens from the next prefill on (0 = never
+  /// split); for the benchmark.
+  void set_prefill_split(int min_tokens);
   /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
   void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "worker/cuda/backend_impl.cuh"
@@ -101,16 +102,22 @@ using Source = std::function<void(const std::string& what, uint16_t* dst, std::s
 
 std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
                                          const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
+  if (opt.stage_buffers < 2 || opt.stage_group < 1)
+    throw std::invalid_argument("cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got " +
+                                std::to_string(opt.stage_buffers) + " and " + std::to_string(opt.stage_group));
   auto m = std::make_unique<CudaBackend::Impl>();
   m->d = d;
   m->opt = opt;
   CUDA_CHECK(cudaSetDevice(opt.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&m->copy_stream, cudaStreamNonBlocking));
-  for (int b = 0; b < 2; ++b) {
+  m->stage_ready.assign(static_cast<std::size_t>(opt.stage_buffers), nullptr);
+  m->stage_free.assign(static_cast<std::size_t>(opt.stage_buffers), nullptr);
+  for (std::size_t b = 0; b < m->stage_ready.size(); ++b) {
     CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_ready[b], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->stage_free[b], cudaEventDisableTiming));
   }
+  for (cudaEvent_t& e : m->ids_ready) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   if (cublasCreate(&m->cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasCreate failed");
   if (cublasSetStream(m->cublas, m->stream) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasSetStream failed");
   m->stage_group = static_cast<std::size_t>(std::max(1, opt.stage_group));

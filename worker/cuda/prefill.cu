@@ -210,6 +210,18 @@ void launch_causal_softmax_rows(float* scores, int rows, int queries, int len, i
   detail::check_launch();
 }
 
+__global__ void fetch_mapped_i32_kernel(const int32_t* __restrict__ src, int32_t* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+void launch_fetch_mapped_i32(const int32_t* src, int32_t* dst, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, 1024);
+  fetch_mapped_i32_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, dst, n);
+  detail::check_launch();
+}
+
 void launch_to_bf16(const float* x, bf16* y, std::size_t n, cudaStream_t stream) {
   const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, 4096);
   to_bf16_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(x, y, n);

@@ -3,17 +3,20 @@
 // Per chunk of n tokens at positions [pos0, pos0 + n), per layer:
 //   RMSNorm rows → bf16; q|k|v GEMM (cuBLAS, bf16 in, fp32 out, fp32 compute); q/k-norm + RoPE
 //   + KV append; attention of the chunk against the cache (flash_attention.cuh: bf16 tensor
-//   cores, scores kept on chip; or, for other head sizes / when turned off, per KV head: S = K·Qᵀ
-//   strided-batched over its query heads, causal softmax, O = P·V, TF32 tensor cores);
-//   o-proj GEMM accumulated into the residual; RMSNorm rows; router logits from the fp32
-//   normalised rows (as decode: a bf16-rounded router input flips near-tied choices) + top-k.
-//   MoE: the routing ids come back to the host once per layer (the expert GEMM sizes are host
-//   arguments), rows are sorted by expert (stable in token order), gathered, and each routed
-//   expert runs gate|up GEMM → SwiGLU → down GEMM into fp32 partial rows. Hot experts are read
-//   from the VRAM cache in place; the others are copied in groups of `stage_group` experts into
-//   one of two VRAM staging buffers on a copy stream, group g+1 copying while group g computes
-//   (events order buffer reuse). Finally each token's k partials are reduced once, in slot order
-//   j = 0..k-1, in fp32 (the notes found per-group bf16 partial sums not equivalent).
+//   cores on a bf16 copy of the layer's cache rows, scores kept on chip; or, for other head
+//   sizes / when turned off, per KV head: S = K·Qᵀ strided-batched over its query heads, causal
+//   softmax, O = P·V, TF32 tensor cores); o-proj GEMM accumulated into the residual; RMSNorm
+//   rows; router logits from the fp32 normalised rows (as decode: a bf16-rounded router input
+//   flips near-tied choices) + top-k.
+//   MoE: the routing ids come back to the host (the expert GEMM sizes are host arguments), rows
+//   are sorted by expert (stable in token order), gathered, and each routed expert runs gate|up
+//   GEMM → SwiGLU → down GEMM into fp32 partial rows. Hot experts are read from the VRAM cache in
+//   place; the others are copied in groups of `stage_group` experts through a ring of
+//   `stage_buffers` VRAM staging buffers on a copy stream, up to that many groups ahead of
+//   compute (events order buffer reuse). A long chunk routes in two parts (the first quarter of
+//   its rows, then the rest): the first part's experts copy while the second part's attention
+//   runs. Finally each token's k partials are reduced once, in slot order j = 0..k-1, in fp32
+//   (the notes found per-group bf16 partial sums not equivalent).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -31,6 +34,8 @@ namespace detail {
 PrefillBuffers::~PrefillBuffers() {
   for (void* p : owned) cudaFree(p);
   if (h_ids) cudaFreeHost(h_ids);
+  if (h_src) cudaFreeHost(h_src);
+  if (h_slot) cudaFreeHost(h_slot);
 }
 
 }  // namespace detail
@@ -72,15 +77,21 @@ std::size_t CudaBackend::Impl::score_columns(std::size_t capacity) const {
 }
 
 void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) {
-  if (pre.chunk >= chunk && pre.capacity >= capacity && pre.scores_ld >= score_columns(capacity)) return;
+  // Flash attention may be turned on after the buffers were sized without it (set_flash_attention).
+  if (pre.chunk >= chunk && pre.capacity >= capacity && pre.scores_ld >= score_columns(capacity) &&
+      (pre.k_b != nullptr || !use_flash_attention()))
+    return;
   CUDA_CHECK(cudaStreamSynchronize(stream));
   CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   chunk = std::max(chunk, pre.chunk);
   capacity = std::max(capacity, pre.capacity);
   for (void* p : pre.owned) CUDA_CHECK(cudaFree(p));
   pre.owned.clear();
-  if (pre.h_ids) CUDA_CHECK(cudaFreeHost(pre.h_ids));
-  pre.h_ids = nullptr;
+  pre.k_b = pre.v_b = nullptr;
+  for (int32_t** h : {&pre.h_ids, &pre.h_src, &pre.h_slot}) {
+    if (*h) CUDA_CHECK(cudaFreeHost(*h));
+    *h = nullptr;
+  }
   const std::size_t n = static_cast<std::size_t>(chunk), H = static_cast<std::size_t>(hidden());
   const std::size_t K = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
   const std::size_t E = static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1));
@@ -104,6 +115,11 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   // 16k cache without flash attention; at most 8192 columns with it).
   pre.scores_ld = score_columns(capacity);
   pre.scores = static_cast<float*>(alloc(group * qb * pre.scores_ld * 4));
+  if (use_flash_attention()) {
+    const std::size_t kv = capacity * static_cast<std::size_t>(kv_dim());
+    pre.k_b = static_cast<bf16*>(alloc(kv * 2));
+    pre.v_b = static_cast<bf16*>(alloc(kv * 2));
+  }
   pre.logits = static_cast<float*>(alloc(n * E * 4));
   pre.route_w = static_cast<float*>(alloc(n * K * 4));
   pre.ids = static_cast<int32_t*>(alloc(n * K * 4));
@@ -114,11 +130,14 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.gu = static_cast<float*>(alloc(std::max(n * K * 2 * Im, n * 2 * Id) * 4));
   pre.act = static_cast<bf16*>(alloc(std::max(n * K * Im, n * Id) * 2));
   pre.partial = static_cast<float*>(alloc(n * K * H * 4));
-  if (store) {
-    pre.stage[0] = static_cast<bf16*>(alloc(stage_group * store->block_bytes()));
-    pre.stage[1] = static_cast<bf16*>(alloc(stage_group * store->block_bytes()));
-  }
+  pre.stage.clear();
+  if (store)
+    for (std::size_t b = 0; b < stage_ready.size(); ++b) pre.stage.push_back(static_cast<bf16*>(alloc(stage_group * store->block_bytes())));
   CUDA_CHECK(cudaMallocHost(&pre.h_ids, n * K * sizeof(int32_t)));
+  CUDA_CHECK(cudaHostAlloc(&pre.h_src, n * K * sizeof(int32_t), cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostAlloc(&pre.h_slot, n * K * sizeof(int32_t), cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_src_dev), pre.h_src, 0));
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_slot_dev), pre.h_slot, 0));
   pre.chunk = chunk;
   pre.capacity = capacity;
 }
@@ -146,6 +165,7 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
   const int n = static_cast<int>(toks.size()), H = hidden();
   const float eps = static_cast<float>(d.rms_norm_eps);
   const AttentionShape shape = attention_shape(c.capacity_);
+  const bool flash = use_flash_attention() && pos0 + n > opt.flash_attention_min_keys;
   CUDA_CHECK(cudaMemcpyAsync(pre.tokens, toks.data(), toks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   launch_embed_rows(embed, pre.tokens, pre.x, n, H, stream);
   for (std::size_t li = 0; li < layers.size(); ++li) {
@@ -154,12 +174,25 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     launch_rmsnorm_rows_bf16(pre.x, L.input_norm, pre.xb, n, H, eps, stream);
     gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
     launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), shape, n, pos0, stream);
-    prefill_attention(c, l, n, pos0);
-    launch_to_bf16(pre.attn, pre.attn_b, static_cast<std::size_t>(n) * q_dim(), stream);
-    gemm(L.o, H, q_dim(), pre.attn_b, n, q_dim(), pre.x, H, 1.f);  // residual: beta = 1
-    launch_rmsnorm_rows_bf16(pre.x, L.post_norm, pre.xb, n, H, eps, stream, L.moe ? pre.xn32 : nullptr);
+    if (flash) {
+      // The kernel reads bf16 K and V: round the layer's rows once here (~25 µs for 16k rows)
+      // rather than in every block that reads a tile.
+      const std::size_t rows = static_cast<std::size_t>(pos0 + n) * static_cast<std::size_t>(kv_dim());
+      launch_to_bf16(c.k(l), pre.k_b, rows, stream);
+      launch_to_bf16(c.v(l), pre.v_b, rows, stream);
+    }
+    // A long chunk's MoE layer runs attention → router for the first quarter of its rows, then
+    // for the rest: the experts the first part routes to copy while the second part computes.
+    const bool split = L.moe && opt.prefill_split_min_tokens > 0 && n >= opt.prefill_split_min_tokens;
+    const int split_row = split ? (n / 4 + 15) / 16 * 16 : n;
+    prefill_attention(c, l, 0, split_row, pos0, flash);
+    prefill_attention_out(l, 0, split_row, 0);
+    if (split) {
+      prefill_attention(c, l, split_row, n, pos0, flash);
+      prefill_attention_out(l, split_row, n, 1);
+    }
     if (L.moe) {
-      prefill_moe(l, moe_index[li], n);
+      prefill_moe(moe_index[li], n, split ? 2 : 1, split_row);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       gemm(L.mlp_gate, I, H, pre.xb, n, H, pre.gu, 2 * I, 0.f);
@@ -170,18 +203,19 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
   }
 }
 
-void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int n, int pos0) {
+void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int r0, int r1, int pos0, bool flash) {
   const int hd = static_cast<int>(d.head_dim), group = static_cast<int>(d.num_heads / d.num_kv_heads);
-  if (use_flash_attention() && pos0 + n > opt.flash_attention_min_keys) {
-    launch_flash_attention_prefill(pre.qkv, qkv_dim(), c.k(l), c.v(l), pre.attn, q_dim(), n, pos0, static_cast<int>(d.num_heads),
-                                   static_cast<int>(d.num_kv_heads), hd, stream);
+  if (flash) {
+    launch_flash_attention_prefill(pre.qkv + static_cast<std::size_t>(r0) * qkv_dim(), qkv_dim(), pre.k_b, pre.v_b,
+                                   pre.attn + static_cast<std::size_t>(r0) * q_dim(), q_dim(), r1 - r0, pos0 + r0,
+                                   static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), hd, stream);
     return;
   }
   const int ld = static_cast<int>(pre.scores_ld);  // >= pos0 + n (score_columns)
-  const int qb = std::min(n, k_attn_query_block);
+  const int qb = std::min(r1 - r0, k_attn_query_block);
   const float scale = 1.f / std::sqrt(static_cast<float>(hd)), one = 1.f, zero = 0.f;
-  for (int a = 0; a < n; a += qb) {
-    const int tq = std::min(qb, n - a), len = pos0 + a + tq;
+  for (int a = r0; a < r1; a += qb) {
+    const int tq = std::min(qb, r1 - a), len = pos0 + a + tq;
     for (int kvh = 0; kvh < static_cast<int>(d.num_kv_heads); ++kvh) {
       // Scores, column-major (len, tq) per head = K_kvh (len, hd) · Q_hᵀ: row-major (tq, ld) per head.
       cublas_check(cublasGemmStridedBatchedEx(
@@ -202,22 +236,79 @@ void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int n, 
   }
 }
 
-void CudaBackend::Impl::prefill_moe(int layer, int si, int n) {
-  const detail::LayerDev& L = layers[static_cast<std::size_t>(layer)];
-  const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = hidden();
-  const int I = static_cast<int>(d.moe.intermediate_size);
-  const std::size_t rows = static_cast<std::size_t>(n) * K;
-  launch_router_logits_rows(L.router, pre.xn32, pre.logits, n, E, H, stream);
-  launch_router_topk_rows(pre.logits, n, E, K, d.moe.norm_topk_prob, pre.ids, pre.route_w,
+void CudaBackend::Impl::prefill_attention_out(int l, int r0, int r1, int part) {
+  const detail::LayerDev& L = layers[static_cast<std::size_t>(l)];
+  const int m = r1 - r0, H = hidden(), E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
+  const std::size_t r = static_cast<std::size_t>(r0);
+  launch_to_bf16(pre.attn + r * q_dim(), pre.attn_b + r * q_dim(), static_cast<std::size_t>(m) * q_dim(), stream);
+  gemm(L.o, H, q_dim(), pre.attn_b + r * q_dim(), m, q_dim(), pre.x + r * H, H, 1.f);  // residual: beta = 1
+  launch_rmsnorm_rows_bf16(pre.x + r * H, L.post_norm, pre.xb + r * H, m, H, static_cast<float>(d.rms_norm_eps), stream,
+                           L.moe ? pre.xn32 + r * H : nullptr);
+  if (!L.moe) return;
+  const int si = moe_index[static_cast<std::size_t>(l)];
+  launch_router_logits_rows(L.router, pre.xn32 + r * H, pre.logits + r * E, m, E, H, stream);
+  launch_router_topk_rows(pre.logits + r * E, m, E, K, d.moe.norm_topk_prob, pre.ids + r * K, pre.route_w + r * K,
                           store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                           layer_counts + static_cast<std::size_t>(si) * E, stream);
-  // The expert GEMM sizes are host arguments: one device→host copy of the ids per layer.
-  CUDA_CHECK(cudaMemcpyAsync(pre.h_ids, pre.ids, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The expert GEMM sizes are host arguments: the part's ids go to the host, once per part.
+  CUDA_CHECK(cudaMemcpyAsync(pre.h_ids + r * K, pre.ids + r * K, static_cast<std::size_t>(m) * K * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaEventRecord(ids_ready[part], stream));
+}
+
+void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
+  const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = hidden();
+  const int I = static_cast<int>(d.moe.intermediate_size);
+  const std::size_t rows = static_cast<std::size_t>(n) * K, R = stage_ready.size(), G = stage_group;
+  const std::size_t block_elems = store->block_bytes() / sizeof(bf16);
+  // Cold (not VRAM-cached) experts in staging order: those the first part routes to, by id, then
+  // those only the second part routes to. Groups of up to G never span the two parts, so the
+  // first part's groups can be issued before the second part's ids exist.
+  std::vector<int> cold;
+  std::vector<std::size_t> group_begin;  // index into cold of each group's first expert
+  std::vector<char> planned(static_cast<std::size_t>(E), 0);
+  auto plan = [&](std::size_t p0, std::size_t p1) {
+    std::vector<char> routed(static_cast<std::size_t>(E), 0);
+    for (std::size_t p = p0; p < p1; ++p) routed[static_cast<std::size_t>(pre.h_ids[p])] = 1;
+    const std::size_t first = cold.size();
+    for (int e = 0; e < E; ++e)
+      if (routed[static_cast<std::size_t>(e)] && !planned[static_cast<std::size_t>(e)] && store->vram_block(si, e) == nullptr) {
+        planned[static_cast<std::size_t>(e)] = 1;
+        cold.push_back(e);
+      }
+    for (std::size_t i = first; i < cold.size(); i += G) group_begin.push_back(i);
+  };
+  auto group_end = [&](std::size_t gi) { return gi + 1 < group_begin.size() ? group_begin[gi + 1] : cold.size(); };
+  std::size_t issued = 0, computed = 0;  // groups whose copies / compute are enqueued
+  auto issue_copies = [&]() {  // every planned group whose buffer's previous user (group − R) is enqueued
+    for (; issued < group_begin.size() && issued < computed + R; ++issued) {
+      const std::size_t b = issued % R;
+      CUDA_CHECK(cudaStreamWaitEvent(copy_stream, stage_free[b], 0));  // compute done with this buffer
+      for (std::size_t i = group_begin[issued]; i < group_end(issued); ++i) {
+        CUDA_CHECK(cudaMemcpyAsync(pre.stage[b] + (i - group_begin[issued]) * block_elems, store->host_block(si, cold[i]),
+                                   store->block_bytes(), cudaMemcpyHostToDevice, copy_stream));
+        staged_bytes += store->block_bytes();
+      }
+      CUDA_CHECK(cudaEventRecord(stage_ready[b], copy_stream));
+    }
+  };
+  // While the host waits for the first part's ids, the device computes the second part.
+  CUDA_CHECK(cudaEventSynchronize(ids_ready[0]));
+  plan(0, static_cast<std::size_t>(parts == 2 ? split_row : n) * K);
+  issue_copies();
+  if (parts == 2) {
+    CUDA_CHECK(cudaEventSynchronize(ids_ready[1]));
+    plan(static_cast<std::size_t>(split_row) * K, rows);
+    issue_copies();
+  }
+
   std::vector<int> count(static_cast<std::size_t>(E), 0), offset(static_cast<std::size_t>(E) + 1, 0);
   for (std::size_t p = 0; p < rows; ++p) ++count[static_cast<std::size_t>(pre.h_ids[p])];
   for (int e = 0; e < E; ++e) offset[static_cast<std::size_t>(e) + 1] = offset[static_cast<std::size_t>(e)] + count[static_cast<std::size_t>(e)];
-  std::vector<int32_t> src(rows), slot(rows);
+  // Written here while no kernel reads them: the previous layer's gather and reduce finished
+  // before this layer's router (which needs their output) produced the ids read above.
+  int32_t* const src = pre.h_src;
+  int32_t* const slot = pre.h_slot;
   {
     std::vector<int> fill(offset.begin(), offset.end() - 1);
     for (std::size_t p = 0; p < rows; ++p) {  // p = t * K + j: stable in token order
@@ -226,11 +317,10 @@ void CudaBackend::Impl::prefill_moe(int layer, int si, int n) {
       slot[p] = at;
     }
   }
-  CUDA_CHECK(cudaMemcpyAsync(pre.src, src.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaMemcpyAsync(pre.slot, slot.data(), rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  launch_fetch_mapped_i32(pre.h_src_dev, pre.src, rows, stream);
+  launch_fetch_mapped_i32(pre.h_slot_dev, pre.slot, rows, stream);
   launch_gather_rows_bf16(pre.xb, pre.src, pre.xp, static_cast<int>(rows), H, stream);
 
-  const std::size_t block_elems = store->block_bytes() / sizeof(bf16);
   auto run_expert = [&](int e, const bf16* w) {
     const std::size_t off = static_cast<std::size_t>(offset[static_cast<std::size_t>(e)]);
     const int m = count[static_cast<std::size_t>(e)];
@@ -238,31 +328,15 @@ void CudaBackend::Impl::prefill_moe(int layer, int si, int n) {
     launch_swiglu_rows_bf16(pre.gu + off * 2 * I, pre.act + off * I, m, I, stream);
     gemm(w + static_cast<std::size_t>(2) * I * H, H, I, pre.act + off * I, m, I, pre.partial + off * H, H, 0.f);
   };
-  std::vector<int> cold;
-  for (int e = 0; e < E; ++e)
-    if (count[static_cast<std::size_t>(e)] > 0 && store->vram_block(si, e) == nullptr) cold.push_back(e);
-  const std::size_t G = stage_group;
-  const std::size_t groups = (cold.size() + G - 1) / G;
-  auto issue_copy = [&](std::size_t gi) {
-    const std::size_t b = gi % 2;
-    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, stage_free[b], 0));  // compute done with this buffer
-    for (std::size_t k = 0; k < G && gi * G + k < cold.size(); ++k) {
-      const int e = cold[gi * G + k];
-      CUDA_CHECK(cudaMemcpyAsync(pre.stage[b] + k * block_elems, store->host_block(si, e), store->block_bytes(),
-                                 cudaMemcpyHostToDevice, copy_stream));
-      staged_bytes += store->block_bytes();
-    }
-    CUDA_CHECK(cudaEventRecord(stage_ready[b], copy_stream));
-  };
-  if (groups > 0) issue_copy(0);
-  for (int e = 0; e < E; ++e)  // hot experts compute while the first group copies
+  for (int e = 0; e < E; ++e)  // hot experts compute while the first groups copy
     if (count[static_cast<std::size_t>(e)] > 0 && store->vram_block(si, e) != nullptr) run_expert(e, store->vram_block(si, e));
-  for (std::size_t gi = 0; gi < groups; ++gi) {
-    if (gi + 1 < groups) issue_copy(gi + 1);
-    const std::size_t b = gi % 2;
+  for (std::size_t gi = 0; gi < group_begin.size(); ++gi) {
+    const std::size_t b = gi % R;
     CUDA_CHECK(cudaStreamWaitEvent(stream, stage_ready[b], 0));
-    for (std::size_t k = 0; k < G && gi * G + k < cold.size(); ++k) run_expert(cold[gi * G + k], pre.stage[b] + k * block_elems);
+    for (std::size_t i = group_begin[gi]; i < group_end(gi); ++i) run_expert(cold[i], pre.stage[b] + (i - group_begin[gi]) * block_elems);
     CUDA_CHECK(cudaEventRecord(stage_free[b], stream));
+    computed = gi + 1;
+    issue_copies();  // group gi + R reuses buffer b
   }
   launch_moe_reduce_rows(pre.partial, pre.slot, pre.route_w, n, K, H, pre.x, stream);
 }

@@ -213,6 +213,29 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
   }
 }
 
+// Regression (H200, session 5): the prefill buffers sized with flash attention off had no bf16
+// K/V copy; turning flash on afterwards (set_flash_attention, as the benchmark does) made the
+// kernel read through null pointers. The second prefill must give the same logits as a backend
+// that had flash on from the start.
+TEST_CASE("prefill: flash attention turned on after the buffers were sized without it") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = temp_dir();
+  write_model(dir, small_moe());
+  Checkpoint ck = Checkpoint::open(dir);
+  cuda::CudaBackendOptions off, on;
+  off.flash_attention = false;
+  on.flash_attention_min_keys = 0;
+  auto late = cuda::make_cuda_backend(ck, off);
+  auto early = cuda::make_cuda_backend(ck, on);
+  const auto ids = prompt(40, 4096);
+  auto c0 = late->new_cache(64);
+  (void)late->forward(*c0, ids, false);  // sizes the buffers without flash attention
+  late->set_flash_attention(true, 0);
+  auto c1 = late->new_cache(64), c2 = early->new_cache(64);
+  CHECK(late->forward(*c1, ids, true) == early->forward(*c2, ids, true));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; chunks and staging groups") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
@@ -264,6 +287,54 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   auto w1 = cpu->forward(*c0, std::vector<int32_t>{17}, false);
   auto g1 = b->forward(*cb, std::vector<int32_t>{17}, false);
   CHECK(argmax(w1.data(), 4096) == argmax(g1.data(), 4096));
+  std::filesystem::remove_all(dir);
+}
+
+// A long chunk's MoE layers route in two parts and stage through a ring of buffers (the first
+// part's experts copy while the second part's attention runs). Split at 16 rows here (60-token
+// chunk): all-resident and all-offloaded runs of the same split stay bit-identical, 5 buffers ×
+// 3 experts cover the ring's wrap-around (16 cold experts per layer), and the split changes only
+// GEMM row counts, so it agrees with the unsplit path to rounding.
+TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = temp_dir();
+  write_model(dir, small_moe());
+  Checkpoint ck = Checkpoint::open(dir);
+  cuda::CudaBackendOptions res, off, whole;
+  res.hot_fraction = 1.0;
+  off.hot_fraction = 0.0;
+  whole.hot_fraction = 0.0;
+  for (auto* o : {&res, &off, &whole}) {
+    o->prefill_chunk = 60;
+    o->flash_attention_min_keys = 0;  // the flash kernel, on row ranges [0, 16) and [16, 60)
+  }
+  res.prefill_split_min_tokens = off.prefill_split_min_tokens = 16;
+  whole.prefill_split_min_tokens = 0;
+  off.stage_group = 3;
+  off.stage_buffers = 5;
+  auto a = cuda::make_cuda_backend(ck, res);
+  auto b = cuda::make_cuda_backend(ck, off);
+  auto w = cuda::make_cuda_backend(ck, whole);
+  const auto ids = prompt(60, 4096);
+  auto ca = a->new_cache(64), cb = b->new_cache(64), cw = w->new_cache(64);
+  const auto la = a->forward(*ca, ids, true), lb = b->forward(*cb, ids, true), lw = w->forward(*cw, ids, true);
+  CHECK(la == lb);
+  CHECK(b->stats().staged_bytes > 0);
+  REQUIRE(lw.size() == lb.size());
+  double num = 0, den = 0;
+  int top1 = 0;
+  for (std::size_t i = 0; i < lw.size(); ++i) {
+    num += (static_cast<double>(lb[i]) - lw[i]) * (static_cast<double>(lb[i]) - lw[i]);
+    den += static_cast<double>(lw[i]) * lw[i];
+  }
+  for (std::size_t p = 0; p < ids.size(); ++p) top1 += argmax(lb.data() + p * 4096, 4096) == argmax(lw.data() + p * 4096, 4096);
+  MESSAGE("two routing parts vs one: relative L2 " << std::sqrt(num / den) << ", top-1 agreement " << top1 << "/60");
+  CHECK(std::sqrt(num / den) < 2e-2);
+  CHECK(top1 * 10 >= 60 * 9);
+  cuda::CudaBackendOptions bad;
+  bad.stage_buffers = 1;
+  CHECK_THROWS_WITH_AS(cuda::make_cuda_backend(ck, bad), "cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got 1 and 8",
+                       std::invalid_argument);
   std::filesystem::remove_all(dir);
 }
 
