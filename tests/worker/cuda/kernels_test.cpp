@@ -9,6 +9,7 @@
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/prefill.cuh"
 
 using namespace servedeck::worker::cuda;
 using gpu_test::DeviceBuffer;
@@ -199,4 +200,26 @@ TEST_CASE("MoE decode through a mixed VRAM/UVA pointer table matches the CPU ref
   CHECK(gpu_test::compare(to_float(want), out.get(), "moe") < 1e-5);
   for (auto* b : vram) delete b;
   for (auto* h : hosts) CUDA_CHECK(cudaFreeHost(h));
+}
+
+// Prefill router logits: the tiled kernel (>= 64 rows; 150 rows and 160 experts leave partial
+// tiles on both axes) and the per-row kernel (10 rows), against double precision.
+TEST_CASE("router logits for rows (tiled and per-row) match the CPU reference") {
+  gpu_test::skip_without_gpu();
+  constexpr int E = 160, H = 256;
+  const auto R = gpu_test::from_bf16(gpu_test::to_bf16(gpu_test::random_floats(static_cast<std::size_t>(E) * H, 31)));
+  DeviceBuffer<__nv_bfloat16> dR(gpu_test::to_bf16(R));
+  for (const int rows : {150, 10}) {
+    CAPTURE(rows);
+    const auto x = gpu_test::random_floats(static_cast<std::size_t>(rows) * H, 32 + rows, 2.f);
+    DeviceBuffer<float> dx(x), out(static_cast<std::size_t>(rows) * E);
+    out.poison();
+    launch_router_logits_rows(dR.ptr, dx.ptr, out.ptr, rows, E, H, nullptr);
+    std::vector<float> want;
+    for (int t = 0; t < rows; ++t) {
+      const auto y = gemv_ref(R, std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(t) * H, x.begin() + static_cast<std::ptrdiff_t>(t + 1) * H), E, H);
+      want.insert(want.end(), y.begin(), y.end());
+    }
+    CHECK(gpu_test::compare(want, out.get(), "router logits rows", 1e-4) < 1e-5);
+  }
 }
