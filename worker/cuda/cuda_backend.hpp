@@ -31,7 +31,8 @@ struct CudaBackendOptions {
   /// Explicit slots per layer; overrides hot_fraction when >= 0.
   int hot_slots = -1;
   /// VRAM budget in GiB (0 = none): hot slots are reduced so that resident weights + hot cache
-  /// + 2 GiB of KV/workspace fit. Forces offload on a card where the model would fit.
+  /// + the prefill staging ring + 2 GiB of KV/workspace fit. Forces offload on a card where the
+  /// model would fit.
   double vram_budget_gib = 0;
   std::string profile_path;          // hot-expert profile to fill the cache from (optional)
   std::string capture_profile_path;  // when set, routing counts are written here on destruction

@@ -186,7 +186,9 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
     if (opt.vram_budget_gib > 0) {
-      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) - 2.0 * 1073741824.0;
+      // The prefill staging ring (stage_buffers × stage_group experts) comes out of the budget too.
+      const double staging = static_cast<double>(opt.stage_buffers) * opt.stage_group * static_cast<double>(m->store->block_bytes());
+      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) - staging - 2.0 * 1073741824.0;
       const int fit = budget <= 0 ? 0 : static_cast<int>(budget / (static_cast<double>(m->store->block_bytes()) * moe_layers));
       if (fit < slots) {
         m->warnings.push_back("--vram-budget-gib " + std::to_string(opt.vram_budget_gib) + " leaves room for " +

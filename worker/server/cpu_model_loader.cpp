@@ -37,6 +37,7 @@ cuda::CudaBackendOptions cuda_options(const CpuModelOptions& options) {
   cuda::CudaBackendOptions co;
   co.hot_fraction = options.hot_fraction;
   co.vram_budget_gib = options.vram_budget_gib;
+  co.stage_buffers = static_cast<int>(options.stage_buffers);
   co.profile_path = options.hot_profile;
   co.capture_profile_path = options.capture_profile;
   return co;

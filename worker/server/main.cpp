@@ -2,7 +2,7 @@
 //   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
 //                          [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
-//                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]
+//                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
 //   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]
 //     random (default): the random tiny model; chat: the same shape with a planted reply that
@@ -35,7 +35,7 @@ constexpr const char* k_usage =
     "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
     "                         [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]\n"
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
-    "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G]\n"
+    "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
     "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]\n";
 
@@ -142,7 +142,8 @@ int serve(int argc, char** argv) {
   const Args a = parse_flags(argc, argv, 2,
                              {"model", "host", "port", "served-model-name", "max-model-len", "kv-cache-bytes",
                               "tool-parser", "reasoning-parser", "threads", "default-max-tokens", "backend",
-                              "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile", "synthetic-weights"});
+                              "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile", "synthetic-weights",
+                              "stage-buffers"});
   if (!a.ok) return 2;
   if (!a.values.count("model")) {
     std::cerr << "servedeck-worker serve: --model DIR is required\n" << k_usage;
@@ -156,8 +157,12 @@ int serve(int argc, char** argv) {
   if (!to_size(a, "port", port) || !to_size(a, "max-model-len", mo.max_model_len) ||
       !to_size(a, "kv-cache-bytes", mo.kv_cache_bytes) || !to_size(a, "threads", mo.threads) ||
       !to_size(a, "default-max-tokens", so.default_max_tokens) || !to_double(a, "hot-fraction", 0.0, 1.0, mo.hot_fraction) ||
-      !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib))
+      !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib) || !to_size(a, "stage-buffers", mo.stage_buffers))
     return 2;
+  if (mo.stage_buffers < 2 || mo.stage_buffers > 4096) {
+    std::cerr << "servedeck-worker: --stage-buffers " << mo.stage_buffers << ": expected 2 to 4096\n";
+    return 2;
+  }
   if (a.values.count("backend")) mo.backend = a.values.at("backend");
   if (mo.backend != "cpu" && mo.backend != "cuda") {
     std::cerr << "servedeck-worker: --backend " << mo.backend << ": expected cpu or cuda\n";

@@ -356,3 +356,9 @@ TEST_CASE("--synthetic-weights is refused without the CUDA backend, naming both 
   CHECK(rc2 == 2);
   CHECK(out2.find("--synthetic-weights x") != std::string::npos);
 }
+
+TEST_CASE("--stage-buffers below 2 is refused, naming the value and the range") {
+  const auto [rc, out] = run_command("'" + k_worker + "' serve --model /nonexistent --stage-buffers 1 2>&1");
+  CHECK(rc == 2);
+  CHECK(out.find("--stage-buffers 1: expected 2 to 4096") != std::string::npos);
+}
