@@ -1,10 +1,12 @@
-"""Decode tok/s of the same Qwen3-30B-A3B shape in PyTorch/transformers, resident on the GPU.
+"""Decode and prefill tok/s of the same Qwen3-30B-A3B shape in PyTorch/transformers, resident on the GPU.
 
-The reference row for bench_moe_offload: a random-initialised Qwen3MoeForCausalLM (bf16, on
-cuda), batch 1, a 128-token prompt, N new tokens greedy, timed with torch.cuda.synchronize().
+The reference rows for bench_moe_offload: a random-initialised Qwen3MoeForCausalLM (bf16, on
+cuda), batch 1. Decode: a 128-token prompt, N new tokens greedy. Prefill: one forward of a
+P-token prompt for each P in --prefill (logits of the last position only, as the benchmark's
+prefill rows), after a warm-up at the smallest size. Timed with torch.cuda.synchronize().
 Run on the GPU machine (transformers and torch are installed there):
-    python3 bench/moe_offload/transformers_decode.py [--layers 48] [--new 64]
-Prints one line: "transformers resident decode: X tok/s (...)" and writes JSON to $OUT if set.
+    python3 bench/moe_offload/transformers_decode.py [--layers 48] [--new 64] [--prefill 512,4096,16384]
+Prints one line per figure and writes JSON to $OUT if set.
 """
 import argparse
 import json
@@ -20,6 +22,7 @@ def main():
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--prefill", default="", help="comma-separated prompt lengths (empty: none)")
     a = ap.parse_args()
     cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=a.layers,
                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
@@ -50,9 +53,24 @@ def main():
     decode_tok_s = (new - 1) / max(dt - prefill_s, 1e-9)
     print(f"transformers resident decode: {decode_tok_s:.2f} tok/s ({new} new tokens, prefill {prefill_s*1000:.0f} ms, "
           f"load {load_s:.0f} s, torch {torch.__version__}, layers {a.layers})")
+    prefill_rows = []
+    sizes = [int(x) for x in a.prefill.split(",") if x]
+    with torch.no_grad():
+        for i, n in enumerate(sorted(sizes)):
+            p = torch.tensor([[(j * 7919 + 17) % 151643 for j in range(n)]], device="cuda")
+            if i == 0:
+                model(p, logits_to_keep=1)  # warm-up
+            torch.cuda.synchronize()
+            t3 = time.time()
+            model(p, logits_to_keep=1)
+            torch.cuda.synchronize()
+            s = time.time() - t3
+            prefill_rows.append({"tokens": n, "seconds": s, "tok_s": n / s})
+            print(f"transformers resident prefill {n}: {n / s:.1f} tok/s ({s:.3f} s)")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "transformers_decode.json"), "w") as f:
-            json.dump({"decode_tok_s": decode_tok_s, "new_tokens": new, "prefill_s": prefill_s, "layers": a.layers}, f)
+            json.dump({"decode_tok_s": decode_tok_s, "new_tokens": new, "prefill_s": prefill_s, "layers": a.layers,
+                       "prefill_rows": prefill_rows}, f)
 
 
 if __name__ == "__main__":

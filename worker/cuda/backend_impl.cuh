@@ -57,6 +57,16 @@ class CudaKvCache : public KvCache {
   int32_t last_token_ = 0, last_pos_ = -1;  // the last single-token step run on this cache (decode_step_us)
 };
 
+/// One batch of a prefill MoE layer's routed experts (at most stage_group, consecutive in the
+/// compute order), computed as a gate|up GEMM per expert, one SwiGLU over its rows and a down
+/// GEMM per expert. Expert j's rows (of pre.xp, gu, act and partial) start at offsets[j] and are
+/// counts[j] long; the batch's rows are contiguous; weights[j] is the expert's gate|up|down block
+/// in VRAM (hot cache or a staging buffer).
+struct ExpertBatch {
+  std::vector<const __nv_bfloat16*> weights;
+  std::vector<int> offsets, counts;
+};
+
 /// Device buffers of the prefill path, sized for `chunk` tokens and a cache of `capacity`.
 struct PrefillBuffers {
   int chunk = 0;
@@ -153,6 +163,8 @@ struct CudaBackend::Impl {
   /// The MoE of a chunk whose rows were routed in `parts` parts (prefill_attention_out).
   void prefill_moe(int si, int n, int parts, int split_row);
   void gemm(const bf16* W, int out, int in, const bf16* X, int n, int ldx, float* Y, int ldy, float beta);
+  /// gate|up → SwiGLU → down for a batch (prefill_experts.cu).
+  void run_expert_batch(const detail::ExpertBatch& batch);
 };
 
 }  // namespace servedeck::worker::cuda

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "worker/cuda/backend_impl.cuh"
@@ -229,6 +230,8 @@ void CudaBackend::set_flash_attention(bool on, int min_keys) {
 }
 
 void CudaBackend::set_prefill_split(int min_tokens) {
+  if (min_tokens < 0)
+    throw std::invalid_argument("set_prefill_split: min_tokens must be >= 0 (0: never split), got " + std::to_string(min_tokens));
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->opt.prefill_split_min_tokens = min_tokens;
 }

@@ -105,6 +105,9 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
   if (opt.stage_buffers < 2 || opt.stage_group < 1)
     throw std::invalid_argument("cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got " +
                                 std::to_string(opt.stage_buffers) + " and " + std::to_string(opt.stage_group));
+  if (opt.prefill_split_min_tokens < 0)
+    throw std::invalid_argument("cuda backend: prefill_split_min_tokens must be >= 0 (0: never split), got " +
+                                std::to_string(opt.prefill_split_min_tokens));
   auto m = std::make_unique<CudaBackend::Impl>();
   m->d = d;
   m->opt = opt;

@@ -260,9 +260,12 @@ void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, cons
   require(ldq >= n_heads * head_dim && ldo >= n_heads * head_dim && ldq % 2 == 0 && ldo % 2 == 0, "launch_flash_attention_prefill",
           "ldq and ldo must be even and >= n_heads * head_dim (" + std::to_string(n_heads * head_dim) + "), got " +
               std::to_string(ldq) + ", " + std::to_string(ldo));
-  require(detail::aligned16(k) && detail::aligned16(v), "launch_flash_attention_prefill", "k and v must be 16-byte aligned");
+  const auto mod = [](const void* p, unsigned m) { return std::to_string(reinterpret_cast<std::uintptr_t>(p) % m); };
+  require(detail::aligned16(k) && detail::aligned16(v), "launch_flash_attention_prefill",
+          "k and v must be 16-byte aligned (cp.async), got addresses % 16 = " + mod(k, 16) + " and " + mod(v, 16));
   require(reinterpret_cast<std::uintptr_t>(q) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
-          "launch_flash_attention_prefill", "q and out must be 8-byte aligned (read and written as float2)");
+          "launch_flash_attention_prefill",
+          "q and out must be 8-byte aligned (read and written as float2), got addresses % 8 = " + mod(q, 8) + " and " + mod(out, 8));
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
     case 32: launch_hd<32>(q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;

@@ -1,5 +1,7 @@
 // Prefill-chunk kernels (see prefill.cuh).
 #include <cmath>
+#include <cstdint>
+#include <string>
 
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/launch_check.cuh"
@@ -295,8 +297,15 @@ void launch_router_topk_rows(const float* logits, int rows, int n, int k, bool r
 void launch_router_logits_rows(const bf16* R, const float* xn, float* logits, int rows, int n_experts, int hidden,
                                cudaStream_t stream) {
   detail::require(rows > 0 && n_experts > 0 && hidden % 8 == 0, "launch_router_logits_rows",
-                  "need rows, n_experts > 0 and hidden % 8 == 0, got hidden " + std::to_string(hidden));
-  if (hidden % k_rl_cols == 0 && rows >= k_rl_tokens) {
+                  "need rows > 0, n_experts > 0 and hidden % 8 == 0, got rows " + std::to_string(rows) + ", n_experts " +
+                      std::to_string(n_experts) + ", hidden " + std::to_string(hidden));
+  // The tiled kernel for any row count (when hidden allows), so a chunk's rows get the same sums
+  // whether they are routed in one part or two.
+  if (hidden % k_rl_cols == 0) {
+    detail::require(detail::aligned16(R) && detail::aligned16(xn), "launch_router_logits_rows",
+                    "R and xn must be 16-byte aligned (read as uint4 / float4), got addresses % 16 = " +
+                        std::to_string(reinterpret_cast<std::uintptr_t>(R) % 16) + " and " +
+                        std::to_string(reinterpret_cast<std::uintptr_t>(xn) % 16));
     const dim3 grid(static_cast<unsigned>((rows + k_rl_tokens - 1) / k_rl_tokens), static_cast<unsigned>((n_experts + k_rl_experts - 1) / k_rl_experts));
     router_logits_tiled_kernel<<<grid, 256, 0, stream>>>(R, xn, logits, rows, n_experts, hidden);
   } else {

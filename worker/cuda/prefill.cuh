@@ -24,8 +24,9 @@ void launch_rmsnorm_rows_bf16(const float* x, const __nv_bfloat16* w, __nv_bfloa
 
 /// Router logits with fp32 activations, as the decode path computes them (a bf16-rounded input
 /// flips near-tied top-k choices): logits (rows, n_experts) = xn (rows, hidden) · Rᵀ, fp32
-/// accumulation. From 64 rows on (hidden a multiple of 32) a tiled kernel (64 rows × 64 experts
-/// per block) that reads R once per 64 rows; below, one block per row. xn 16-byte aligned rows.
+/// accumulation. When hidden is a multiple of 32, a tiled kernel (64 rows × 64 experts per block)
+/// that reads R once per 64 rows, for any row count (R and xn then 16-byte aligned, else
+/// std::invalid_argument); otherwise one block per row.
 void launch_router_logits_rows(const __nv_bfloat16* R, const float* xn, float* logits, int rows, int n_experts, int hidden,
                                cudaStream_t stream);
 

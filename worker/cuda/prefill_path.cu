@@ -92,6 +92,7 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
     if (*h) CUDA_CHECK(cudaFreeHost(*h));
     *h = nullptr;
   }
+
   const std::size_t n = static_cast<std::size_t>(chunk), H = static_cast<std::size_t>(hidden());
   const std::size_t K = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
   const std::size_t E = static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1));
@@ -138,6 +139,7 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   CUDA_CHECK(cudaHostAlloc(&pre.h_slot, n * K * sizeof(int32_t), cudaHostAllocMapped));
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_src_dev), pre.h_src, 0));
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_slot_dev), pre.h_slot, 0));
+
   pre.chunk = chunk;
   pre.capacity = capacity;
 }
@@ -183,8 +185,10 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     }
     // A long chunk's MoE layer runs attention → router for the first quarter of its rows, then
     // for the rest: the experts the first part routes to copy while the second part computes.
-    const bool split = L.moe && opt.prefill_split_min_tokens > 0 && n >= opt.prefill_split_min_tokens;
-    const int split_row = split ? (n / 4 + 15) / 16 * 16 : n;
+    // (A chunk too short to leave rows on both sides of the quarter is not split.)
+    const int quarter = (n / 4 + 15) / 16 * 16;
+    const bool split = L.moe && opt.prefill_split_min_tokens > 0 && n >= opt.prefill_split_min_tokens && quarter > 0 && quarter < n;
+    const int split_row = split ? quarter : n;
     prefill_attention(c, l, 0, split_row, pos0, flash);
     prefill_attention_out(l, 0, split_row, 0);
     if (split) {
@@ -258,37 +262,48 @@ void CudaBackend::Impl::prefill_attention_out(int l, int r0, int r1, int part) {
 
 void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
   const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = hidden();
-  const int I = static_cast<int>(d.moe.intermediate_size);
   const std::size_t rows = static_cast<std::size_t>(n) * K, R = stage_ready.size(), G = stage_group;
   const std::size_t block_elems = store->block_bytes() / sizeof(bf16);
-  // Cold (not VRAM-cached) experts in staging order: those the first part routes to, by id, then
-  // those only the second part routes to. Groups of up to G never span the two parts, so the
-  // first part's groups can be issued before the second part's ids exist.
-  std::vector<int> cold;
-  std::vector<std::size_t> group_begin;  // index into cold of each group's first expert
+  // Routed experts in compute order: those the first part routes to, by id, then those only the
+  // second part routes to; batches of up to G consecutive ones, never spanning the two parts (so
+  // the first part's can be staged before the second part's ids exist). The order and the
+  // batches do not depend on which experts are hot, so offload on and off run the same GEMMs
+  // and SwiGLU launches. A batch's cold experts form one staging group.
+  std::vector<int> order;
+  std::vector<std::size_t> batch_begin;  // index into order of each batch's first expert
+  std::vector<std::size_t> staged;       // batches with cold experts, in order: staging group s = staged[s]
   std::vector<char> planned(static_cast<std::size_t>(E), 0);
+  auto batch_end = [&](std::size_t bi) { return bi + 1 < batch_begin.size() ? batch_begin[bi + 1] : order.size(); };
   auto plan = [&](std::size_t p0, std::size_t p1) {
     std::vector<char> routed(static_cast<std::size_t>(E), 0);
     for (std::size_t p = p0; p < p1; ++p) routed[static_cast<std::size_t>(pre.h_ids[p])] = 1;
-    const std::size_t first = cold.size();
+    const std::size_t first = order.size();
     for (int e = 0; e < E; ++e)
-      if (routed[static_cast<std::size_t>(e)] && !planned[static_cast<std::size_t>(e)] && store->vram_block(si, e) == nullptr) {
+      if (routed[static_cast<std::size_t>(e)] && !planned[static_cast<std::size_t>(e)]) {
         planned[static_cast<std::size_t>(e)] = 1;
-        cold.push_back(e);
+        order.push_back(e);
       }
-    for (std::size_t i = first; i < cold.size(); i += G) group_begin.push_back(i);
+    for (std::size_t i = first; i < order.size(); i += G) {
+      batch_begin.push_back(i);
+      for (std::size_t j = i; j < std::min(i + G, order.size()); ++j)
+        if (store->vram_block(si, order[j]) == nullptr) {
+          staged.push_back(batch_begin.size() - 1);
+          break;
+        }
+    }
   };
-  auto group_end = [&](std::size_t gi) { return gi + 1 < group_begin.size() ? group_begin[gi + 1] : cold.size(); };
-  std::size_t issued = 0, computed = 0;  // groups whose copies / compute are enqueued
+  std::size_t issued = 0, computed = 0;  // staging groups whose copies / compute are enqueued
   auto issue_copies = [&]() {  // every planned group whose buffer's previous user (group − R) is enqueued
-    for (; issued < group_begin.size() && issued < computed + R; ++issued) {
-      const std::size_t b = issued % R;
+    for (; issued < staged.size() && issued < computed + R; ++issued) {
+      const std::size_t b = issued % R, bi = staged[issued];
       CUDA_CHECK(cudaStreamWaitEvent(copy_stream, stage_free[b], 0));  // compute done with this buffer
-      for (std::size_t i = group_begin[issued]; i < group_end(issued); ++i) {
-        CUDA_CHECK(cudaMemcpyAsync(pre.stage[b] + (i - group_begin[issued]) * block_elems, store->host_block(si, cold[i]),
-                                   store->block_bytes(), cudaMemcpyHostToDevice, copy_stream));
-        staged_bytes += store->block_bytes();
-      }
+      std::size_t k = 0;
+      for (std::size_t i = batch_begin[bi]; i < batch_end(bi); ++i)
+        if (store->vram_block(si, order[i]) == nullptr) {
+          CUDA_CHECK(cudaMemcpyAsync(pre.stage[b] + k++ * block_elems, store->host_block(si, order[i]), store->block_bytes(),
+                                     cudaMemcpyHostToDevice, copy_stream));
+          staged_bytes += store->block_bytes();
+        }
       CUDA_CHECK(cudaEventRecord(stage_ready[b], copy_stream));
     }
   };
@@ -302,15 +317,22 @@ void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
     issue_copies();
   }
 
-  std::vector<int> count(static_cast<std::size_t>(E), 0), offset(static_cast<std::size_t>(E) + 1, 0);
+  // Rows sorted by compute order (so each batch's rows are contiguous), stable in token order.
+  std::vector<int> count(static_cast<std::size_t>(E), 0), offset(static_cast<std::size_t>(E), 0);
   for (std::size_t p = 0; p < rows; ++p) ++count[static_cast<std::size_t>(pre.h_ids[p])];
-  for (int e = 0; e < E; ++e) offset[static_cast<std::size_t>(e) + 1] = offset[static_cast<std::size_t>(e)] + count[static_cast<std::size_t>(e)];
+  {
+    int at = 0;
+    for (const int e : order) {
+      offset[static_cast<std::size_t>(e)] = at;
+      at += count[static_cast<std::size_t>(e)];
+    }
+  }
   // Written here while no kernel reads them: the previous layer's gather and reduce finished
   // before this layer's router (which needs their output) produced the ids read above.
   int32_t* const src = pre.h_src;
   int32_t* const slot = pre.h_slot;
   {
-    std::vector<int> fill(offset.begin(), offset.end() - 1);
+    std::vector<int> fill(offset);
     for (std::size_t p = 0; p < rows; ++p) {  // p = t * K + j: stable in token order
       const int at = fill[static_cast<std::size_t>(pre.h_ids[p])]++;
       src[static_cast<std::size_t>(at)] = static_cast<int32_t>(p / static_cast<std::size_t>(K));
@@ -321,22 +343,26 @@ void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
   launch_fetch_mapped_i32(pre.h_slot_dev, pre.slot, rows, stream);
   launch_gather_rows_bf16(pre.xb, pre.src, pre.xp, static_cast<int>(rows), H, stream);
 
-  auto run_expert = [&](int e, const bf16* w) {
-    const std::size_t off = static_cast<std::size_t>(offset[static_cast<std::size_t>(e)]);
-    const int m = count[static_cast<std::size_t>(e)];
-    gemm(w, 2 * I, H, pre.xp + off * H, m, H, pre.gu + off * 2 * I, 2 * I, 0.f);
-    launch_swiglu_rows_bf16(pre.gu + off * 2 * I, pre.act + off * I, m, I, stream);
-    gemm(w + static_cast<std::size_t>(2) * I * H, H, I, pre.act + off * I, m, I, pre.partial + off * H, H, 0.f);
-  };
-  for (int e = 0; e < E; ++e)  // hot experts compute while the first groups copy
-    if (count[static_cast<std::size_t>(e)] > 0 && store->vram_block(si, e) != nullptr) run_expert(e, store->vram_block(si, e));
-  for (std::size_t gi = 0; gi < group_begin.size(); ++gi) {
-    const std::size_t b = gi % R;
-    CUDA_CHECK(cudaStreamWaitEvent(stream, stage_ready[b], 0));
-    for (std::size_t i = group_begin[gi]; i < group_end(gi); ++i) run_expert(cold[i], pre.stage[b] + (i - group_begin[gi]) * block_elems);
-    CUDA_CHECK(cudaEventRecord(stage_free[b], stream));
-    computed = gi + 1;
-    issue_copies();  // group gi + R reuses buffer b
+  std::size_t next_staged = 0;
+  for (std::size_t bi = 0; bi < batch_begin.size(); ++bi) {
+    const bool has_cold = next_staged < staged.size() && staged[next_staged] == bi;
+    const std::size_t b = next_staged % R;
+    detail::ExpertBatch batch;
+    std::size_t k = 0;
+    for (std::size_t i = batch_begin[bi]; i < batch_end(bi); ++i) {
+      const int e = order[i];
+      const bf16* hot = store->vram_block(si, e);
+      batch.weights.push_back(hot != nullptr ? hot : pre.stage[b] + k++ * block_elems);
+      batch.offsets.push_back(offset[static_cast<std::size_t>(e)]);
+      batch.counts.push_back(count[static_cast<std::size_t>(e)]);
+    }
+    if (has_cold) CUDA_CHECK(cudaStreamWaitEvent(stream, stage_ready[b], 0));
+    run_expert_batch(batch);
+    if (has_cold) {
+      CUDA_CHECK(cudaEventRecord(stage_free[b], stream));
+      computed = ++next_staged;
+      issue_copies();  // group + R reuses buffer b
+    }
   }
   launch_moe_reduce_rows(pre.partial, pre.slot, pre.route_w, n, K, H, pre.x, stream);
 }

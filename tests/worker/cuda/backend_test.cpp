@@ -292,9 +292,10 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
 
 // A long chunk's MoE layers route in two parts and stage through a ring of buffers (the first
 // part's experts copy while the second part's attention runs). Split at 16 rows here (60-token
-// chunk): all-resident and all-offloaded runs of the same split stay bit-identical, 5 buffers ×
-// 3 experts cover the ring's wrap-around (16 cold experts per layer), and the split changes only
-// GEMM row counts, so it agrees with the unsplit path to rounding.
+// chunk): all-resident and all-offloaded runs of the same split stay bit-identical (same expert
+// batches, same GEMMs), 5 buffers × 3 experts cover the ring's wrap-around (16 cold
+// experts per layer), and the split changes only GEMM row counts and the expert order, so it
+// agrees with the unsplit path to rounding.
 TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
@@ -331,6 +332,15 @@ TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   MESSAGE("two routing parts vs one: relative L2 " << std::sqrt(num / den) << ", top-1 agreement " << top1 << "/60");
   CHECK(std::sqrt(num / den) < 2e-2);
   CHECK(top1 * 10 >= 60 * 9);
+  // Chunks too short for a quarter of 16 rows on both sides are not split (review, session 5:
+  // a 16-row chunk made an empty second part): same batches, same logits as the unsplit backend.
+  for (const std::size_t len : {16u, 8u, 3u}) {
+    CAPTURE(len);
+    auto c1 = b->new_cache(64), c2 = w->new_cache(64);
+    CHECK(b->forward(*c1, prompt(len, 4096), true) == w->forward(*c2, prompt(len, 4096), true));
+  }
+  CHECK_THROWS_WITH_AS(b->set_prefill_split(-1), "set_prefill_split: min_tokens must be >= 0 (0: never split), got -1",
+                       std::invalid_argument);
   cuda::CudaBackendOptions bad;
   bad.stage_buffers = 1;
   CHECK_THROWS_WITH_AS(cuda::make_cuda_backend(ck, bad), "cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got 1 and 8",
