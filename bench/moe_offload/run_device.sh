@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs on the GPU machine (device tool), from the repository root: the GPU-labelled tests, then
-# the benchmark; everything is tee'd under $OUT. Binaries are built on the dev machine
+# the benchmark, then the transformers reference; everything is tee'd under $OUT. Binaries are built on the dev machine
 # (Release, build/cuda-rel) and carried in $BIN.
 #   bash bench/moe_offload/run_device.sh [bench args...]
 set -o pipefail
@@ -15,3 +15,6 @@ for t in fused kernels backend flash; do
 done
 timeout 420 "$BIN/bench_moe_offload" "$@" 2>&1 | tee "$OUT/bench.log"
 echo "bench rc=$?"
+# The reference rows: the same shape in transformers, resident (decode and prefill).
+timeout 240 python3 bench/moe_offload/transformers_decode.py --new 32 --prefill 512,4096,16384 2>&1 | tee "$OUT/transformers.txt"
+echo "transformers rc=$?"
