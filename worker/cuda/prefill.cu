@@ -1,4 +1,5 @@
 // Prefill-chunk kernels (see prefill.cuh).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -114,10 +115,14 @@ __global__ void __launch_bounds__(256) router_logits_tiled_kernel(const bf16* __
     }
 }
 
-// grid (rows, n_heads + n_kv_heads), one warp: norm + RoPE in place; k heads also append k and v.
+// grid (rows, ceil((n_heads + n_kv_heads) / 8)), block (32, 8): one warp per head of the row
+// (norm + RoPE in place; k heads also append k and v). Eight heads per block, not one: a 16k-row
+// chunk is 82k blocks instead of 655k.
+constexpr int k_rope_heads_per_block = 8;
 __global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, float* kc, float* vc, AttentionShape s,
                                       int pos0) {
-  const int r = blockIdx.x, head = blockIdx.y, lane = threadIdx.x, hd = s.head_dim;
+  const int r = blockIdx.x, head = blockIdx.y * blockDim.y + threadIdx.y, lane = threadIdx.x, hd = s.head_dim;
+  if (head >= s.n_heads + s.n_kv_heads) return;  // the whole warp: the helpers below sync per warp only
   const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, width = q_dim + 2 * kv_dim;
   float* row = qkv + static_cast<size_t>(r) * width;
   const int pos = pos0 + r;
@@ -206,19 +211,24 @@ __global__ void router_rows_kernel(const float* __restrict__ logits, int rows, i
   }
 }
 
+// Grid-stride over all rows × 16-byte pieces (a block per row made 131k blocks at 16k tokens).
 __global__ void gather_rows_kernel(const bf16* __restrict__ x, const int32_t* __restrict__ src, bf16* __restrict__ xp,
-                                   int dim) {
-  const uint4* in = reinterpret_cast<const uint4*>(x + static_cast<size_t>(src[blockIdx.x]) * dim);
-  uint4* out = reinterpret_cast<uint4*>(xp + static_cast<size_t>(blockIdx.x) * dim);
-  for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) out[i] = in[i];
+                                   int rows, int dim) {
+  const size_t per_row = static_cast<size_t>(dim / 8), n = static_cast<size_t>(rows) * per_row;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t p = i / per_row, c = i % per_row;
+    reinterpret_cast<uint4*>(xp)[i] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(src[p]) * dim)[c];
+  }
 }
 
-__global__ void swiglu_rows_kernel(const float* __restrict__ gu, bf16* __restrict__ act, int inter) {
-  const float* row = gu + static_cast<size_t>(blockIdx.x) * 2 * inter;
-  bf16* out = act + static_cast<size_t>(blockIdx.x) * inter;
-  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
-    const float g = row[i];
-    out[i] = __float2bfloat16(g / (1.f + expf(-g)) * row[inter + i]);
+// Grid-stride over all rows × inter elements (as the gather).
+__global__ void swiglu_rows_kernel(const float* __restrict__ gu, bf16* __restrict__ act, int rows, int inter) {
+  const size_t n = static_cast<size_t>(rows) * inter;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t p = i / inter, c = i % inter;
+    const float* row = gu + p * 2 * inter;
+    const float g = row[c];
+    act[i] = __float2bfloat16(g / (1.f + expf(-g)) * row[inter + c]);
   }
 }
 
@@ -253,7 +263,8 @@ void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_no
                                 const AttentionShape& s, int rows, int pos0, cudaStream_t stream) {
   detail::require(s.head_dim > 0 && s.head_dim <= 256 && rows > 0, "launch_qk_rope_append_rows",
                   "head_dim must be in (0, 256] and rows positive, got " + std::to_string(s.head_dim) + ", " + std::to_string(rows));
-  qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.n_heads + s.n_kv_heads)), 32, 0, stream>>>(
+  const unsigned head_blocks = static_cast<unsigned>((s.n_heads + s.n_kv_heads + k_rope_heads_per_block - 1) / k_rope_heads_per_block);
+  qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), head_blocks), dim3(32, k_rope_heads_per_block), 0, stream>>>(
       qkv, q_norm, k_norm, k_cache, v_cache, s, pos0);
   detail::check_launch();
 }
@@ -317,13 +328,15 @@ void launch_router_logits_rows(const bf16* R, const float* xn, float* logits, in
 void launch_gather_rows_bf16(const bf16* x, const int32_t* src, bf16* xp, int rows, int dim, cudaStream_t stream) {
   detail::require(dim % 8 == 0, "launch_gather_rows_bf16", "dim must be a multiple of 8, got " + std::to_string(dim));
   if (rows == 0) return;
-  gather_rows_kernel<<<rows, 128, 0, stream>>>(x, src, xp, dim);
+  const std::size_t pieces = static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim / 8);
+  gather_rows_kernel<<<static_cast<unsigned>(std::min<std::size_t>((pieces + 255) / 256, 4096)), 256, 0, stream>>>(x, src, xp, rows, dim);
   detail::check_launch();
 }
 
 void launch_swiglu_rows_bf16(const float* gu, bf16* act, int rows, int inter, cudaStream_t stream) {
   if (rows == 0) return;
-  swiglu_rows_kernel<<<rows, 256, 0, stream>>>(gu, act, inter);
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(inter);
+  swiglu_rows_kernel<<<static_cast<unsigned>(std::min<std::size_t>((n + 255) / 256, 4096)), 256, 0, stream>>>(gu, act, rows, inter);
   detail::check_launch();
 }
 
