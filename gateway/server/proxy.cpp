@@ -72,6 +72,7 @@ StreamNormalizer::Options ProxyCall::normalizer_options() const {
   o.include_usage = include_usage_;
   o.chat = chat_;
   o.id_seed = job_.requested_id + "/" + std::to_string(job_.start.time_since_epoch().count());
+  o.prompt_tokens_estimate = prompt_estimate_;
   return o;
 }
 
@@ -107,6 +108,10 @@ void ProxyCall::begin() {
     if (stream_) stream_pipeline_.emplace(*response_ctx_);
 #endif
   }
+  // G12: the prompt as the engine gets it, estimated once for a usage the engine may not report
+  // (a byte count, no tokenizer on the request path); the normaliser is fresh, nothing fed yet.
+  prompt_estimate_ = estimate_request_tokens(engine_body_);
+  normalizer_.emplace(normalizer_options());
   if (stream_ && !client_started_) arm_heartbeat();
   send_upstream();
 }

@@ -217,6 +217,7 @@ void ProxyCall::answer_body() {
     return fail(502, "the engine's answer carries no content, reasoning or tool call", "server_error",
                 "empty_response", ErrorSource::engine);
   if (auto u = body.find("usage"); u != body.end() && u->is_object()) usage_ = *u;
+  StreamNormalizer::add_missing_usage(body, prompt_estimate_);  // G12: flagged estimate, not logged
   ttft_ms_ = ms_since(job_.start);
   done_ = true;
   if (capture_) captured_body_ = body;

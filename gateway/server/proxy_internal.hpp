@@ -119,7 +119,8 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   std::optional<policies::StreamPipeline> stream_pipeline_;
 #endif
   std::string held_;              // role-only output not yet sent (G09)
-  std::optional<json> usage_;
+  std::optional<json> usage_;      // the engine's usage only (never a synthesised one): the log reads it
+  int64_t prompt_estimate_ = -1;  // estimate_request_tokens(engine_body_), for a synthesised usage (G12)
   std::optional<double> ttft_ms_;
   std::string error_code_;
   int upstream_status_ = 0;

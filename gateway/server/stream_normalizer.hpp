@@ -6,6 +6,10 @@
 //   - exactly one finish chunk (empty delta) at the end, with `stop` or `tool_calls` supplied
 //     when the engine never sent one (G21b), then the usage chunk only if the client asked
 //     (`stream_options.include_usage`), then `data: [DONE]`;
+//   - the usage chunk is the engine's usage unchanged when it sent one; when it sent none (older
+//     llama-server builds, some vLLM paths) it is synthesised (G12) — see synthesize_usage() —
+//     and marked `"servedeck_estimated"` / `"servedeck_usage_source"`, so exactly one usage
+//     chunk comes whenever the client asked;
 //   - optional fields that are null or empty (tool_calls, function_call, refusal, audio,
 //     reasoning, reasoning_content, logprobs) omitted (G11);
 //   - tool-call deltas: the first for an index carries a string id (`call_<hex>` generated when
@@ -46,6 +50,9 @@ class StreamNormalizer {
     bool include_usage = false;  // the client asked for the usage chunk
     bool chat = true;            // chat.completion.chunk (false: text_completion)
     std::string id_seed;         // mixed into generated tool-call ids (e.g. the request id)
+    /// Prompt tokens for a synthesised usage (G12) when the engine reports none:
+    /// estimate_request_tokens(request body) on the proxy path; < 0: unknown (reported as 0).
+    int64_t prompt_tokens_estimate = -1;
   };
 
   explicit StreamNormalizer(Options opt);
@@ -73,8 +80,11 @@ class StreamNormalizer {
   /// True once the engine sent a finish_reason.
   bool finish_seen() const { return finish_reason_.has_value(); }
   StreamEnd ended() const { return ended_; }
-  /// Usage as reported by the engine (the last non-null `usage`), if any.
+  /// Usage as reported by the engine (the last non-null `usage`), if any. Never the synthesised
+  /// one: the request log reads this, so an estimate is never logged as engine-reported.
   const std::optional<nlohmann::json>& usage() const { return usage_; }
+  /// True once finish() wrote a synthesised usage chunk (the engine sent none, the client asked).
+  bool usage_synthesized() const { return usage_synthesized_; }
   /// Number of chunks that carried output (an estimate of completion tokens when the engine
   /// reports no usage).
   int64_t output_chunks() const { return output_chunks_; }
@@ -83,6 +93,13 @@ class StreamNormalizer {
   /// empty optional message fields (G11), gives tool calls string ids, sets `model`.
   /// Returns true when the body carries any content, reasoning or tool call.
   static bool normalize_body(nlohmann::json& body, std::string_view model_id, std::string_view id_seed);
+
+  /// Non-streaming counterpart of the synthesised usage chunk (G12): when `body` (a
+  /// chat.completion / text_completion object) has no usage object, adds one built by
+  /// synthesize_usage() from the body's `timings` (llama-server), `prompt_tokens_estimate` and
+  /// estimate_text_tokens() over the answer's content, reasoning, tool-call names and arguments
+  /// (or `text`). Returns true when it added one; a body with a usage object is untouched.
+  static bool add_missing_usage(nlohmann::json& body, int64_t prompt_tokens_estimate);
 
  private:
   struct ToolState {
@@ -110,11 +127,47 @@ class StreamNormalizer {
   std::map<int64_t, ChoiceState> choices_;
   std::optional<std::string> finish_reason_;
   std::optional<nlohmann::json> usage_;
+  std::optional<nlohmann::json> timings_;  // llama-server's `timings` object (last seen)
+  bool usage_synthesized_ = false;
   bool produced_output_ = false;
   bool emitted_any_ = false;
   int64_t output_chunks_ = 0;
   StreamEnd ended_ = StreamEnd::none;
 };
+
+/// Estimated tokens of UTF-8 text: ceil(bytes / 4). note: the 4 bytes per token is the usual
+/// figure for English prose and code with 150k-vocabulary BPE tokenizers (Qwen3, GLM, DeepSeek:
+/// 3.5-4.5); CJK text runs nearer 1.5 bytes per token, so this undercounts it. An estimate, never
+/// reported without the `servedeck_estimated` flag.
+int64_t estimate_text_tokens(std::string_view text);
+
+/// Estimated prompt tokens of a request body, for a synthesised usage (G12): chat — every
+/// message's text (string content, `text` parts, reasoning, tool-call names and arguments,
+/// `name`, `tool_call_id`) through estimate_text_tokens(), plus 4 per message for the chat
+/// template's role markers and 3 for the assistant header, plus the serialised `tools` (the
+/// templates render tool schemas as JSON); completions — `prompt` as a string or strings (bytes),
+/// or token ids (counted exactly). note: not the chat template's real count (the template's
+/// system text around tools, and the tokenizer's merges, are not reproduced); images count 0.
+/// Returns ≥ 0; never throws.
+int64_t estimate_request_tokens(const nlohmann::json& body);
+
+/// The usage object synthesised when the engine reported none (G12), OpenAI shape plus two
+/// servedeck keys (clients ignore unknown keys):
+///   {"prompt_tokens", "completion_tokens", "total_tokens",
+///    "servedeck_estimated": bool,          // true when either count is an estimate
+///    "servedeck_usage_source": {"prompt_tokens": S, "completion_tokens": S}}
+/// Sources, most exact first:
+///   - "engine_timings": llama-server's `timings` (`predicted_n` generated tokens; `prompt_n` +
+///     `cache_n` prompt tokens — `prompt_n` alone counts only the tokens evaluated this request,
+///     not the cached prefix, so it is used only together with `cache_n`);
+///   - prompt: "request_estimate" (`prompt_tokens_estimate`, estimate_request_tokens());
+///     "unknown" when that is < 0 (reported as 0, still flagged);
+///   - completion: `completion_source` with `completion_estimate` (the caller's method:
+///     "output_chunks" for streams — engines of this kind send about one token per content
+///     chunk — or "output_bytes_estimate" for a non-streamed answer).
+/// `timings` may be null or any JSON; non-integer or negative fields are ignored.
+nlohmann::json synthesize_usage(const nlohmann::json& timings, int64_t prompt_tokens_estimate,
+                                int64_t completion_estimate, std::string_view completion_source);
 
 /// `call_<24 hex>`: a stable id for tool call `index` of a stream seeded by `seed`.
 std::string make_tool_call_id(std::string_view seed, int64_t choice, int64_t index);
