@@ -1,6 +1,9 @@
 // The gateway end to end for G12's last clause: an engine that reports no usage, a client that
 // asked for it (fixtures: tests/gateway/server/fixtures/g12_*). What the client receives, what
 // the engine was sent, and what the request log keeps (only the engine's own numbers).
+#include <cstdio>
+#include <sstream>
+
 #include "gateway/server/stream_normalizer.hpp"
 #include "tests/gateway/server/fixture_files.hpp"
 #include "tests/gateway/server/gateway_rig.hpp"
@@ -102,4 +105,39 @@ TEST_CASE("G12 non-streamed through the gateway: a body without usage gets a fla
   auto row = rig.store.recent_requests(1)[0];
   CHECK(row.prompt_tokens == 0);       // not the estimate: the engine reported nothing
   CHECK(row.completion_tokens == 0);
+}
+
+TEST_CASE("G12: the openai SDK (node_modules, v6) reads the synthesised usage and its flag") {
+  Rig rig;
+  // Two streamed requests, then one plain one (the last script repeats).
+  rig.engine.push(fixture_stream("g12_no_usage.sse"));
+  rig.engine.push(fixture_stream("g12_no_usage.sse"));
+  rig.engine.push(test::json_script(200, test::read_gateway_fixture("g12_no_usage.json")));
+  const std::string src = SERVEDECK_SOURCE_DIR;
+  const std::string cmd = "node '" + src + "/tests/gateway/server/openai_usage_client.mjs' 'http://127.0.0.1:" +
+                          std::to_string(rig.gw.port()) + "/v1' '" + src +
+                          "/tests/gateway/server/fixtures/g12_request.json' 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  REQUIRE_MESSAGE(status == 0, "node failed: " << out);
+  std::vector<json> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) lines.push_back(json::parse(l));
+  REQUIRE(lines.size() == 3);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(lines[i].dump());
+    CHECK(lines[i]["content"] == "I will read it.");
+    CHECK(lines[i]["usage"]["completion_tokens"] == 6);
+    CHECK(lines[i]["usage"]["prompt_tokens"].get<int64_t>() > 0);
+    CHECK(lines[i]["usage"]["servedeck_estimated"] == true);
+  }
+  CHECK(lines[0]["usage_chunks"] == 1);
+  CHECK(lines[2]["content"] == "It declares split() and join().");
+  CHECK(lines[2]["usage"]["completion_tokens"] == 13);
+  CHECK(lines[2]["usage"]["servedeck_estimated"] == true);
 }
