@@ -7,8 +7,9 @@
 // captured once per KV cache as a CUDA graph (the routed experts are chosen on the device
 // through pointer tables, so capture needs no device→host sync). More than one token runs the
 // chunked prefill path (prefill_path.cu): dense projections and expert GEMMs through cuBLAS,
-// attention for the chunk through batched GEMMs, and the routed experts of each MoE layer
-// staged in groups through two VRAM buffers on a copy stream (hot experts read in place).
+// attention for the chunk on the flash kernel (flash_attention.cuh), and the routed experts of
+// each MoE layer staged in groups through a ring of VRAM buffers on a copy stream (hot experts
+// read in place), long chunks routed in two parts so the copies overlap attention.
 //
 // Thread-safety: one forward() at a time (the engine's scheduler thread).
 #pragma once
