@@ -45,10 +45,12 @@ struct CudaBackendOptions {
   int prefill_chunk = 4096;
   /// Prefill: experts per staging buffer.
   int stage_group = 8;
-  /// Prefill: staging buffers (>= 2), a ring: up to this many groups are in flight at once, so
+  /// Prefill: staging buffers, a ring: up to this many groups are in flight at once, so
   /// stage_buffers × stage_group × expert bytes of VRAM let that many cold experts copy ahead of
-  /// compute (e.g. while the second part of a split layer computes its attention).
-  int stage_buffers = 2;
+  /// compute (e.g. while the second part of a split layer computes its attention). 0 = auto:
+  /// enough for one MoE layer's experts, ceil(num_experts / stage_group), at least 2 (16 for
+  /// Qwen3-30B-A3B: 1.1 GiB); else >= 2.
+  int stage_buffers = 0;
   /// Prefill: MoE layers of chunks of at least this many tokens run their attention-to-router
   /// part in two parts, the first quarter of the rows then the rest; the experts the first part
   /// routes to start copying while the second part computes (its attention is ~15/16 of the

@@ -102,9 +102,13 @@ using Source = std::function<void(const std::string& what, uint16_t* dst, std::s
 
 std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
                                          const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
-  if (opt.stage_buffers < 2 || opt.stage_group < 1)
-    throw std::invalid_argument("cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got " +
+  if (opt.stage_buffers < 0 || opt.stage_buffers == 1 || opt.stage_group < 1)
+    throw std::invalid_argument("cuda backend: stage_buffers must be 0 (auto) or >= 2 and stage_group >= 1, got " +
                                 std::to_string(opt.stage_buffers) + " and " + std::to_string(opt.stage_group));
+  if (opt.stage_buffers == 0) {  // auto: one MoE layer's experts can be in flight
+    const int64_t experts = std::max<int64_t>(d.moe.num_experts, 0);
+    opt.stage_buffers = static_cast<int>(std::max<int64_t>(2, (experts + opt.stage_group - 1) / opt.stage_group));
+  }
   if (opt.prefill_split_min_tokens < 0)
     throw std::invalid_argument("cuda backend: prefill_split_min_tokens must be >= 0 (0: never split), got " +
                                 std::to_string(opt.prefill_split_min_tokens));

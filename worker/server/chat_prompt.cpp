@@ -8,9 +8,9 @@ namespace servedeck::worker {
 
 namespace {
 
-using Failure = std::optional<std::pair<int, std::string>>;
+using Failure = std::optional<ChatPromptError>;
 
-Failure bad(std::string msg) { return std::make_pair(400, std::move(msg)); }
+Failure bad(std::string msg) { return ChatPromptError{400, std::move(msg), "invalid_messages", ""}; }
 
 Failure normalize_message(nlohmann::json& m, std::size_t i) {
   const std::string where = "messages[" + std::to_string(i) + "]";
@@ -107,14 +107,15 @@ Failure build_chat_prompt(const nlohmann::json& body, const TextModel& text, Cha
       out.tools_enabled = true;
     }
   }
-  if (auto e = parse_tool_choice(body, out.tools, out.tool_choice)) return bad(std::move(*e));
+  if (auto e = parse_tool_choice(body, out.tools, out.tool_choice))
+    return ChatPromptError{400, std::move(e->message), std::string(to_string(e->kind)), "tool_choice"};
   if (out.tool_choice.mode == ToolChoiceMode::none) out.tools_enabled = false;
   try {
     out.text = text.render_chat(context);
   } catch (const ChatRenderError& e) {
     return bad(std::string("chat template: ") + e.what());
   } catch (const std::exception& e) {
-    return std::make_pair(500, std::string("chat template failed: ") + e.what());
+    return ChatPromptError{500, std::string("chat template failed: ") + e.what(), "template_failed", ""};
   }
   out.tokens = text.encode(out.text);
   return std::nullopt;

@@ -24,12 +24,20 @@ struct ChatPrompt {
   ToolChoice tool_choice;         // the request's tool_choice, checked against tools (tool_choice.hpp)
 };
 
+/// Why build_chat_prompt failed, as the route answers it (OpenAI error envelope fields).
+struct ChatPromptError {
+  int status = 400;         // 400 malformed request / refused conversation, 500 template failure
+  std::string message;      // names what was read and what was expected
+  std::string code;         // "invalid_messages", "invalid_tool_choice" (tool_choice.hpp), "template_failed"
+  std::string param;        // the request field at fault ("tool_choice"), or "" (→ null)
+};
+
 /// Reads body["messages"], ["tools"], ["tool_choice"], ["chat_template_kwargs"],
-/// ["add_generation_prompt"] and renders. Returns {status, message} on failure: 400 for a
-/// malformed request (including a tool_choice parse_tool_choice refuses) or a conversation the
-/// template refuses, 500 for a template failure. The forced tool-call prefix is not added here
-/// (the chat route adds it; /tokenize shows the template's prompt).
-std::optional<std::pair<int, std::string>> build_chat_prompt(const nlohmann::json& body, const TextModel& text,
-                                                             ChatPrompt& out);
+/// ["add_generation_prompt"] and renders. Returns the error on failure: 400 "invalid_messages"
+/// for a malformed request or a conversation the template refuses, 400 with param "tool_choice"
+/// and code "invalid_tool_choice" for a tool_choice parse_tool_choice refuses, 500
+/// "template_failed" for a template failure. The forced tool-call prefix is not added here (the
+/// chat route adds it; /tokenize shows the template's prompt).
+std::optional<ChatPromptError> build_chat_prompt(const nlohmann::json& body, const TextModel& text, ChatPrompt& out);
 
 }  // namespace servedeck::worker

@@ -143,13 +143,13 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
   ChatPrompt prompt;
   if (auto f = build_chat_prompt(body, *ctx.model.text, prompt))
-    return reply_error(ctx, k_route, *res, f->first, f->second, f->first == 400 ? "invalid_request_error" : "server_error",
-                       f->first == 400 ? "invalid_messages" : "template_failed");
+    return reply_error(ctx, k_route, *res, f->status, f->message,
+                       f->status == 400 ? "invalid_request_error" : "server_error", f->code, f->param);
   Engine& engine = *ctx.model.engine;
   const auto& eo = engine.options();
   const bool opens_reasoning = prompt_opens_reasoning(prompt.tokens, eo.think_start_id, eo.think_end_id);
   if (auto e = forced_tool_call_prefix(prompt.tool_choice, ctx.options.tool_parser, opens_reasoning, state->forced))
-    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter");
+    return reply_error(ctx, k_route, *res, 400, e->message, "invalid_request_error", to_string(e->kind), "tool_choice");
   GenerationRequest& gen = state->params.gen;
   gen.prompt = std::move(prompt.tokens);
   if (!state->forced.empty()) {

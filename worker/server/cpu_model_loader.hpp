@@ -20,7 +20,7 @@ struct CpuModelOptions {
   std::string backend = "cpu";      // "cpu" | "cuda" (the CUDA backend, when built with CUDA)
   double hot_fraction = 1.0;        // cuda: share of each layer's experts in the VRAM hot-expert cache
   double vram_budget_gib = 0;       // cuda: 0 = none; else forces offload to fit
-  std::size_t stage_buffers = 2;    // cuda: prefill staging ring, buffers of 8 experts (CudaBackendOptions)
+  std::size_t stage_buffers = 0;    // cuda: prefill staging ring, buffers of 8 experts; 0 = auto (CudaBackendOptions)
   std::string hot_profile;          // cuda: hot-expert profile to fill the cache from
   std::string capture_profile;      // cuda: write the routing profile here at exit
   /// cuda only: weights drawn in memory from this seed (cuda::make_synthetic_cuda_backend)

@@ -159,7 +159,7 @@ int serve(int argc, char** argv) {
       !to_size(a, "default-max-tokens", so.default_max_tokens) || !to_double(a, "hot-fraction", 0.0, 1.0, mo.hot_fraction) ||
       !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib) || !to_size(a, "stage-buffers", mo.stage_buffers))
     return 2;
-  if (mo.stage_buffers < 2 || mo.stage_buffers > 4096) {
+  if (a.values.count("stage-buffers") && (mo.stage_buffers < 2 || mo.stage_buffers > 4096)) {
     std::cerr << "servedeck-worker: --stage-buffers " << mo.stage_buffers << ": expected 2 to 4096\n";
     return 2;
   }

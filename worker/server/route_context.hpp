@@ -49,9 +49,11 @@ struct RouteContext {
 };
 
 /// Sends an OpenAI error envelope and counts it. `type` per OpenAI ("invalid_request_error",
-/// "server_error"); the error is marked as produced by the engine.
+/// "server_error"); `param` names the request field at fault ("" → null); the error is marked as
+/// produced by the engine.
 void reply_error(const RouteContext& ctx, const std::string& route, http::Responder& res, int status,
-                 std::string_view message, std::string_view type, std::string_view code);
+                 std::string_view message, std::string_view type, std::string_view code,
+                 std::string_view param = {});
 
 /// POST /v1/chat/completions
 void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res);

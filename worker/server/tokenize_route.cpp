@@ -25,8 +25,8 @@ void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::sha
   if (body.contains("messages")) {
     ChatPrompt prompt;
     if (auto f = build_chat_prompt(body, *ctx.model.text, prompt))
-      return reply_error(ctx, "tokenize", *res, f->first, f->second,
-                         f->first == 400 ? "invalid_request_error" : "server_error", "invalid_messages");
+      return reply_error(ctx, "tokenize", *res, f->status, f->message,
+                         f->status == 400 ? "invalid_request_error" : "server_error", f->code, f->param);
     tokens = std::move(prompt.tokens);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
     tokens = ctx.model.text->encode(body["prompt"].get<std::string>());

@@ -6,9 +6,13 @@ namespace servedeck::worker {
 
 namespace {
 
-std::string expected_got(const nlohmann::json& got) {
-  return "field 'tool_choice': expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
-         "{\"name\": \"...\"}}, got " + describe_value(got);
+ToolChoiceError invalid(std::string message) { return {ToolChoiceErrorKind::invalid, std::move(message)}; }
+
+ToolChoiceError unsupported(std::string message) { return {ToolChoiceErrorKind::unsupported, std::move(message)}; }
+
+ToolChoiceError expected_got(const nlohmann::json& got) {
+  return invalid("field 'tool_choice': expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+         "{\"name\": \"...\"}}, got " + describe_value(got));
 }
 
 std::string tool_names(const nlohmann::json& tools) {
@@ -33,7 +37,16 @@ std::string_view to_string(ToolChoiceMode m) {
   return "unknown";
 }
 
-std::optional<std::string> parse_tool_choice(const nlohmann::json& body, const nlohmann::json& tools, ToolChoice& out) {
+std::string_view to_string(ToolChoiceErrorKind k) {
+  switch (k) {
+    case ToolChoiceErrorKind::invalid: return "invalid_tool_choice";
+    case ToolChoiceErrorKind::unsupported: return "unsupported_tool_choice";
+  }
+  return "invalid_tool_choice";
+}
+
+std::optional<ToolChoiceError> parse_tool_choice(const nlohmann::json& body, const nlohmann::json& tools,
+                                                 ToolChoice& out) {
   out = ToolChoice{};
   const auto it = body.find("tool_choice");
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -46,7 +59,8 @@ std::optional<std::string> parse_tool_choice(const nlohmann::json& body, const n
       return std::nullopt;
     }
     if (s == "required") {
-      if (!have_tools) return "field 'tool_choice': \"required\" needs a non-empty 'tools' array, and the request has none";
+      if (!have_tools)
+        return invalid("field 'tool_choice': \"required\" needs a non-empty 'tools' array, and the request has none");
       out.mode = ToolChoiceMode::required;
       return std::nullopt;
     }
@@ -60,7 +74,8 @@ std::optional<std::string> parse_tool_choice(const nlohmann::json& body, const n
     return expected_got(*it);
   const std::string name = (*fn)["name"].get<std::string>();
   if (!have_tools)
-    return "field 'tool_choice': names the function '" + name + "', but the request has no 'tools'; expected one of the request's tools";
+    return invalid("field 'tool_choice': names the function '" + name +
+                   "', but the request has no 'tools'; expected one of the request's tools");
   for (const auto& t : tools) {
     if (t["function"]["name"].get<std::string>() == name) {
       out.mode = ToolChoiceMode::named;
@@ -68,12 +83,12 @@ std::optional<std::string> parse_tool_choice(const nlohmann::json& body, const n
       return std::nullopt;
     }
   }
-  return "field 'tool_choice': names the function '" + name + "', which is not one of the request's tools (" +
-         tool_names(tools) + ")";
+  return invalid("field 'tool_choice': names the function '" + name + "', which is not one of the request's tools (" +
+                 tool_names(tools) + ")");
 }
 
-std::optional<std::string> forced_tool_call_prefix(const ToolChoice& choice, ToolParserKind kind,
-                                                   bool prompt_opens_reasoning, std::string& prefix) {
+std::optional<ToolChoiceError> forced_tool_call_prefix(const ToolChoice& choice, ToolParserKind kind,
+                                                       bool prompt_opens_reasoning, std::string& prefix) {
   prefix.clear();
   if (choice.mode != ToolChoiceMode::required && choice.mode != ToolChoiceMode::named) return std::nullopt;
   const std::string what = choice.mode == ToolChoiceMode::required ? "tool_choice 'required'" : "a named tool_choice";
@@ -90,13 +105,15 @@ std::optional<std::string> forced_tool_call_prefix(const ToolChoice& choice, Too
       call = "<tool_call>";
       if (choice.mode == ToolChoiceMode::named) {
         if (choice.name.empty() || choice.name.find_first_of("<>{}\" \t\r\n") != std::string::npos)
-          return what + ": the function name '" + choice.name +
-                 "' cannot be written in the glm tool-call format (it is empty or holds whitespace or one of <>{}\")";
+          return unsupported(what + ": the function name '" + choice.name +
+                             "' cannot be written in the glm tool-call format (it is empty or holds whitespace or one "
+                             "of <>{}\"); expected a name without them, or tool_choice \"auto\"");
         call += choice.name + "\n";
       }
       break;
     case ToolParserKind::none:
-      return what + " is not supported for this model's tool-call format (--tool-parser none); expected \"auto\" or \"none\"";
+      return unsupported(what +
+                         " is not supported for this model's tool-call format (--tool-parser none); expected \"auto\" or \"none\"");
   }
   prefix = (prompt_opens_reasoning ? "</think>\n\n" : "") + call;
   return std::nullopt;

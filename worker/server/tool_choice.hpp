@@ -39,18 +39,36 @@ struct ToolChoice {
   std::string name;  // named: the function to call (one of the request's tools)
 };
 
+/// Why a tool_choice is refused (the 400's OpenAI `code`; its `param` is "tool_choice"):
+///   invalid     → "invalid_tool_choice": the value is malformed or does not fit the request
+///                 (unknown string, wrong shape, "required"/named without tools, unknown name)
+///   unsupported → "unsupported_tool_choice": a well-formed choice this worker cannot enforce for
+///                 the model's tool-call format (--tool-parser none, a name glm cannot write)
+enum class ToolChoiceErrorKind { invalid, unsupported };
+
+/// "invalid_tool_choice" | "unsupported_tool_choice".
+std::string_view to_string(ToolChoiceErrorKind k);
+
+/// A refused tool_choice: the kind (→ code) and a message naming what was read and what is expected.
+struct ToolChoiceError {
+  ToolChoiceErrorKind kind = ToolChoiceErrorKind::invalid;
+  std::string message;
+};
+
 /// Reads body["tool_choice"] against `tools` (the request's non-empty "tools" array, or null when
-/// none). Returns nullopt and fills `out`, or a 400 message naming what was read and what is
-/// expected: an unknown string, a non-string non-object, an object not shaped
+/// none). Returns nullopt and fills `out`, or an `invalid` error whose message names what was
+/// read and what is expected: an unknown string, a non-string non-object, an object not shaped
 /// {"type": "function", "function": {"name": "..."}}, "required" or a named function without
 /// tools, a name that is not one of the tools (the message lists the tools' names).
-std::optional<std::string> parse_tool_choice(const nlohmann::json& body, const nlohmann::json& tools, ToolChoice& out);
+std::optional<ToolChoiceError> parse_tool_choice(const nlohmann::json& body, const nlohmann::json& tools,
+                                                 ToolChoice& out);
 
 /// The text forced at the start of the answer for `choice` in the model's tool-call format
 /// `kind` ("" for auto and none); `prompt_opens_reasoning` prepends "</think>\n\n" (required and
-/// named only). Returns nullopt and fills `prefix`, or a 400 message when `kind` cannot be
-/// forced (none: "tool_choice 'required' is not supported for this model's tool-call format ...").
-std::optional<std::string> forced_tool_call_prefix(const ToolChoice& choice, ToolParserKind kind,
-                                                   bool prompt_opens_reasoning, std::string& prefix);
+/// named only). Returns nullopt and fills `prefix`, or an `unsupported` error when `kind` cannot
+/// force it (none: "tool_choice 'required' is not supported for this model's tool-call format ...";
+/// glm: a function name the format cannot write).
+std::optional<ToolChoiceError> forced_tool_call_prefix(const ToolChoice& choice, ToolParserKind kind,
+                                                       bool prompt_opens_reasoning, std::string& prefix);
 
 }  // namespace servedeck::worker

@@ -4,6 +4,7 @@
 #include <exception>
 #include <utility>
 
+#include "common/openai_error.hpp"
 #include "worker/server/openai_format.hpp"
 
 namespace servedeck::worker {
@@ -18,9 +19,12 @@ std::string_view to_string(LoadState s) {
 }
 
 void reply_error(const RouteContext& ctx, const std::string& route, http::Responder& res, int status,
-                 std::string_view message, std::string_view type, std::string_view code) {
+                 std::string_view message, std::string_view type, std::string_view code, std::string_view param) {
   ctx.metrics.count_request(route, status);
-  http::send_error(res, status, message, type, code, /*from_engine=*/true);
+  if (param.empty()) return http::send_error(res, status, message, type, code, /*from_engine=*/true);
+  auto body = make_error(message, type, code, ErrorSource::engine);
+  body["error"]["param"] = param;
+  res.send(status, "application/json", body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 WorkerServer::WorkerServer(WorkerServerOptions options, ModelLoader loader)

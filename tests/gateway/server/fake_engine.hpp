@@ -196,6 +196,13 @@ class FakeSlotControl : public gateway::SlotControl {
     snap_.last_error = std::move(e);
   }
 
+  /// A switch to `model` refused by preflight before the stop (SlotSnapshot::refusal).
+  void set_refusal(std::string model, std::string refusal) {
+    std::lock_guard lk(mu_);
+    snap_.refused_model = std::move(model);
+    snap_.refusal = std::move(refusal);
+  }
+
   int ensure_calls() const { return ensure_calls_.load(); }
   int starts() const { return starts_.load(); }
   int leases() const { return leases_.load(); }

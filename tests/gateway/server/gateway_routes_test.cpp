@@ -53,6 +53,30 @@ TEST_CASE("request errors the gateway answers itself") {
     CHECK(m.find("servedeck switch glm53") != std::string::npos);
     CHECK(rig.slots.ensure_calls() == 0);
   }
+  SUBCASE("409 for a model whose switch preflight refused before the stop: quotes the refused checks") {
+    rig.slots.set_refusal("qwen",
+                          "checkpoint: /models/qwen is missing (no config.json)\nctx_validated: ctx 262144 > validated_ctx 131072");
+    auto r = rig.post("/v1/chat/completions", chat("qwen3.8-flash-next"));
+    CHECK(r.status == 409);
+    auto e = json::parse(r.body)["error"];
+    CHECK(e["code"] == "model_not_running");
+    auto m = e["message"].get<std::string>();
+    INFO(m);
+    CHECK(m.find("'qwen' (requested as 'qwen3.8-flash-next') is not running: its last switch was refused "
+                 "by preflight: checkpoint: /models/qwen is missing (no config.json); ctx_validated: ctx 262144 > "
+                 "validated_ctx 131072; the running model is 'glm53' (ready)") != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+    CHECK(m.find("servedeck switch qwen") != std::string::npos);
+    // Only that model's 409 says so: another model not running gets the ordinary one.
+    rig.slots.set_refusal("glm53", "program: program /x is missing or not executable");
+    auto other = json::parse(rig.post("/v1/chat/completions", chat("qwen3.8-flash-next")).body)["error"]["message"]
+                     .get<std::string>();
+    INFO(other);
+    CHECK(other.find("refused") == std::string::npos);
+    CHECK(other.find("program /x") == std::string::npos);
+    CHECK(other.find("the running model is 'glm53' (ready)") != std::string::npos);
+    CHECK(rig.slots.ensure_calls() == 0);
+  }
   SUBCASE("409 for another model while the slot is failed: names the failed slot, not a running model") {
     rig.slots.set_state(gateway::SlotState::failed, "glm53");
     rig.slots.set_last_error("engine exited during start with status 1");

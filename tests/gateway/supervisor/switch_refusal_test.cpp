@@ -176,3 +176,42 @@ TEST_CASE("switch refusal: status of a slot whose engine died shows the last pid
   REQUIRE(sup.switch_to("good").ok);
   CHECK(read_file(log_flaky) == before);
 }
+
+TEST_CASE("switch refusal: the refused model and the refused checks are in the snapshot until a model comes up ready") {
+  Fixture f;
+  f.real_preflight = true;
+  f.add("a");
+  f.add("b");
+  f.add("ghost").program = f.state_dir + "/no-such-engine";
+  const std::string missing = "program " + f.state_dir + "/no-such-engine is missing or not executable";
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("a").ok);
+  CHECK(sup.snapshot().refused_model.empty());
+  CHECK(sup.snapshot().refusal.empty());
+
+  Lines lines;
+  REQUIRE(sup.switch_to("ghost", lines.sink()).refused_before_stop);
+  auto s = sup.snapshot();
+  INFO(s.refusal);
+  CHECK(s.state == SlotState::ready);
+  CHECK(s.model == "a");
+  CHECK(s.refused_model == "ghost");
+  // One line per refused check, "check: message", the message being what `switch` printed.
+  CHECK(s.refusal.find("program: ") == 0);
+  CHECK(s.refusal.find(missing) != std::string::npos);
+  CHECK(lines.any(missing));
+
+  // A later successful switch (to another model) clears it.
+  REQUIRE(sup.switch_to("b").ok);
+  CHECK(sup.snapshot().refused_model.empty());
+  CHECK(sup.snapshot().refusal.empty());
+
+  // Refused again, then the declaration fixed: the switch to it passes and clears it.
+  REQUIRE(sup.switch_to("ghost").refused_before_stop);
+  CHECK(sup.snapshot().refused_model == "ghost");
+  f.reg.models.back().program = sdtest::fake_engine();
+  REQUIRE(sup.switch_to("ghost").ok);
+  CHECK(sup.snapshot().model == "ghost");
+  CHECK(sup.snapshot().refused_model.empty());
+  CHECK(sup.snapshot().refusal.empty());
+}

@@ -248,7 +248,8 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   tok.staged_prefill = false;
   pre.flash_attention = false;  // the strict bounds below; the flash kernel: the case above
   pre.prefill_chunk = 24;  // 60 tokens: chunks of 24, 24, 12 (later chunks attend to earlier ones)
-  pre.stage_group = 3;     // 12 cold experts per layer: 4 groups through the two staging buffers
+  pre.stage_group = 3;     // 12 cold experts per layer: 4 groups through two staging buffers
+  pre.stage_buffers = 2;
   auto a = cuda::make_cuda_backend(ck, tok);
   auto b = cuda::make_cuda_backend(ck, pre);
   const auto ids = prompt(60, 4096);
@@ -343,7 +344,7 @@ TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
                        std::invalid_argument);
   cuda::CudaBackendOptions bad;
   bad.stage_buffers = 1;
-  CHECK_THROWS_WITH_AS(cuda::make_cuda_backend(ck, bad), "cuda backend: stage_buffers must be >= 2 and stage_group >= 1, got 1 and 8",
+  CHECK_THROWS_WITH_AS(cuda::make_cuda_backend(ck, bad), "cuda backend: stage_buffers must be 0 (auto) or >= 2 and stage_group >= 1, got 1 and 8",
                        std::invalid_argument);
   std::filesystem::remove_all(dir);
 }

@@ -91,15 +91,18 @@ int expected_prompt_tokens(const Fixture& f, const std::string& user, const json
   return t["count"].get<int>() + static_cast<int>(FakeTextModel().encode(forced).size());
 }
 
-// The 400 for a chat request, streamed and not: the message.
-std::string refused(const Fixture& f, const json& extra) {
+// The 400 for a chat request, streamed and not: checks the envelope names tool_choice with
+// `code` (both ways alike) and returns the message.
+std::string refused(const Fixture& f, const json& extra, const std::string& code = "invalid_tool_choice") {
   const auto r = f.post("/v1/chat/completions", chat_body("pick a tool", false, extra).dump());
   CHECK(r.status == 400);
-  int status = 0;
-  f.stream("/v1/chat/completions", chat_body("pick a tool", true, extra).dump(), &status);
-  CHECK(status == 400);
+  const auto s = f.post("/v1/chat/completions", chat_body("pick a tool", true, extra).dump());
+  CHECK(s.status == 400);
   const auto j = json::parse(r.body);
   CHECK(j["error"]["type"] == "invalid_request_error");
+  CHECK(j["error"]["param"] == "tool_choice");
+  CHECK(j["error"]["code"] == code);
+  CHECK(json::parse(s.body) == j);
   return j["error"]["message"];
 }
 
@@ -128,7 +131,9 @@ TEST_CASE("parse_tool_choice and the forced prefix per format") {
   CHECK(p == "<tool_call>");
   const auto e = forced_tool_call_prefix(c, ToolParserKind::none, false, p);
   REQUIRE(e);
-  CHECK(e->find("tool_choice 'required' is not supported for this model's tool-call format") == 0);
+  CHECK(e->kind == ToolChoiceErrorKind::unsupported);
+  CHECK(to_string(e->kind) == "unsupported_tool_choice");
+  CHECK(e->message.find("tool_choice 'required' is not supported for this model's tool-call format") == 0);
   c.mode = ToolChoiceMode::automatic;
   CHECK(!forced_tool_call_prefix(c, ToolParserKind::none, true, p));
   CHECK(p.empty());
@@ -227,9 +232,41 @@ TEST_CASE("bad tool_choice values are 400s naming what was read and what is expe
 
 TEST_CASE("a tool-call format that cannot be forced: 400, not silently ignored") {
   Fixture f(1 << 20, ToolParserKind::none);
-  CHECK(refused(f, {{"tools", k_two_tools}, {"tool_choice", "required"}}).find(
+  CHECK(refused(f, {{"tools", k_two_tools}, {"tool_choice", "required"}}, "unsupported_tool_choice").find(
             "tool_choice 'required' is not supported for this model's tool-call format") == 0);
-  CHECK(refused(f, {{"tools", k_two_tools}, {"tool_choice", named("get_time")}}).find(
+  CHECK(refused(f, {{"tools", k_two_tools}, {"tool_choice", named("get_time")}}, "unsupported_tool_choice").find(
             "a named tool_choice is not supported for this model's tool-call format") == 0);
   CHECK(chat_both(f, "hi", {{"tools", k_two_tools}, {"tool_choice", "auto"}}).content == "Hello there!");
+}
+
+TEST_CASE("a refused tool_choice names its param and code; malformed messages keep invalid_messages") {
+  ToolChoice c;
+  const auto e = parse_tool_choice({{"tool_choice", "always"}}, k_two_tools, c);
+  REQUIRE(e);
+  CHECK(e->kind == ToolChoiceErrorKind::invalid);
+  CHECK(to_string(e->kind) == "invalid_tool_choice");
+
+  // glm cannot write a name holding a space: a valid choice it cannot enforce.
+  const json spaced = json::parse(R"([{"type":"function","function":{"name":"get time"}}])");
+  Fixture glm(1 << 20, ToolParserKind::glm);
+  const std::string m = refused(glm, {{"tools", spaced}, {"tool_choice", named("get time")}}, "unsupported_tool_choice");
+  CHECK(m.find("a named tool_choice: the function name 'get time' cannot be written in the glm tool-call format") == 0);
+
+  // /tokenize reads tool_choice too and refuses it the same way.
+  Fixture f;
+  const auto t = f.post("/tokenize", chat_body("hi", false, {{"tools", k_two_tools}, {"tool_choice", named("get_news")}}).dump());
+  CHECK(t.status == 400);
+  const auto tj = json::parse(t.body);
+  CHECK(tj["error"]["code"] == "invalid_tool_choice");
+  CHECK(tj["error"]["param"] == "tool_choice");
+  CHECK(tj["error"]["message"].get<std::string>().find("names the function 'get_news'") != std::string::npos);
+
+  // A malformed message is not a tool_choice problem: invalid_messages, no param.
+  json body = chat_body("hi", false, {{"tools", k_two_tools}, {"tool_choice", "required"}});
+  body["messages"] = json::array({json{{"role", 5}}});
+  const auto r = f.post("/v1/chat/completions", body.dump());
+  CHECK(r.status == 400);
+  const auto rj = json::parse(r.body);
+  CHECK(rj["error"]["code"] == "invalid_messages");
+  CHECK(rj["error"]["param"].is_null());
 }
