@@ -98,8 +98,8 @@ class StreamNormalizer {
   /// Non-streaming counterpart of the synthesised usage chunk (G12): when `body` (a
   /// chat.completion / text_completion object) has no usage object, adds one built by
   /// synthesize_usage() from the body's `timings` (llama-server), `prompt_tokens_estimate` and
-  /// estimate_text_tokens() over the answer's content, reasoning, tool-call names and arguments
-  /// (or `text`). Returns true when it added one; a body with a usage object is untouched.
+  /// estimate_answer_tokens(body) (the answer's content, reasoning, tool-call names and arguments,
+  /// or `text`). Returns true when it added one; a body with a usage object is untouched.
   static bool add_missing_usage(nlohmann::json& body, int64_t prompt_tokens_estimate);
 
  private:
