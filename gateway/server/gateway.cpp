@@ -345,6 +345,14 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
                      reason + ". Inspect with: servedeck status; retry with: servedeck switch " + entry->name,
                  "invalid_request_error", "model_not_running");
   }
+  // A switch to this very model that preflight refused before stopping the running one: the
+  // request is answered with that reason (the refused checks, as `switch` printed them).
+  std::string refused;
+  if (!snap.refused_model.empty() && snap.refused_model == entry->name && !snap.refusal.empty()) {
+    std::string reasons = snap.refusal;
+    for (auto p = reasons.find('\n'); p != std::string::npos; p = reasons.find('\n', p)) reasons.replace(p, 1, "; ");
+    refused = ": its last switch was refused by preflight: " + reasons;
+  }
   std::string running;
   if (snap.model.empty() || snap.state == SlotState::stopped)
     running = "no model is running";
@@ -353,7 +361,7 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   else
     running = "the running model is '" + snap.model + "' (" + std::string(to_string(snap.state)) + ")";
   local(409, entry->name, id, stream,
-        "model '" + entry->name + "' (requested as '" + id + "') is not running; " + running +
+        "model '" + entry->name + "' (requested as '" + id + "') is not running" + refused + "; " + running +
             ". Switch with: servedeck switch " + entry->name,
         "invalid_request_error", "model_not_running");
 }

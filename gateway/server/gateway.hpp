@@ -11,7 +11,8 @@
 // that model holds the ready slot the request is proxied under a lease. Otherwise: with
 // `switch_on_request` the request waits (bounded by queue_max and queue_timeout_s; streaming
 // clients get SSE comment heartbeats) while SlotControl::ensure_running switches; without it,
-// 409 naming the running model and `servedeck switch <name>`.
+// 409 naming the running model and `servedeck switch <name>` (and, when the last switch to that
+// model was refused by preflight before the stop, the refused checks: SlotSnapshot::refusal).
 //
 // Thread-safety: add_route() before start(); everything else from any thread.
 #pragma once

@@ -41,6 +41,13 @@ struct SlotSnapshot {
   std::string last_error;     // failed start/stop reason with the log tail
   std::string switching_to;   // target of a switch in progress, "" otherwise
   int in_flight = 0;          // requests holding a lease
+  /// The model (registry key) whose last switch preflight refused before stopping the ready
+  /// model (the slot stayed ready on another), and why: one refused check per line,
+  /// "check: message" with the reading and the limit (preflight::Report::refusals(), as `switch`
+  /// printed them), or the error when the preflight could not run. Both "" when none; cleared
+  /// when a model comes up ready and when a later switch to the same model passes those checks.
+  std::string refused_model;
+  std::string refusal;
 };
 
 /// Held by the gateway for the life of a proxied request. While any lease on the running model

@@ -189,12 +189,21 @@ std::optional<OpResult> Supervisor::preflight_before_stop(const registry::ModelE
     why = "preflight of " + m.name + " failed to run: " + e.what();
   }
   if (why.empty() && !report.refused()) {
+    {
+      std::lock_guard lk(mu_);
+      if (refused_model_ == m.name) {  // the refusal no longer holds
+        refused_model_.clear();
+        refusal_.clear();
+      }
+    }
     say(progress, "preflight " + m.name + " before stopping " + running + ": " + std::to_string(report.checks.size()) +
                       " declaration checks, no refusal");
     return std::nullopt;
   }
   nlohmann::json detail;
+  std::string refusal = why;  // the preflight failed to run: that error
   if (why.empty()) {
+    refusal = report.refusals();
     std::string table = report.table();
     std::istringstream lines(table);
     for (std::string line; std::getline(lines, line);) say(progress, "preflight: " + line);
@@ -210,6 +219,8 @@ std::optional<OpResult> Supervisor::preflight_before_stop(const registry::ModelE
   {
     std::lock_guard lk(mu_);
     last_error_ = why;  // the slot stays ready: its state, model, engine and log are untouched
+    refused_model_ = m.name;
+    refusal_ = refusal;
   }
   say(progress, "switch to " + m.name + " refused; " + running + " is still ready");
   OpResult r{false, why, 0};
@@ -295,6 +306,8 @@ OpResult Supervisor::launch(const registry::ModelEntry& m, const Progress& progr
     record_.state = "ready";
     rec = record_;
     last_error_.clear();
+    refused_model_.clear();  // a model is ready: an earlier refusal is history (the event keeps it)
+    refusal_.clear();
   }
   store_.update_launch(rec);
   set_state(SlotState::ready);

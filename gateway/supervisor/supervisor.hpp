@@ -91,7 +91,8 @@ class Supervisor : public gateway::SlotControl {
   /// declaration checks of the preflight (those whose verdict stopping it cannot change: program,
   /// checkpoint, GPU present, ctx, KV cap, offload consistency, [[rules]]); a refusal there ends
   /// the switch with the table, leaves the running model ready and serving, records the refusal
-  /// (a "preflight" event with before_stop, and last_error) and sets OpResult::refused_before_stop.
+  /// (a "preflight" event with before_stop, last_error, and the snapshot's refused_model/refusal
+  /// the gateway's 409 for that model quotes) and sets OpResult::refused_before_stop.
   /// Then: drain in-flight leases (up to the running model's drain_timeout_s), stop, reap
   /// /dev/shm, the full preflight (a refusal ends the switch with the table, slot `failed`),
   /// start, wait for ready. Blocking; `progress` gets each step as it happens. On a failed start
@@ -174,6 +175,8 @@ class Supervisor : public gateway::SlotControl {
   int64_t since_ms_ = 0;
   int64_t ready_ms_ = 0;
   std::string last_error_;
+  std::string refused_model_;        // SlotSnapshot::refused_model / refusal
+  std::string refusal_;
   std::string switching_to_;
   std::string blocker_;              // D-state / VRAM message that blocks the next launch
   std::vector<int64_t> blocker_pids_;

@@ -46,6 +46,8 @@ gateway::SlotSnapshot Supervisor::snapshot() const {
   s.since_ms = since_ms_;
   s.last_error = last_error_;
   s.switching_to = switching_to_;
+  s.refused_model = refused_model_;
+  s.refusal = refusal_;
   {
     std::lock_guard ll(leases_->mu);
     s.in_flight = leases_->count;
