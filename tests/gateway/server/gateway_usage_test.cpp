@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "gateway/server/stream_normalizer.hpp"
+#include "tests/gateway/cli/cli_run.hpp"
 #include "tests/gateway/server/fixture_files.hpp"
 #include "tests/gateway/server/gateway_rig.hpp"
 
@@ -117,13 +118,9 @@ TEST_CASE("G12: the openai SDK (node_modules, v6) reads the synthesised usage an
   const std::string cmd = "node '" + src + "/tests/gateway/server/openai_usage_client.mjs' 'http://127.0.0.1:" +
                           std::to_string(rig.gw.port()) + "/v1' '" + src +
                           "/tests/gateway/server/fixtures/g12_request.json' 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  REQUIRE_MESSAGE(status == 0, "node failed: " << out);
+  const sdtest::Run run = sdtest::cli_cmd(cmd);
+  const std::string& out = run.out;
+  REQUIRE_MESSAGE(run.rc == 0, "node failed: " << out);
   std::vector<json> lines;
   std::istringstream in(out);
   for (std::string l; std::getline(in, l);)

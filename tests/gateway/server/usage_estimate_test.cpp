@@ -4,8 +4,6 @@
 // qwen3_prompt_tokens.mjs, node_modules at the repository root), with tools and without.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -13,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gateway/server/usage_estimate.hpp"
+#include "tests/gateway/cli/cli_run.hpp"
 #include "tests/gateway/server/fixture_files.hpp"
 
 using nlohmann::json;
@@ -26,14 +25,9 @@ json qwen3_counts(const std::string& name) {
   const std::string cmd = "SERVEDECK_SOURCE_DIR='" + src + "' node '" + src +
                           "/tests/gateway/server/qwen3_prompt_tokens.mjs' '" + src + "/tests/gateway/server/fixtures/" +
                           name + "' 2>&1";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  REQUIRE_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "node failed: " << out);
-  return json::parse(out);
+  const sdtest::Run run = sdtest::cli_cmd(cmd);
+  REQUIRE_MESSAGE(run.rc == 0, "node failed: " << run.out);
+  return json::parse(run.out);
 }
 
 }  // namespace
