@@ -54,11 +54,16 @@ json StreamTranslator::usage_json() const {
                        ? num(usage_["prompt_tokens_details"], "cached_tokens") : 0;
   int64_t reasoning = usage_.contains("completion_tokens_details") && usage_["completion_tokens_details"].is_object()
                           ? num(usage_["completion_tokens_details"], "reasoning_tokens") : 0;
-  return {{"input_tokens", in},
-          {"input_tokens_details", {{"cached_tokens", cached}}},
-          {"output_tokens", out},
-          {"output_tokens_details", {{"reasoning_tokens", reasoning}}},
-          {"total_tokens", total}};
+  json u = {{"input_tokens", in},
+            {"input_tokens_details", {{"cached_tokens", cached}}},
+            {"output_tokens", out},
+            {"output_tokens_details", {{"reasoning_tokens", reasoning}}},
+            {"total_tokens", total}};
+  // A usage the gateway synthesised because the engine reported none (G12,
+  // gateway/server/usage_estimate.hpp) keeps its marker; the engine's own usage has neither key.
+  for (const char* key : {"servedeck_estimated", "servedeck_usage_source"})
+    if (usage_.contains(key)) u[key] = usage_[key];
+  return u;
 }
 
 json StreamTranslator::item_json(const OpenItem& item, bool done) const {

@@ -130,3 +130,61 @@ TEST_CASE("non-streaming: a chat.completion becomes a response object; errors pa
   CHECK(client2->status == 409);
   CHECK(client2->body.find("model_not_running") != std::string::npos);
 }
+
+TEST_CASE("G12: a usage the gateway synthesised keeps its servedeck marker in response.usage; the engine's usage gets none") {
+  // The usage object as the chat path writes it when the engine reported none
+  // (gateway/server/usage_estimate.hpp: synthesize_usage), and as an engine reports it.
+  const json estimated = {{"prompt_tokens", 21}, {"completion_tokens", 4}, {"total_tokens", 25},
+                          {"servedeck_estimated", true},
+                          {"servedeck_usage_source", {{"prompt_tokens", "request_estimate"},
+                                                      {"completion_tokens", "output_chunks"}}}};
+  const json engine = {{"prompt_tokens", 21}, {"completion_tokens", 4}, {"total_tokens", 25}};
+  for (bool synthesised : {true, false}) {
+    CAPTURE(synthesised);
+    const json& usage = synthesised ? estimated : engine;
+
+    // Streamed: the usage chunk after the finish chunk, then [DONE].
+    auto client = std::make_shared<RecordingResponder>();
+    ResponsesResponder r(client, request(false), "tiny", nullptr);
+    REQUIRE(r.start_stream(200));
+    r.write(chunk({{"role", "assistant"}}) + chunk({{"content", "Hello"}}) + chunk(json::object(), "stop") +
+            sse::format_data(json{{"object", "chat.completion.chunk"}, {"choices", json::array()}, {"usage", usage}}.dump()) +
+            std::string(sse::k_done));
+    r.end();
+    sse::Parser p;
+    json completed;
+    for (const auto& e : p.feed(client->stream))
+      if (e.event == "response.completed") completed = json::parse(e.data);
+    REQUIRE(completed.is_object());
+    const json& su = completed["response"]["usage"];
+    INFO(su.dump());
+    CHECK(su["input_tokens"] == 21);
+    CHECK(su["output_tokens"] == 4);
+    CHECK(su["total_tokens"] == 25);
+
+    // Non-streamed: the chat.completion body with the same usage.
+    auto client2 = std::make_shared<RecordingResponder>();
+    ResponsesResponder r2(client2, request(false), "tiny", nullptr);
+    json completion = {{"object", "chat.completion"},
+                       {"choices", json::array({{{"index", 0}, {"finish_reason", "stop"},
+                                                  {"message", {{"role", "assistant"}, {"content", "Hello"}}}}})},
+                       {"usage", usage}};
+    r2.send(200, "application/json", completion.dump());
+    REQUIRE(client2->status == 200);
+    const json bu = json::parse(client2->body)["usage"];
+    INFO(bu.dump());
+    CHECK(bu["input_tokens"] == 21);
+    CHECK(bu["output_tokens"] == 4);
+
+    for (const json& u : {su, bu}) {
+      if (synthesised) {
+        CHECK(u["servedeck_estimated"] == true);
+        CHECK(u["servedeck_usage_source"]["prompt_tokens"] == "request_estimate");
+        CHECK(u["servedeck_usage_source"]["completion_tokens"] == "output_chunks");
+      } else {
+        CHECK_FALSE(u.contains("servedeck_estimated"));
+        CHECK_FALSE(u.contains("servedeck_usage_source"));
+      }
+    }
+  }
+}
