@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/http/client.hpp"
@@ -200,6 +202,16 @@ int cmd_status(const Args& a) {
   if (!s.value("log_path", std::string()).empty()) std::cout << "  log " << s.value("log_path", "") << "\n";
   if (!s.value("blocker", std::string()).empty()) std::cout << "  BLOCKED: " << s.value("blocker", "") << "\n";
   if (!s.value("last_error", std::string()).empty()) std::cout << "  last error: " << s.value("last_error", "") << "\n";
+  if (s.contains("refused_model") && s["refused_model"].is_string()) {
+    // "last switch refused: MODEL: check: message; check: message" (the refused checks, one a line in the JSON).
+    std::string checks;
+    if (s.contains("refusal") && s["refusal"].is_string()) {
+      std::istringstream lines(s["refusal"].get<std::string>());
+      for (std::string line; std::getline(lines, line);)
+        if (!line.empty()) checks += (checks.empty() ? "" : "; ") + line;
+    }
+    std::cout << "  last switch refused: " << s["refused_model"].get<std::string>() << ": " << checks << "\n";
+  }
   return 0;
 }
 

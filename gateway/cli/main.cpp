@@ -12,7 +12,8 @@ verbs:
   serve [--port N]          run the daemon (gateway + admin API + slot supervisor)
   switch MODEL              bring MODEL up (drain, stop, reap /dev/shm, preflight, start); prints each step
   stop                      stop the running engine
-  status [--json]           slot, model, state, pid, uptime, ctx, VRAM, host RAM, last error
+  status [--json]           slot, model, state, pid, uptime, ctx, VRAM, host RAM, last error,
+                            last switch refused by preflight (while recorded)
                             (daemon down: what the state store last recorded; exit status 3)
   models [--json]           the registry's models
   logs [MODEL] [--lines N] [-f]   the engine's launch log (current launch, or MODEL's newest)

@@ -117,7 +117,8 @@ class Supervisor : public gateway::SlotControl {
 
   /// Status for the admin API and the CLI: the snapshot plus uptime, ctx, host RSS of the group
   /// (GiB, from /proc), VRAM of the group (GiB, from the GPU probe; null without a GPU), log path,
-  /// launch blocker, last measured memory.
+  /// launch blocker, last measured memory, and the last switch preflight refused before the stop
+  /// ("refused_model", "refusal": one "check: message" per line; both null when none recorded).
   nlohmann::json status_json() const;
 
   /// The log file of the current launch, or of the newest launch of `model` when given. With no

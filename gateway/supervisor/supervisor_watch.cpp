@@ -271,6 +271,10 @@ nlohmann::json Supervisor::status_json() const {
   j["last_error"] = s.last_error;
   j["switching_to"] = s.switching_to;
   j["in_flight"] = s.in_flight;
+  // The last switch preflight refused before stopping the ready model (SlotSnapshot): the model
+  // and its refused checks, one "check: message" per line; null when none is recorded.
+  j["refused_model"] = s.refused_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.refused_model);
+  j["refusal"] = s.refused_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.refusal);
   j["last_pid"] = rec.pid;
   j["last_port"] = rec.port;
   j["exit_status"] = rec.exit_status ? nlohmann::json(*rec.exit_status) : nlohmann::json(nullptr);

@@ -70,6 +70,17 @@ TEST_CASE("cli status: a refused switch keeps the running model; a failed slot s
   CHECK(after["model"] == "a");
   CHECK(after["pid"] == before["pid"]);
   CHECK(sdtest::alive(after["pid"].get<int64_t>()));
+  // The refusal is recorded in status: the model and the refused checks (JSON), one line (text).
+  CHECK(before["refused_model"].is_null());
+  CHECK(before["refusal"].is_null());
+  CHECK(after["refused_model"] == "ghost");
+  REQUIRE(after["refusal"].is_string());
+  CHECK(contains(after["refusal"].get<std::string>(), "no-such-engine is missing or not executable"));
+  auto refused_text = servedeck_cli(flags + "status");
+  CAPTURE(refused_text.out);
+  CHECK(contains(refused_text.out, "slot main: ready  model a"));
+  CHECK(contains(refused_text.out, "  last switch refused: ghost: program: "));
+  CHECK(contains(refused_text.out, "no-such-engine is missing or not executable"));
 
   // 4. A slot whose engine died: status names the last launch and its exit status, no uptime or memory.
   REQUIRE(servedeck_cli(flags + "switch flaky").rc == 0);
@@ -87,6 +98,9 @@ TEST_CASE("cli status: a refused switch keeps the running model; a failed slot s
   CHECK_FALSE(contains(human.out, "uptime"));
   CHECK_FALSE(contains(human.out, "host RAM"));
   CHECK(contains(human.out, "last error: engine flaky"));
+  // flaky came up ready before it died: the earlier refusal of ghost is history.
+  CHECK(failed["refused_model"].is_null());
+  CHECK_FALSE(contains(human.out, "last switch refused"));
 
   // 3 and 2. From the failed slot, ghost is refused after the (empty) stop: the slot is failed for
   // ghost, which never launched: no log path, no last launch; flaky's log is not written to.

@@ -188,6 +188,9 @@ TEST_CASE("switch refusal: the refused model and the refused checks are in the s
   REQUIRE(sup.switch_to("a").ok);
   CHECK(sup.snapshot().refused_model.empty());
   CHECK(sup.snapshot().refusal.empty());
+  CHECK(sup.status_json().contains("refused_model"));
+  CHECK(sup.status_json()["refused_model"].is_null());
+  CHECK(sup.status_json()["refusal"].is_null());
 
   Lines lines;
   REQUIRE(sup.switch_to("ghost", lines.sink()).refused_before_stop);
@@ -200,11 +203,18 @@ TEST_CASE("switch refusal: the refused model and the refused checks are in the s
   CHECK(s.refusal.find("program: ") == 0);
   CHECK(s.refusal.find(missing) != std::string::npos);
   CHECK(lines.any(missing));
+  // status_json carries both (for `servedeck status` and `status --json`).
+  auto st = sup.status_json();
+  INFO(st.dump());
+  CHECK(st["refused_model"] == "ghost");
+  CHECK(st["refusal"] == s.refusal);
 
   // A later successful switch (to another model) clears it.
   REQUIRE(sup.switch_to("b").ok);
   CHECK(sup.snapshot().refused_model.empty());
   CHECK(sup.snapshot().refusal.empty());
+  CHECK(sup.status_json()["refused_model"].is_null());
+  CHECK(sup.status_json()["refusal"].is_null());
 
   // Refused again, then the declaration fixed: the switch to it passes and clears it.
   REQUIRE(sup.switch_to("ghost").refused_before_stop);
