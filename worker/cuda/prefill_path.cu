@@ -177,7 +177,7 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
     launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), shape, n, pos0, stream);
     if (flash) {
-      // The kernel reads bf16 K and V: round the layer's rows once here (~25 µs for 16k rows)
+      // The kernel reads bf16 K and V: round the layer's rows once here (one elementwise pass)
       // rather than in every block that reads a tile.
       const std::size_t rows = static_cast<std::size_t>(pos0 + n) * static_cast<std::size_t>(kv_dim());
       launch_to_bf16(c.k(l), pre.k_b, rows, stream);
