@@ -3,9 +3,18 @@
 // seed and the same logits give the same tokens. Also the log-softmax used for logprobs (computed
 // on the raw logits, as vLLM's default logprobs mode "raw_logprobs").
 //
+// The definition (what sample() returns) is the sorted algorithm: candidates = the finite logits,
+// ordered by logit descending, ties by lower id; with top_k, the first top_k of them; p[i] =
+// exp(logit[i] / T - logit[0] / T) in double; S = p[0] + p[1] + ... added in that order; with
+// top_p in (0, 1), keep the shortest prefix whose running sum of p[i] / S reaches top_p and set S
+// to its p-sum; draw r = uniform_real_distribution(0, S) once; return the first candidate whose
+// running p-sum exceeds r (else the last kept). sample() returns exactly that token, without
+// sorting the vocabulary: see Sampler::sample.
+//
 // Not thread-safe: one Sampler per request.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -33,14 +42,36 @@ struct TokenLogprob {
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
-  /// Picks a token id from `logits` (one row, vocab_size entries).
+  /// Picks a token id from `logits` (one row, vocab_size V entries, any floats: NaN and +-inf are
+  /// never candidates; a row with no finite entry gives argmax). Exactly the token of the sorted
+  /// algorithm above, for the same params, generator state and logits; one generator draw per call
+  /// unless greedy (temperature <= 1e-5 or top_k == 1: argmax, no draw).
+  /// Cost: O(V) (a copy of the finite logits and one exp per entry), plus the sorted prefix the
+  /// draw reads: with top_k > 0, a partial sort of top_k; otherwise nth_element + sort of the best
+  /// 256, 1024, 4096, ... candidates until the top-p prefix (or, with top_p == 1, the draw) ends
+  /// inside it -- usually the first 256 for LM logits; a flat row at top_p 1 may need all of V.
+  /// The full sum S is bracketed from an index-order sum; when S's last bits would decide the
+  /// token (probability about 1e-10) it falls back to sorting everything.
   int32_t sample(std::span<const float> logits);
   const SamplingParams& params() const { return params_; }
 
  private:
+  // The sorted draw over scratch_ (already sorted, all kept candidates): computes probs_.
+  int32_t draw_sorted(double inv_t);
+  // Sorts scratch_[prefix_, end) after the sorted prefix, then draw_sorted.
+  int32_t draw_full_sort(double inv_t);
+  // The same token as draw_sorted over all of scratch_, reading only a sorted prefix.
+  int32_t draw_prefix(double inv_t, float max_logit);
+  // Grows the sorted prefix scratch_[0, prefix_) (256, then 4x) and its probs_.
+  void extend_prefix(double inv_t, double top);
+  // One draw r = u(0, sum) from rng_; the first of probs_[0, n) whose running sum exceeds r.
+  int32_t walk(double sum, std::size_t n);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<std::pair<float, int32_t>> scratch_;  // (logit, id) candidates, V entries at most
+  std::vector<double> probs_;                       // p[i] of scratch_[i], for the sorted prefix
+  std::size_t prefix_ = 0;                          // scratch_[0, prefix_) is sorted and the best
 };
 
 /// Index of the largest logit (lowest index on ties).

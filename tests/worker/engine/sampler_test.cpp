@@ -1,13 +1,141 @@
 // Sampling, stop strings and UTF-8 holdback, without the scheduler.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "worker/engine/sampler.hpp"
 #include "worker/engine/stop_matcher.hpp"
 
 using namespace servedeck::worker;
+
+namespace {
+
+// ---- Reference: the sampler as it was before the prefix-only rewrite (commit e3d607b, verbatim
+// arithmetic). Split in two so a test can sort a 151936-entry row once and reuse it for several
+// params and seeds: reference_candidates is the copy + sort (or partial_sort for top_k), and
+// reference_draw is the rest (softmax in sorted order, top-p, the one uniform draw).
+using RefCandidates = std::vector<std::pair<float, int32_t>>;
+
+RefCandidates reference_candidates(std::span<const float> logits, int top_k) {
+  RefCandidates scratch;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    if (std::isfinite(logits[i])) scratch.emplace_back(logits[i], static_cast<int32_t>(i));
+  }
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  std::size_t keep = scratch.size();
+  if (top_k > 0 && static_cast<std::size_t>(top_k) < keep) {
+    keep = static_cast<std::size_t>(top_k);
+    std::partial_sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep), scratch.end(), by_logit);
+    scratch.resize(keep);
+  } else {
+    std::sort(scratch.begin(), scratch.end(), by_logit);
+  }
+  return scratch;
+}
+
+// The old Sampler::sample after the sort; `scratch` from reference_candidates with the same top_k.
+int32_t reference_draw(std::span<const float> logits, const RefCandidates& scratch, const SamplingParams& params,
+                       std::mt19937_64& rng) {
+  if (logits.empty()) return 0;
+  if (params.temperature <= 1e-5 || params.top_k == 1) return argmax(logits);
+  if (scratch.empty()) return argmax(logits);
+  const double inv_t = 1.0 / params.temperature;
+  const double top = scratch.front().first * inv_t;
+  std::vector<double> p(scratch.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < scratch.size(); ++i) {
+    p[i] = std::exp(scratch[i].first * inv_t - top);
+    sum += p[i];
+  }
+  if (params.top_p > 0.0 && params.top_p < 1.0) {
+    double cum = 0.0;
+    std::size_t n = 0;
+    while (n < p.size()) {
+      cum += p[n] / sum;
+      ++n;
+      if (cum >= params.top_p) break;
+    }
+    p.resize(n);
+    sum = 0.0;
+    for (double x : p) sum += x;
+  }
+  std::uniform_real_distribution<double> u(0.0, sum);
+  const double r = u(rng);
+  double acc = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    acc += p[i];
+    if (r < acc) return scratch[i].second;
+  }
+  return scratch[p.size() - 1].second;
+}
+
+// The reference's top-p running sum after `k` candidates (k >= 1), for boundary tests.
+double reference_cumulative(const RefCandidates& scratch, double temperature, std::size_t k) {
+  const double inv_t = 1.0 / temperature;
+  const double top = scratch.front().first * inv_t;
+  std::vector<double> p(scratch.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < scratch.size(); ++i) {
+    p[i] = std::exp(scratch[i].first * inv_t - top);
+    sum += p[i];
+  }
+  double cum = 0.0;
+  for (std::size_t i = 0; i < k; ++i) cum += p[i] / sum;
+  return cum;
+}
+// ---- end of the reference.
+
+constexpr std::size_t k_qwen3_vocab = 151936;
+
+// LM-like row: Gaussian(0, sd) plus `n_outliers` tokens 8..20 above; `step` > 0 rounds to
+// multiples of step (many ties); `bad` entries become -inf, +inf or NaN.
+std::vector<float> make_row(std::mt19937_64& g, std::size_t n, double sd, int n_outliers, double step, std::size_t bad) {
+  std::normal_distribution<double> gauss(0.0, sd);
+  std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+  std::uniform_real_distribution<double> lift(8.0, 20.0);
+  std::vector<float> row(n);
+  for (float& x : row) {
+    double v = gauss(g);
+    if (step > 0.0) v = std::round(v / step) * step;
+    x = static_cast<float>(v);
+  }
+  for (int i = 0; i < n_outliers; ++i) {
+    double v = lift(g);
+    if (step > 0.0) v = std::round(v / step) * step;
+    row[pick(g)] = static_cast<float>(v);
+  }
+  const float specials[] = {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (std::size_t i = 0; i < bad; ++i) row[pick(g)] = specials[i % 3];
+  return row;
+}
+
+// Runs `draws` tokens with one new Sampler and one reference generator (same seed) over `rows`
+// (cycled), so a draw the new code skips or adds would desynchronise every later token.
+void check_stream(const std::vector<std::vector<float>>& rows, const std::vector<RefCandidates>& sorted_all,
+                  const SamplingParams& params, int draws) {
+  Sampler s(params);
+  std::mt19937_64 rng(*params.seed);
+  for (int i = 0; i < draws; ++i) {
+    const std::size_t r = static_cast<std::size_t>(i) % rows.size();
+    const auto& row = rows[r];
+    const RefCandidates cands = params.top_k > 0 ? reference_candidates(row, params.top_k) : sorted_all[r];
+    const int32_t want = reference_draw(row, cands, params, rng);
+    const int32_t got = s.sample(row);
+    REQUIRE_MESSAGE(got == want, "row " << r << " (size " << row.size() << ") draw " << i << " T=" << params.temperature
+                                        << " top_p=" << params.top_p << " top_k=" << params.top_k
+                                        << " seed=" << *params.seed);
+  }
+}
+
+}  // namespace
 
 TEST_CASE("greedy picks the argmax; top_k 1 and a tiny top_p are greedy too") {
   const std::vector<float> logits = {0.5f, 2.0f, 1.9f, -3.0f};
@@ -99,4 +227,86 @@ TEST_CASE("utf-8 holdback never splits a character") {
   CHECK(h.push("\xAC" "b") == euro + "b");
   CHECK(h.push("\xF0\x9F") == "");
   CHECK(h.flush() == "\xF0\x9F");
+}
+
+TEST_CASE("sample() gives the reference (full-sort) sampler's tokens: small vocabularies") {
+  std::mt19937_64 g(20261129);
+  const double temps[] = {0.1, 0.3, 0.6, 0.7, 1.0, 1.5, 2.0};
+  const double top_ps[] = {0.1, 0.5, 0.8, 0.95, 1.0};
+  const int top_ks[] = {0, 1, 20, 50};
+  std::uniform_int_distribution<std::size_t> size(1, 700);
+  int checked = 0;
+  for (int set = 0; set < 10; ++set) {
+    std::vector<std::vector<float>> rows;
+    std::vector<RefCandidates> sorted;
+    for (int i = 0; i < 3; ++i) {
+      const std::size_t n = size(g);
+      const double sd = (set % 4 == 0) ? 0.3 : 3.0;   // flat rows need deep prefixes
+      const double step = (set % 3 == 0) ? 0.5 : 0.0; // many exact ties
+      rows.push_back(make_row(g, n, sd, static_cast<int>(set % 5), step, (set % 2) ? n / 10 + 1 : 0));
+      sorted.push_back(reference_candidates(rows.back(), 0));
+    }
+    for (double t : temps)
+      for (double p : top_ps)
+        for (int k : top_ks) {
+          check_stream(rows, sorted, {t, k, p, static_cast<uint64_t>(set * 1000 + checked)}, 4);
+          ++checked;
+        }
+  }
+  CHECK(checked == 10 * 7 * 5 * 4);
+
+  // Rows with nothing or one thing to sample.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> odd = {{-inf, -inf}, {nan, 1.0f, -inf}, {inf, nan, -2.0f, inf}, {0.0f}, {-0.0f, 0.0f, -0.0f}};
+  for (const auto& row : odd) {
+    for (double p : top_ps) {
+      const SamplingParams params{0.8, 0, p, 5};
+      Sampler s(params);
+      std::mt19937_64 rng(5);
+      for (int i = 0; i < 4; ++i) CHECK(s.sample(row) == reference_draw(row, reference_candidates(row, 0), params, rng));
+    }
+  }
+}
+
+TEST_CASE("sample() gives the reference sampler's tokens: Qwen3-size rows (151936)") {
+  std::mt19937_64 g(7);
+  std::vector<std::vector<float>> rows;
+  rows.push_back(make_row(g, k_qwen3_vocab, 3.0, 8, 0.0, 0));       // LM-like: a few dominant tokens
+  rows.push_back(make_row(g, k_qwen3_vocab, 3.0, 0, 0.0, 50));      // no outliers; -inf/NaN
+  rows.push_back(make_row(g, k_qwen3_vocab, 1.0, 2, 0.125, 1000));  // flat-ish, heavy ties
+  std::vector<RefCandidates> sorted;
+  for (const auto& row : rows) sorted.push_back(reference_candidates(row, 0));
+  const struct {
+    double t;
+    int k;
+    double p;
+  } sets[] = {{0.7, 0, 0.8}, {0.6, 0, 0.95}, {1.0, 0, 1.0}, {2.0, 0, 1.0}, {0.1, 0, 0.5}, {1.5, 0, 0.1},
+              {0.6, 20, 0.95}, {1.0, 50, 1.0}, {0.3, 1, 0.9}, {2.0, 0, 0.95}};
+  uint64_t seed = 11;
+  for (const auto& set : sets) check_stream(rows, sorted, {set.t, set.k, set.p, seed++}, 3);
+}
+
+TEST_CASE("top_p exactly at a running sum of the reference: the boundary token is kept as before") {
+  // When top_p equals the reference's running sum after k candidates, the last bits of the full
+  // sum decide the prefix: the new sampler must resolve it the same way (it sorts in that case).
+  std::mt19937_64 g(99);
+  for (std::size_t n : {std::size_t{50}, std::size_t{3000}}) {
+    const auto row = make_row(g, n, 2.0, 0, 0.0, 0);
+    const RefCandidates sorted = reference_candidates(row, 0);
+    for (double t : {0.5, 1.0}) {
+      for (std::size_t k : {std::size_t{1}, std::size_t{3}, std::size_t{17}}) {
+        const double c = reference_cumulative(sorted, t, k);
+        for (double p : {c, std::nextafter(c, 0.0), std::nextafter(c, 1.0)}) {
+          if (!(p > 0.0 && p < 1.0)) continue;
+          const SamplingParams params{t, 0, p, k + n};
+          Sampler s(params);
+          std::mt19937_64 rng(k + n);
+          for (int i = 0; i < 8; ++i) {
+            const int32_t want = reference_draw(row, sorted, params, rng);
+            REQUIRE(s.sample(row) == want);
+          }
+        }
+      }
+    }
+  }
 }
