@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 namespace servedeck::worker {
@@ -12,6 +13,20 @@ constexpr double k_greedy_temperature = 1e-5;
 // LM-like logits the top-p prefix and the draw almost always end inside the first 256.
 constexpr std::size_t k_first_prefix = 256;
 constexpr std::size_t k_prefix_growth = 4;
+// Head/tail split of the candidates by y = logit / T - max_logit / T (the log of the weight p
+// relative to the top token's): the head (y >= -20) gets its exact p; the tail (p < e^-20 = 2.1e-9
+// each) is only counted in bins of 1/256 octave of p, 64 octaves deep, plus one bin for deeper.
+constexpr double k_head_depth = 20.0;
+// note: the first, cheap try uses a head of y >= -10 (e^-10 = 4.5e-5): a few hundred exp calls for
+// LM-like rows instead of thousands; it decides unless the draw lands among tokens that light.
+constexpr double k_quick_depth = 10.0;
+constexpr int k_bins_per_octave = 256;
+constexpr int k_tail_octaves = 64;
+constexpr std::size_t k_tail_bins = static_cast<std::size_t>(k_bins_per_octave) * k_tail_octaves;
+constexpr double k_log2e = 1.4426950408889634;  // log2(e), rounded to double
+// note: 1e-6 relative covers, with a wide margin, every rounding between a tail p and its bin's
+// edges (exp's last bit, z = y * log2e, the bin index, the edge values, the bound sums: all < 1e-11).
+constexpr double k_bound_slack = 1e-6;
 
 using Candidate = std::pair<float, int32_t>;  // (logit, token id)
 
@@ -22,6 +37,16 @@ struct ByLogit {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   }
 };
+
+// 2^(j / 256) for j in [0, 256].
+const std::vector<double>& octave_fractions() {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(k_bins_per_octave + 1);
+    for (int j = 0; j <= k_bins_per_octave; ++j) t[static_cast<std::size_t>(j)] = std::exp2(j / double{k_bins_per_octave});
+    return t;
+  }();
+  return table;
+}
 
 double log_sum_exp(std::span<const float> logits, float max_logit) {
   double s = 0.0;
@@ -34,9 +59,14 @@ Sampler::Sampler(SamplingParams params)
     : params_(params), rng_(params.seed ? *params.seed : std::random_device{}()) {}
 
 int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) return 0;
   int32_t best = 0;
+  float best_logit = logits[0];
   for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<std::size_t>(best)]) best = static_cast<int32_t>(i);
+    if (logits[i] > best_logit) {
+      best_logit = logits[i];
+      best = static_cast<int32_t>(i);
+    }
   }
   return best;
 }
@@ -45,30 +75,57 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) return 0;
   if (params_.temperature <= k_greedy_temperature || params_.top_k == 1) return argmax(logits);
 
-  // Candidates: every finite logit, as (logit, id).
-  scratch_.clear();
-  scratch_.reserve(logits.size());
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    const float x = logits[i];
-    if (!std::isfinite(x)) continue;
-    scratch_.emplace_back(x, static_cast<int32_t>(i));
-    max_logit = std::max(max_logit, x);
+  // Candidates are the finite logits: count them and find the largest (four independent chains).
+  std::size_t count[4] = {0, 0, 0, 0};
+  float most[4];
+  std::fill(std::begin(most), std::end(most), -std::numeric_limits<float>::infinity());
+  std::size_t at = 0;
+  for (; at + 4 <= logits.size(); at += 4) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      const float x = logits[at + j];
+      const bool finite = std::isfinite(x);
+      count[j] += finite ? 1 : 0;
+      most[j] = (finite && x > most[j]) ? x : most[j];
+    }
   }
-  if (scratch_.empty()) return argmax(logits);
+  for (; at < logits.size(); ++at) {
+    const float x = logits[at];
+    const bool finite = std::isfinite(x);
+    count[0] += finite ? 1 : 0;
+    most[0] = (finite && x > most[0]) ? x : most[0];
+  }
+  const std::size_t n_finite = count[0] + count[1] + count[2] + count[3];
+  const float max_logit = std::max(std::max(most[0], most[1]), std::max(most[2], most[3]));
+  if (n_finite == 0) return argmax(logits);
   const double inv_t = 1.0 / params_.temperature;
+  scratch_.clear();
 
-  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < scratch_.size()) {
-    const auto keep = static_cast<std::ptrdiff_t>(params_.top_k);
-    std::partial_sort(scratch_.begin(), scratch_.begin() + keep, scratch_.end(), ByLogit{});
-    scratch_.resize(static_cast<std::size_t>(keep));
+  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < n_finite) {
+    // The best top_k candidates, in order: a heap of the kept ones, worst on top, in one pass.
+    const auto keep = static_cast<std::size_t>(params_.top_k);
+    scratch_.reserve(keep);
+    const ByLogit better;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      const float x = logits[i];
+      if (!std::isfinite(x)) continue;
+      const Candidate c(x, static_cast<int32_t>(i));
+      if (scratch_.size() < keep) {
+        scratch_.push_back(c);
+        std::push_heap(scratch_.begin(), scratch_.end(), better);
+      } else if (better(c, scratch_.front())) {
+        std::pop_heap(scratch_.begin(), scratch_.end(), better);
+        scratch_.back() = c;
+        std::push_heap(scratch_.begin(), scratch_.end(), better);
+      }
+    }
+    std::sort_heap(scratch_.begin(), scratch_.end(), better);
     return draw_sorted(inv_t);
   }
-  return draw_prefix(inv_t, max_logit);
+  return draw_prefix(logits, n_finite, inv_t, max_logit);
 }
 
 int32_t Sampler::draw_sorted(double inv_t) {
-  // Softmax of logits / T over the candidates (scratch_, sorted by ByLogit{}).
+  // Softmax of logits / T over the candidates (scratch_, sorted by ByLogit).
   const double top = scratch_.front().first * inv_t;
   probs_.resize(scratch_.size());
   double sum = 0.0;
@@ -103,61 +160,150 @@ int32_t Sampler::walk(double sum, std::size_t n) {
   return scratch_[n - 1].second;
 }
 
-void Sampler::extend_prefix(double inv_t, double top) {
-  const std::size_t n = scratch_.size();
-  const std::size_t next = std::min(n, std::max(k_first_prefix, prefix_ * k_prefix_growth));
+void Sampler::load_tail(std::span<const float> logits, double inv_t, double top) {
+  if (tail_loaded_) return;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const float x = logits[i];
+    if (std::isfinite(x) && !(x * inv_t - top >= -depth_)) scratch_.emplace_back(x, static_cast<int32_t>(i));
+  }
+  tail_loaded_ = true;
+}
+
+void Sampler::extend_prefix(std::span<const float> logits, double inv_t, double top) {
+  if (prefix_ == head_size_) load_tail(logits, inv_t, top);
+  // Every head candidate precedes every tail one (the head is all y >= -20, y monotone in the logit).
+  const std::size_t end = prefix_ < head_size_ ? head_size_ : scratch_.size();
+  const std::size_t next = std::min(end, std::max(prefix_ + k_first_prefix, prefix_ * k_prefix_growth));
   const auto first = scratch_.begin() + static_cast<std::ptrdiff_t>(prefix_);
-  const auto last = scratch_.begin() + static_cast<std::ptrdiff_t>(next);
-  if (next < n) std::nth_element(first, last, scratch_.end(), ByLogit{});
-  std::sort(first, last, ByLogit{});
+  const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(next);
+  const auto last = scratch_.begin() + static_cast<std::ptrdiff_t>(end);
+  // note: partial_sort (a heap of the kept) is ~4x faster than nth_element + sort when few are kept.
+  if (next == end) {
+    std::sort(first, last, ByLogit{});
+  } else if ((next - prefix_) * 8 <= end - prefix_) {
+    std::partial_sort(first, mid, last, ByLogit{});
+  } else {
+    std::nth_element(first, mid, last, ByLogit{});
+    std::sort(first, mid, ByLogit{});
+  }
   for (std::size_t i = prefix_; i < next; ++i) probs_.push_back(std::exp(scratch_[i].first * inv_t - top));
   prefix_ = next;
 }
 
-int32_t Sampler::draw_full_sort(double inv_t) {
+int32_t Sampler::draw_full_sort(std::span<const float> logits, double inv_t, double top) {
+  load_tail(logits, inv_t, top);
   // scratch_[0, prefix_) already holds the best candidates in order; sort the rest after them.
   std::sort(scratch_.begin() + static_cast<std::ptrdiff_t>(prefix_), scratch_.end(), ByLogit{});
   return draw_sorted(inv_t);
 }
 
-int32_t Sampler::draw_prefix(double inv_t, float max_logit) {
+int32_t Sampler::draw_prefix(std::span<const float> logits, std::size_t n, double inv_t, float max_logit) {
   // The sorted draw (draw_sorted) over all n candidates, from the sorted prefix it actually reads.
   // It reads the full sum S = p[0] + p[1] + ... + p[n-1] (added in sorted order) only through
   // comparisons that are monotone in S: the top-p cumulative adds fl(p[i] / S) (each nonincreasing
-  // in S), and without top-p the draw is r = fl(c * S) for the generator's canonical c. So compute
-  // s = the same p[i] added in index order (one O(V) pass, no sort) and bracket S: both S and s are
-  // recursive sums of the same n nonnegative doubles, each within gamma_{n-1} = (n-1)u/(1-(n-1)u) of
-  // the exact sum (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 4.4), so
-  // S lies in [s(1-d), s(1+d)] with d = 4(n+1)u (> 2 gamma/(1-gamma) plus the rounding of the bounds).
-  // If the decision is the same at both ends it is the decision at S; if not (probability ~d), or
-  // anything is not finite, fall back to the full sort.
-  const std::size_t n = scratch_.size();
-  const double top = max_logit * inv_t;  // == scratch_-sorted front().first * inv_t (same value)
-  double s = 0.0;
-  for (const Candidate& c : scratch_) s += std::exp(c.first * inv_t - top);
+  // in S), and without top-p the draw is r = fl(c * S) for the generator's canonical c. So bracket
+  // S in [s_lo, s_hi] without sorting (bracket()); if the decision is the same at both ends, it is
+  // the decision at S (try_decide()). First with a shallow head (cheap: few exp calls); if that
+  // does not decide, with a deep one (a bracket ~1e-10 of S wide); if that does not decide either
+  // (rare), or anything is not finite, sort everything.
+  const double top = max_logit * inv_t;  // == the sorted front().first * inv_t (same value)
   prefix_ = 0;
+  head_size_ = 0;
+  tail_loaded_ = false;
   probs_.clear();
-  if (!std::isfinite(s) || !(s > 0.0)) return draw_full_sort(inv_t);
-  const double d = 4.0 * (static_cast<double>(n) + 1.0) * (std::numeric_limits<double>::epsilon() / 2.0);
-  const double s_lo = s * (1.0 - d);
-  const double s_hi = s * (1.0 + d);
+  if (!std::isfinite(top)) {  // the sorted draw's p are NaN here: replay it on every candidate
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      if (std::isfinite(logits[i])) scratch_.emplace_back(logits[i], static_cast<int32_t>(i));
+    }
+    tail_loaded_ = true;
+    return draw_full_sort(logits, inv_t, top);
+  }
+  for (const double depth : {k_quick_depth, k_head_depth}) {
+    double s_lo = 0.0, s_hi = 0.0;
+    if (!bracket(logits, n, inv_t, top, depth, s_lo, s_hi)) break;
+    if (const auto token = try_decide(logits, n, inv_t, top, s_lo, s_hi, depth == k_head_depth)) return *token;
+  }
+  return draw_full_sort(logits, inv_t, top);
+}
 
+bool Sampler::bracket(std::span<const float> logits, std::size_t n, double inv_t, double top, double depth,
+                      double& s_lo, double& s_hi) {
+  // The head (y >= -depth) gets its exact p, added in index order (s_head); the tail is counted in
+  // bins of 1/256 octave of p. S and s_head are recursive sums of nonnegative doubles, each within
+  // gamma_{m-1} = (m-1)u/(1-(m-1)u) of its exact sum (Higham, Accuracy and Stability of Numerical
+  // Algorithms, 2nd ed., eq. 4.4); d = 4(n+1)u exceeds gamma plus the rounding of the bracket itself.
+  depth_ = depth;
+  prefix_ = 0;
+  tail_loaded_ = false;
+  probs_.clear();
+  scratch_.clear();
+  scratch_.reserve(n);
+  tail_bins_.assign(k_tail_bins + 1, 0);  // [k_tail_bins] counts the tail below the binned octaves
+  const double z_top = -depth * k_log2e;  // the head's lower edge in octaves (log2 p)
+  const double z_min = z_top - k_tail_octaves;
+  // bin = floor((y * log2e - z_min) * 256); as t = y * bin_scale + bin_offset (rounding << the slack).
+  const double bin_scale = k_log2e * k_bins_per_octave;
+  const double bin_offset = -z_min * k_bins_per_octave;
+  const auto last_bin = static_cast<int64_t>(k_tail_bins) - 1;
+  uint32_t* const bins = tail_bins_.data();
+  double s_head = 0.0;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    const float x = logits[i];
+    if (!std::isfinite(x)) continue;
+    const double y = x * inv_t - top;  // <= 0; -inf when x * inv_t overflows
+    if (y >= -depth) {
+      s_head += std::exp(y);
+      scratch_.emplace_back(x, static_cast<int32_t>(i));
+    } else {
+      const double t = y * bin_scale + bin_offset;
+      ++bins[t >= 0.0 ? static_cast<std::size_t>(std::min(static_cast<int64_t>(t), last_bin)) : k_tail_bins];
+    }
+  }
+  head_size_ = scratch_.size();
+  // Tail bounds: a p in bin b lies in [2^(z_min + b/256), 2^(z_min + (b+1)/256)]; deeper ones in [0, 2^z_min].
+  const std::vector<double>& frac = octave_fractions();
+  double octave_base = std::exp2(z_min);  // 2^(z_min + octave), doubled per octave (exact: normal range)
+  double tail_lo = 0.0, tail_hi = static_cast<double>(bins[k_tail_bins]) * octave_base;
+  for (std::size_t b = 0; b < k_tail_bins; ++b) {
+    const std::size_t j = b % k_bins_per_octave;
+    if (b > 0 && j == 0) octave_base *= 2.0;
+    if (bins[b] == 0) continue;
+    const double count = static_cast<double>(bins[b]);
+    tail_lo += count * (octave_base * frac[j]);
+    tail_hi += count * (octave_base * frac[j + 1]);
+  }
+  tail_lo *= 1.0 - k_bound_slack;
+  tail_hi *= 1.0 + k_bound_slack;
+  const double d = 4.0 * (static_cast<double>(n) + 1.0) * (std::numeric_limits<double>::epsilon() / 2.0);
+  s_lo = (s_head * (1.0 - d) + tail_lo) * (1.0 - d);
+  s_hi = (s_head * (1.0 + d) + tail_hi) * (1.0 + d);
+  return std::isfinite(s_hi) && s_lo > 0.0;
+}
+
+std::optional<int32_t> Sampler::try_decide(std::span<const float> logits, std::size_t n, double inv_t, double top,
+                                           double s_lo, double s_hi, bool may_load_tail) {
+  // Next sorted candidate available? Extends the prefix; without may_load_tail, not past the head.
+  const auto available = [&](std::size_t k) {
+    if (k < prefix_) return true;
+    if (prefix_ == n || (prefix_ == head_size_ && !may_load_tail)) return false;
+    extend_prefix(logits, inv_t, top);
+    return true;
+  };
   const double top_p = params_.top_p;
   if (top_p > 0.0 && top_p < 1.0) {
     double cum_lo = 0.0;  // the top-p cumulative with s_hi: <= the one with S
     double cum_hi = 0.0;  // with s_lo: >= the one with S
     std::size_t keep = n;
-    for (std::size_t k = 0;;) {
-      if (k == prefix_) {
-        if (prefix_ == n) break;  // no prefix reaches top_p: keep all, as the sorted draw does
-        extend_prefix(inv_t, top);
+    for (std::size_t k = 0;; ++k) {
+      if (!available(k)) {
+        if (k < n) return std::nullopt;  // the head ran out first: not decided here
+        break;  // no prefix reaches top_p: keep all, as the sorted draw does
       }
       cum_lo += probs_[k] / s_hi;
       cum_hi += probs_[k] / s_lo;
-      ++k;
       if (cum_hi >= top_p) {
-        if (!(cum_lo >= top_p)) return draw_full_sort(inv_t);  // S decides: sort
-        keep = k;
+        if (!(cum_lo >= top_p)) return std::nullopt;  // S decides
+        keep = k + 1;
         break;
       }
     }
@@ -171,19 +317,17 @@ int32_t Sampler::draw_prefix(double inv_t, float max_logit) {
   std::mt19937_64 rng_hi = rng_;
   const double r_lo = std::uniform_real_distribution<double>(0.0, s_lo)(rng_lo);
   const double r_hi = std::uniform_real_distribution<double>(0.0, s_hi)(rng_hi);
-  if (rng_lo != rng_hi) return draw_full_sort(inv_t);  // not one draw's worth of bits each: be safe
+  if (rng_lo != rng_hi) return std::nullopt;  // not one draw's bits each: leave it to the full sort
   double acc = 0.0;
   for (std::size_t k = 0;; ++k) {
-    if (k == prefix_) {
-      if (prefix_ == n) {  // r >= every partial sum: the sorted draw returns the last candidate
-        rng_ = rng_lo;
-        return scratch_[n - 1].second;
-      }
-      extend_prefix(inv_t, top);
+    if (!available(k)) {
+      if (k < n) return std::nullopt;  // the head ran out first: not decided here
+      rng_ = rng_lo;  // r >= every partial sum: the sorted draw returns the last candidate
+      return scratch_[n - 1].second;
     }
     acc += probs_[k];
     if (r_lo < acc) {
-      if (!(r_hi < acc)) return draw_full_sort(inv_t);  // S decides: sort
+      if (!(r_hi < acc)) return std::nullopt;  // S decides
       rng_ = rng_lo;
       return scratch_[k].second;
     }

@@ -118,13 +118,13 @@ std::vector<float> make_row(std::mt19937_64& g, std::size_t n, double sd, int n_
 }
 
 // Runs `draws` tokens with one new Sampler and one reference generator (same seed) over `rows`
-// (cycled), so a draw the new code skips or adds would desynchronise every later token.
+// (cycled from first_row), so a draw the new code skips or adds would desynchronise every later token.
 void check_stream(const std::vector<std::vector<float>>& rows, const std::vector<RefCandidates>& sorted_all,
-                  const SamplingParams& params, int draws) {
+                  const SamplingParams& params, int draws, std::size_t first_row = 0) {
   Sampler s(params);
   std::mt19937_64 rng(*params.seed);
   for (int i = 0; i < draws; ++i) {
-    const std::size_t r = static_cast<std::size_t>(i) % rows.size();
+    const std::size_t r = (first_row + static_cast<std::size_t>(i)) % rows.size();
     const auto& row = rows[r];
     const RefCandidates cands = params.top_k > 0 ? reference_candidates(row, params.top_k) : sorted_all[r];
     const int32_t want = reference_draw(row, cands, params, rng);
@@ -234,9 +234,9 @@ TEST_CASE("sample() gives the reference (full-sort) sampler's tokens: small voca
   const double temps[] = {0.1, 0.3, 0.6, 0.7, 1.0, 1.5, 2.0};
   const double top_ps[] = {0.1, 0.5, 0.8, 0.95, 1.0};
   const int top_ks[] = {0, 1, 20, 50};
-  std::uniform_int_distribution<std::size_t> size(1, 700);
+  std::uniform_int_distribution<std::size_t> size(1, 500);
   int checked = 0;
-  for (int set = 0; set < 10; ++set) {
+  for (int set = 0; set < 6; ++set) {
     std::vector<std::vector<float>> rows;
     std::vector<RefCandidates> sorted;
     for (int i = 0; i < 3; ++i) {
@@ -253,7 +253,7 @@ TEST_CASE("sample() gives the reference (full-sort) sampler's tokens: small voca
           ++checked;
         }
   }
-  CHECK(checked == 10 * 7 * 5 * 4);
+  CHECK(checked == 6 * 7 * 5 * 4);
 
   // Rows with nothing or one thing to sample.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
@@ -271,8 +271,7 @@ TEST_CASE("sample() gives the reference (full-sort) sampler's tokens: small voca
 TEST_CASE("sample() gives the reference sampler's tokens: Qwen3-size rows (151936)") {
   std::mt19937_64 g(7);
   std::vector<std::vector<float>> rows;
-  rows.push_back(make_row(g, k_qwen3_vocab, 3.0, 8, 0.0, 0));       // LM-like: a few dominant tokens
-  rows.push_back(make_row(g, k_qwen3_vocab, 3.0, 0, 0.0, 50));      // no outliers; -inf/NaN
+  rows.push_back(make_row(g, k_qwen3_vocab, 3.0, 8, 0.0, 50));      // LM-like: a few dominant tokens; -inf/NaN
   rows.push_back(make_row(g, k_qwen3_vocab, 1.0, 2, 0.125, 1000));  // flat-ish, heavy ties
   std::vector<RefCandidates> sorted;
   for (const auto& row : rows) sorted.push_back(reference_candidates(row, 0));
@@ -280,17 +279,18 @@ TEST_CASE("sample() gives the reference sampler's tokens: Qwen3-size rows (15193
     double t;
     int k;
     double p;
-  } sets[] = {{0.7, 0, 0.8}, {0.6, 0, 0.95}, {1.0, 0, 1.0}, {2.0, 0, 1.0}, {0.1, 0, 0.5}, {1.5, 0, 0.1},
+  } sets[] = {{0.7, 0, 0.8}, {0.6, 0, 0.95}, {1.0, 0, 1.0}, {0.1, 0, 0.5}, {1.5, 0, 0.1},
               {0.6, 20, 0.95}, {1.0, 50, 1.0}, {0.3, 1, 0.9}, {2.0, 0, 0.95}};
   uint64_t seed = 11;
-  for (const auto& set : sets) check_stream(rows, sorted, {set.t, set.k, set.p, seed++}, 3);
+  std::size_t first_row = 0;
+  for (const auto& set : sets) check_stream(rows, sorted, {set.t, set.k, set.p, seed++}, 2, first_row++);
 }
 
 TEST_CASE("top_p exactly at a running sum of the reference: the boundary token is kept as before") {
   // When top_p equals the reference's running sum after k candidates, the last bits of the full
   // sum decide the prefix: the new sampler must resolve it the same way (it sorts in that case).
   std::mt19937_64 g(99);
-  for (std::size_t n : {std::size_t{50}, std::size_t{3000}}) {
+  for (std::size_t n : {std::size_t{50}, std::size_t{1000}}) {
     const auto row = make_row(g, n, 2.0, 0, 0.0, 0);
     const RefCandidates sorted = reference_candidates(row, 0);
     for (double t : {0.5, 1.0}) {
@@ -301,7 +301,7 @@ TEST_CASE("top_p exactly at a running sum of the reference: the boundary token i
           const SamplingParams params{t, 0, p, k + n};
           Sampler s(params);
           std::mt19937_64 rng(k + n);
-          for (int i = 0; i < 8; ++i) {
+          for (int i = 0; i < 4; ++i) {
             const int32_t want = reference_draw(row, sorted, params, rng);
             REQUIRE(s.sample(row) == want);
           }
@@ -309,4 +309,46 @@ TEST_CASE("top_p exactly at a running sum of the reference: the boundary token i
       }
     }
   }
+}
+
+TEST_CASE("a draw that lands past the exactly-summed head (top_p 1, draw > 0.9999) matches the reference") {
+  // One token at logit 0 and 50000 at -20.01 (each weight e^-20.01 = 2.0e-9 of the top's, 1.0e-4 in
+  // all): a draw above 1/(1 + 1.0e-4) of the mass walks into the tail, which the new sampler only
+  // bins; it must load, sort and (its bracket being too wide there) fall back to the full sort.
+  std::vector<float> row(50001, -20.01f);
+  row[777] = 0.0f;
+  const RefCandidates sorted = reference_candidates(row, 0);
+  uint64_t seed = 0;
+  for (uint64_t s = 1; s < 2000000; ++s) {  // the first draw's canonical number c, as u(0, 1) reads it
+    std::mt19937_64 g(s);
+    if (std::uniform_real_distribution<double>(0.0, 1.0)(g) > 0.99995) {
+      seed = s;
+      break;
+    }
+  }
+  REQUIRE(seed != 0);
+  const SamplingParams params{1.0, 0, 1.0, seed};
+  Sampler s(params);
+  std::mt19937_64 rng(seed);
+  const int32_t want = reference_draw(row, sorted, params, rng);
+  CHECK(want != 777);  // the reference's draw is in the tail indeed
+  CHECK(s.sample(row) == want);
+  CHECK(s.sample(row) == reference_draw(row, sorted, params, rng));  // and the generators stay in step
+}
+
+TEST_CASE("non-finite scaled logits (huge logits, tiny or NaN temperature) replay the reference") {
+  std::vector<float> row = {3e38f, -3e38f, 1.0f, 3e38f, -1.0f};
+  for (double t : {2e-5, 1e-3, 1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    for (double p : {0.5, 1.0}) {
+      const SamplingParams params{t, 0, p, 3};
+      Sampler s(params);
+      std::mt19937_64 rng(3);
+      for (int i = 0; i < 3; ++i) CHECK(s.sample(row) == reference_draw(row, reference_candidates(row, 0), params, rng));
+    }
+  }
+  const std::vector<float> negative = {-3e38f, -3e38f, -2e38f};
+  const SamplingParams params{1e-4, 0, 1.0, 4};
+  Sampler s(params);
+  std::mt19937_64 rng(4);
+  for (int i = 0; i < 3; ++i) CHECK(s.sample(negative) == reference_draw(negative, reference_candidates(negative, 0), params, rng));
 }
