@@ -13,18 +13,20 @@ constexpr double k_greedy_temperature = 1e-5;
 // LM-like logits the top-p prefix and the draw almost always end inside the first 256.
 constexpr std::size_t k_first_prefix = 256;
 constexpr std::size_t k_prefix_growth = 4;
-// Head/tail split of the candidates by y = logit / T - max_logit / T (the log of the weight p
-// relative to the top token's): the head (y >= -20) gets its exact p; the tail (p < e^-20 = 2.1e-9
-// each) is only counted in bins of 1/256 octave of p, 64 octaves deep, plus one bin for deeper.
-constexpr double k_head_depth = 20.0;
-// note: the first, cheap try uses a head of y >= -10 (e^-10 = 4.5e-5): a few hundred exp calls for
-// LM-like rows instead of thousands; it decides unless the draw lands among tokens that light.
+// The candidates by y = logit / T - max_logit / T (the log of the weight p relative to the top
+// token's, <= 0): the head (y >= -10) gets its exact p at once; the middle (-10 > y >= about -20)
+// only if the head does not decide; the tail (below: p < 2.1e-9 each) never. Below the head, p is
+// counted in bins of 1/256 octave (log2 p), from 64 octaves under e^-20 up to past e^-10; the
+// middle and the tail are the bins at and above, and below, e^-20 (a bin edge), plus one bin for
+// deeper. note: -10 (e^-10 = 4.5e-5) keeps the first try to a few hundred exp calls on LM-like
+// rows; -20 makes the second one's bracket ~1e-10 of S wide (n * 2.1e-9 * 0.3% at most).
 constexpr double k_quick_depth = 10.0;
+constexpr double k_head_depth = 20.0;
 constexpr int k_bins_per_octave = 256;
 constexpr int k_tail_octaves = 64;
-constexpr std::size_t k_tail_bins = static_cast<std::size_t>(k_bins_per_octave) * k_tail_octaves;
+constexpr int k_mid_octaves = 15;  // the middle spans 10 * log2(e) = 14.4 octaves
 constexpr double k_log2e = 1.4426950408889634;  // log2(e), rounded to double
-// note: 1e-6 relative covers, with a wide margin, every rounding between a tail p and its bin's
+// note: 1e-6 relative covers, with a wide margin, every rounding between a binned p and its bin's
 // edges (exp's last bit, z = y * log2e, the bin index, the edge values, the bound sums: all < 1e-11).
 constexpr double k_bound_slack = 1e-6;
 
@@ -46,6 +48,36 @@ const std::vector<double>& octave_fractions() {
     return t;
   }();
   return table;
+}
+
+// The bins of p = e^y below the head: index 0 for p < 2^z_min, index 1 + g for
+// 2^(z_min + g/256) <= p < 2^(z_min + (g+1)/256), g < k_grid; z_min = -20 log2(e) - 64, so the
+// tail is exactly the indices <= k_tail_top and the middle the ones above.
+constexpr std::size_t k_tail_top = static_cast<std::size_t>(k_tail_octaves) * k_bins_per_octave;
+constexpr std::size_t k_grid = static_cast<std::size_t>(k_tail_octaves + k_mid_octaves) * k_bins_per_octave;
+constexpr double k_z_min = -k_head_depth * k_log2e - k_tail_octaves;
+
+// y: any double <= 0 or -inf. One expression for the scan and load_tail, so both classify alike;
+// monotone in y, so the middle precedes the tail in the candidates' order.
+std::size_t bin_of(double y) {
+  const double t = y * (k_log2e * k_bins_per_octave) + (1.0 - k_z_min * k_bins_per_octave);
+  return static_cast<std::size_t>(std::min(static_cast<int64_t>(std::max(t, 0.0)), static_cast<int64_t>(k_grid)));
+}
+
+// [lo, hi] around the sum of the p counted in bins[0, end).
+std::pair<double, double> bin_bounds(const uint32_t* bins, std::size_t end) {
+  const std::vector<double>& frac = octave_fractions();
+  double octave_base = std::exp2(k_z_min);  // 2^(z_min + octave), doubled per octave (exact: normal range)
+  double lo = 0.0, hi = static_cast<double>(bins[0]) * octave_base;
+  for (std::size_t b = 1; b < end; ++b) {
+    const std::size_t g = b - 1, j = g % k_bins_per_octave;
+    if (g > 0 && j == 0) octave_base *= 2.0;
+    if (bins[b] == 0) continue;
+    const double count = static_cast<double>(bins[b]);
+    lo += count * (octave_base * frac[j]);
+    hi += count * (octave_base * frac[j + 1]);
+  }
+  return {lo * (1.0 - k_bound_slack), hi * (1.0 + k_bound_slack)};
 }
 
 double log_sum_exp(std::span<const float> logits, float max_logit) {
@@ -160,18 +192,28 @@ int32_t Sampler::walk(double sum, std::size_t n) {
   return scratch_[n - 1].second;
 }
 
+void Sampler::append_mid() {
+  if (mid_appended_) return;
+  scratch_.insert(scratch_.end(), mid_.begin(), mid_.begin() + static_cast<std::ptrdiff_t>(mid_size_));
+  head_size_ = scratch_.size();
+  mid_appended_ = true;
+}
+
 void Sampler::load_tail(std::span<const float> logits, double inv_t, double top) {
   if (tail_loaded_) return;
+  append_mid();
   for (std::size_t i = 0; i < logits.size(); ++i) {
     const float x = logits[i];
-    if (std::isfinite(x) && !(x * inv_t - top >= -depth_)) scratch_.emplace_back(x, static_cast<int32_t>(i));
+    if (!std::isfinite(x)) continue;
+    const double y = x * inv_t - top;
+    if (!(y >= -k_quick_depth) && bin_of(y) <= k_tail_top) scratch_.emplace_back(x, static_cast<int32_t>(i));
   }
   tail_loaded_ = true;
 }
 
 void Sampler::extend_prefix(std::span<const float> logits, double inv_t, double top) {
   if (prefix_ == head_size_) load_tail(logits, inv_t, top);
-  // Every head candidate precedes every tail one (the head is all y >= -20, y monotone in the logit).
+  // Every head candidate precedes every middle one, and those every tail one (y is monotone in the logit).
   const std::size_t end = prefix_ < head_size_ ? head_size_ : scratch_.size();
   const std::size_t next = std::min(end, std::max(prefix_ + k_first_prefix, prefix_ * k_prefix_growth));
   const auto first = scratch_.begin() + static_cast<std::ptrdiff_t>(prefix_);
@@ -202,82 +244,67 @@ int32_t Sampler::draw_prefix(std::span<const float> logits, std::size_t n, doubl
   // It reads the full sum S = p[0] + p[1] + ... + p[n-1] (added in sorted order) only through
   // comparisons that are monotone in S: the top-p cumulative adds fl(p[i] / S) (each nonincreasing
   // in S), and without top-p the draw is r = fl(c * S) for the generator's canonical c. So bracket
-  // S in [s_lo, s_hi] without sorting (bracket()); if the decision is the same at both ends, it is
-  // the decision at S (try_decide()). First with a shallow head (cheap: few exp calls); if that
-  // does not decide, with a deep one (a bracket ~1e-10 of S wide); if that does not decide either
-  // (rare), or anything is not finite, sort everything.
+  // S in [s_lo, s_hi] without sorting; if the decision is the same at both ends, it is the decision
+  // at S (try_decide). First from the head's exact p and bins for the rest; if that does not
+  // decide, from the head's and the middle's exact p and bins for the tail (the sorted prefix so
+  // far is kept); if that does not decide either (rare), or anything is not finite, sort everything.
+  //
+  // S and the exact part s are recursive sums of nonnegative doubles, each within gamma_{m-1} =
+  // (m-1)u/(1-(m-1)u) of its exact sum (Higham, Accuracy and Stability of Numerical Algorithms,
+  // 2nd ed., eq. 4.4); d = 4(n+1)u exceeds gamma plus the rounding of the bracket itself.
   const double top = max_logit * inv_t;  // == the sorted front().first * inv_t (same value)
   prefix_ = 0;
   head_size_ = 0;
   tail_loaded_ = false;
+  mid_appended_ = false;
   probs_.clear();
+  mid_size_ = 0;
+  scratch_.reserve(n);
   if (!std::isfinite(top)) {  // the sorted draw's p are NaN here: replay it on every candidate
     for (std::size_t i = 0; i < logits.size(); ++i) {
       if (std::isfinite(logits[i])) scratch_.emplace_back(logits[i], static_cast<int32_t>(i));
     }
-    tail_loaded_ = true;
+    mid_appended_ = tail_loaded_ = true;
     return draw_full_sort(logits, inv_t, top);
   }
-  for (const double depth : {k_quick_depth, k_head_depth}) {
-    double s_lo = 0.0, s_hi = 0.0;
-    if (!bracket(logits, n, inv_t, top, depth, s_lo, s_hi)) break;
-    if (const auto token = try_decide(logits, n, inv_t, top, s_lo, s_hi, depth == k_head_depth)) return *token;
-  }
-  return draw_full_sort(logits, inv_t, top);
-}
-
-bool Sampler::bracket(std::span<const float> logits, std::size_t n, double inv_t, double top, double depth,
-                      double& s_lo, double& s_hi) {
-  // The head (y >= -depth) gets its exact p, added in index order (s_head); the tail is counted in
-  // bins of 1/256 octave of p. S and s_head are recursive sums of nonnegative doubles, each within
-  // gamma_{m-1} = (m-1)u/(1-(m-1)u) of its exact sum (Higham, Accuracy and Stability of Numerical
-  // Algorithms, 2nd ed., eq. 4.4); d = 4(n+1)u exceeds gamma plus the rounding of the bracket itself.
-  depth_ = depth;
-  prefix_ = 0;
-  tail_loaded_ = false;
-  probs_.clear();
-  scratch_.clear();
-  scratch_.reserve(n);
-  tail_bins_.assign(k_tail_bins + 1, 0);  // [k_tail_bins] counts the tail below the binned octaves
-  const double z_top = -depth * k_log2e;  // the head's lower edge in octaves (log2 p)
-  const double z_min = z_top - k_tail_octaves;
-  // bin = floor((y * log2e - z_min) * 256); as t = y * bin_scale + bin_offset (rounding << the slack).
-  const double bin_scale = k_log2e * k_bins_per_octave;
-  const double bin_offset = -z_min * k_bins_per_octave;
-  const auto last_bin = static_cast<int64_t>(k_tail_bins) - 1;
-  uint32_t* const bins = tail_bins_.data();
-  double s_head = 0.0;
+  bins_.assign(k_grid + 1, 0);
+  uint32_t* const bins = bins_.data();
+  if (mid_.size() < n) mid_.resize(n);
+  Candidate* const mid = mid_.data();
+  std::size_t m = 0;
+  double s = 0.0;  // the head's p, in index order
   for (std::size_t i = 0; i < logits.size(); ++i) {
     const float x = logits[i];
     if (!std::isfinite(x)) continue;
     const double y = x * inv_t - top;  // <= 0; -inf when x * inv_t overflows
-    if (y >= -depth) {
-      s_head += std::exp(y);
+    if (y >= -k_quick_depth) {
+      s += std::exp(y);
       scratch_.emplace_back(x, static_cast<int32_t>(i));
-    } else {
-      const double t = y * bin_scale + bin_offset;
-      ++bins[t >= 0.0 ? static_cast<std::size_t>(std::min(static_cast<int64_t>(t), last_bin)) : k_tail_bins];
+    } else {  // note: branch-free below: middle vs tail is a coin toss on flat rows
+      const std::size_t b = bin_of(y);
+      ++bins[b];
+      mid[m] = Candidate(x, static_cast<int32_t>(i));
+      m += b > k_tail_top ? 1 : 0;
     }
   }
+  mid_size_ = m;
   head_size_ = scratch_.size();
-  // Tail bounds: a p in bin b lies in [2^(z_min + b/256), 2^(z_min + (b+1)/256)]; deeper ones in [0, 2^z_min].
-  const std::vector<double>& frac = octave_fractions();
-  double octave_base = std::exp2(z_min);  // 2^(z_min + octave), doubled per octave (exact: normal range)
-  double tail_lo = 0.0, tail_hi = static_cast<double>(bins[k_tail_bins]) * octave_base;
-  for (std::size_t b = 0; b < k_tail_bins; ++b) {
-    const std::size_t j = b % k_bins_per_octave;
-    if (b > 0 && j == 0) octave_base *= 2.0;
-    if (bins[b] == 0) continue;
-    const double count = static_cast<double>(bins[b]);
-    tail_lo += count * (octave_base * frac[j]);
-    tail_hi += count * (octave_base * frac[j + 1]);
-  }
-  tail_lo *= 1.0 - k_bound_slack;
-  tail_hi *= 1.0 + k_bound_slack;
   const double d = 4.0 * (static_cast<double>(n) + 1.0) * (std::numeric_limits<double>::epsilon() / 2.0);
-  s_lo = (s_head * (1.0 - d) + tail_lo) * (1.0 - d);
-  s_hi = (s_head * (1.0 + d) + tail_hi) * (1.0 + d);
-  return std::isfinite(s_hi) && s_lo > 0.0;
+  const auto [rest_lo, rest_hi] = bin_bounds(bins, k_grid + 1);
+  const double s_lo = (s * (1.0 - d) + rest_lo) * (1.0 - d);
+  const double s_hi = (s * (1.0 + d) + rest_hi) * (1.0 + d);
+  if (std::isfinite(s_hi) && s_lo > 0.0) {
+    if (const auto token = try_decide(logits, n, inv_t, top, s_lo, s_hi, false)) return *token;
+  }
+  for (std::size_t i = 0; i < m; ++i) s += std::exp(mid[i].first * inv_t - top);
+  append_mid();
+  const auto [tail_lo, tail_hi] = bin_bounds(bins, k_tail_top + 1);
+  const double s2_lo = (s * (1.0 - d) + tail_lo) * (1.0 - d);
+  const double s2_hi = (s * (1.0 + d) + tail_hi) * (1.0 + d);
+  if (std::isfinite(s2_hi) && s2_lo > 0.0) {
+    if (const auto token = try_decide(logits, n, inv_t, top, s2_lo, s2_hi, true)) return *token;
+  }
+  return draw_full_sort(logits, inv_t, top);
 }
 
 std::optional<int32_t> Sampler::try_decide(std::span<const float> logits, std::size_t n, double inv_t, double top,

@@ -56,37 +56,40 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
+  using Candidate = std::pair<float, int32_t>;  // (logit, token id)
+
   // The sorted draw over scratch_ (already sorted, all kept candidates): computes probs_.
   int32_t draw_sorted(double inv_t);
   // Loads the tail, sorts scratch_[prefix_, end) after the sorted prefix, then draw_sorted.
   int32_t draw_full_sort(std::span<const float> logits, double inv_t, double top);
   // The same token as draw_sorted over all n finite candidates, reading only a sorted prefix.
   int32_t draw_prefix(std::span<const float> logits, std::size_t n, double inv_t, float max_logit);
-  // Brackets S (the sorted sum of all n candidates' p) in [s_lo, s_hi] from a head of y >= -depth
-  // (exact p) and binned bounds on the rest; rebuilds scratch_ as that head. False: not finite.
-  bool bracket(std::span<const float> logits, std::size_t n, double inv_t, double top, double depth, double& s_lo,
-               double& s_hi);
   // The sorted draw's token if it is the same for every S in [s_lo, s_hi] (then draws from rng_),
   // else nullopt (rng_ untouched). Reads past the head only if may_load_tail.
   std::optional<int32_t> try_decide(std::span<const float> logits, std::size_t n, double inv_t, double top, double s_lo,
                                     double s_hi, bool may_load_tail);
   // Grows the sorted prefix scratch_[0, prefix_) (by 256, then 4x) and its probs_.
   void extend_prefix(std::span<const float> logits, double inv_t, double top);
-  // Appends the tail candidates (y < -depth_) to scratch_, once per bracket.
+  // Appends the middle candidates (mid_) to scratch_ after the head, once per draw.
+  void append_mid();
+  // Appends the middle, then the tail candidates (p below ~e^-20), to scratch_, once per draw.
   void load_tail(std::span<const float> logits, double inv_t, double top);
   // One draw r = u(0, sum) from rng_; the first of probs_[0, n) whose running sum exceeds r.
   int32_t walk(double sum, std::size_t n);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  // (logit, id) candidates: the head (y >= -depth_), then the tail once loaded.
-  std::vector<std::pair<float, int32_t>> scratch_;
+  // (logit, id) candidates: the head (y >= -10), then the middle (y >= -20) and the tail once
+  // appended; y = logit / T - max_logit / T.
+  std::vector<Candidate> scratch_;
   std::vector<double> probs_;         // p[i] of scratch_[i], for the sorted prefix
-  std::vector<uint32_t> tail_bins_;   // tail counts per 1/256 octave of p, 64 octaves, + 1 deeper
+  std::vector<Candidate> mid_;        // [0, mid_size_): the middle candidates, until appended
+  std::size_t mid_size_ = 0;
+  std::vector<uint32_t> bins_;        // counts of p below the head per 1/256 octave (sampler.cpp)
   std::size_t prefix_ = 0;            // scratch_[0, prefix_) is sorted and the best
-  std::size_t head_size_ = 0;         // scratch_[0, head_size_) is the head
+  std::size_t head_size_ = 0;         // scratch_[0, head_size_) is the head (and middle once appended)
   bool tail_loaded_ = false;
-  double depth_ = 0.0;                // the head of the current bracket: y >= -depth_
+  bool mid_appended_ = false;
 };
 
 /// Index of the largest logit (lowest index on ties).

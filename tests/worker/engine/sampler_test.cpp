@@ -352,3 +352,31 @@ TEST_CASE("non-finite scaled logits (huge logits, tiny or NaN temperature) repla
   std::mt19937_64 rng(4);
   for (int i = 0; i < 3; ++i) CHECK(s.sample(negative) == reference_draw(negative, reference_candidates(negative, 0), params, rng));
 }
+
+TEST_CASE("draws decided among light tokens (e^-10.5 .. e^-11.5 of the top's) match the reference") {
+  // One token at 10, 8000 at -1.5 .. -0.5 (about 12% of the mass in all, each ~1.7e-5 of the top's),
+  // 300 far below and a few NaN: top-p cut-offs and some draws fall among the light ones, which the
+  // new sampler first only bins and then sums exactly.
+  std::mt19937_64 g(31);
+  std::uniform_real_distribution<double> light(-1.5, -0.5), far(-40.0, -11.0);
+  std::vector<float> row;
+  row.push_back(10.0f);
+  for (int i = 0; i < 8000; ++i) row.push_back(static_cast<float>(light(g)));
+  for (int i = 0; i < 300; ++i) row.push_back(static_cast<float>(far(g)));
+  for (int i = 0; i < 5; ++i) row.push_back(std::numeric_limits<float>::quiet_NaN());
+  std::shuffle(row.begin(), row.end(), g);
+  const RefCandidates sorted = reference_candidates(row, 0);
+  const float top_logit = sorted.front().first;
+  int light_hits = 0;
+  for (const auto& [p, draws] : {std::pair{1.0, 60}, std::pair{0.95, 10}, std::pair{0.9, 10}}) {
+    const SamplingParams params{1.0, 0, p, static_cast<uint64_t>(draws) + 100};
+    Sampler s(params);
+    std::mt19937_64 rng(*params.seed);
+    for (int i = 0; i < draws; ++i) {
+      const int32_t want = reference_draw(row, sorted, params, rng);
+      REQUIRE(s.sample(row) == want);
+      light_hits += row[static_cast<std::size_t>(want)] < top_logit ? 1 : 0;
+    }
+  }
+  CHECK(light_hits > 0);  // the case this test is for did occur
+}
