@@ -81,7 +81,8 @@ struct RouterOutputs {
 };
 
 /// xn_out = rmsnorm(x) * norm_w; logits = R · xn; then softmax, top-k (ties → lower id),
-/// renormalised over the top-k when `renormalise`; counts hits/misses. n_experts <= 1024, k <= 32.
+/// renormalised over the top-k when `renormalise`; counts hits/misses. n_experts <= 1024, k <= 32;
+/// R, x, xn_out 16-byte aligned.
 void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bfloat16* norm_w, float eps, float* xn_out,
                          int n_experts, int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream,
                          bool pdl = false);

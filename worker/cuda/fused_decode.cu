@@ -2,11 +2,11 @@
 // the MoE expert kernels are in fused_moe.cu.
 #include <cmath>
 
+#include "worker/cuda/block_norm.cuh"
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
-#include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
 
@@ -19,36 +19,16 @@ using detail::launch;
 using detail::sm_count;
 using detail::wait_for_predecessor;
 using detail::lane_dot;
-using detail::warp_argmax;
 using detail::warp_max;
-using detail::warp_softmax_inplace;
 using detail::warp_sum;
 
-// Per block: xs = x / rms(x) * nw into shared memory (sum of squares in a fixed order).
-template <int WARPS>
-__device__ __forceinline__ void block_rmsnorm_to_shared(const float* __restrict__ x, const bf16* __restrict__ nw, float eps,
-                                                        int in, float* xs, float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float ss = 0.f;
-  for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x + i);
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w) tot += red[w];
-  const float inv = rsqrtf(tot / in + eps);
-  for (int i = threadIdx.x; i < in; i += WARPS * 32) xs[i] = x[i] * inv * __bfloat162float(nw[i]);
-  __syncthreads();
-}
+using detail::block_rmsnorm_to_shared;
 
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                               const bf16* __restrict__ nw, float eps, float* __restrict__ y,
                                                               int out, int in, int accumulate, float* __restrict__ xn_out) {
+  SERVEDECK_TRACE_BLOCK();
   extern __shared__ float4 dyn4[];
   float* xs = reinterpret_cast<float*>(dyn4);
   __shared__ float red[WARPS];
@@ -76,10 +56,13 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 constexpr int k_staged_warps = 8;
 constexpr std::size_t k_staged_smem_max = 200 * 1024;
 
-template <bool NORM>
+// NV: the norm of x first — 0: none (x copied), > 0: block_rmsnorm_prefetched with NV float4
+// per thread (its weights loaded before the wait; in <= 4 * 256 * NV), -1: block_rmsnorm_to_shared.
+template <int NV>
 __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
     int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out) {
+  SERVEDECK_TRACE_BLOCK();
   constexpr int WARPS = k_staged_warps, RG = 8;
   extern __shared__ float4 dyn4[];
   const int R = rows_per_block, r0 = blockIdx.x * R, nrows = min(R, out - r0), n8 = in / 8;
@@ -93,9 +76,12 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     detail::bulk_barrier_init(&bar);
     detail::bulk_stage(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, &bar);
   }
+  detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
+  if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<WARPS * 32, NV>(nw, in);
   wait_for_predecessor();
-  if (NORM) {
-    block_rmsnorm_to_shared<WARPS>(x, nw, eps, in, xs, red);
+  if constexpr (NV != 0) {
+    if constexpr (NV > 0) detail::block_rmsnorm_prefetched<WARPS * 32, NV>(x, nwp, eps, in, xs, red);
+    else block_rmsnorm_to_shared<WARPS>(x, nw, eps, in, xs, red);
     if (xn_out != nullptr && blockIdx.x == 0)
       for (int i = threadIdx.x; i < in; i += WARPS * 32) xn_out[i] = xs[i];
   } else {
@@ -149,63 +135,12 @@ StagedPlan staged_plan(int out, int in) {
   return p;
 }
 
-template <bool NORM>
+template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
                    float* y, int out, int in, bool accumulate, float* xn_out) {
-  allow_dynamic_smem(staged_gemv_kernel<NORM>, k_staged_smem_max);
-  launch(staged_gemv_kernel<NORM>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
+  allow_dynamic_smem(staged_gemv_kernel<NV>, k_staged_smem_max);
+  launch(staged_gemv_kernel<NV>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
          accumulate ? 1 : 0, xn_out);
-}
-
-// Router: norm + GEMV; the last block to finish does softmax + top-k + counters.
-constexpr int k_router_warps = 2;
-
-__global__ void __launch_bounds__(k_router_warps * 32) router_fused_kernel(
-    const bf16* __restrict__ R, const float* __restrict__ x, const bf16* __restrict__ nw, float eps,
-    float* __restrict__ xn_out, int n, int hidden, int k, int renormalise, RouterOutputs o) {
-  extern __shared__ float4 dyn4[];
-  float* xs = reinterpret_cast<float*>(dyn4);
-  __shared__ float red[k_router_warps];
-  __shared__ float p[1024];
-  __shared__ int pick_id[32];
-  __shared__ float pick_p[32];
-  __shared__ int is_last;
-  const int lane = threadIdx.x % 32, row0 = blockIdx.x * k_router_warps + threadIdx.x / 32;
-  const detail::RowPrefetch pre = detail::prefetch_row(R + static_cast<size_t>(row0 < n ? row0 : 0) * hidden, hidden, lane);
-  wait_for_predecessor();
-  block_rmsnorm_to_shared<k_router_warps>(x, nw, eps, hidden, xs, red);
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < hidden; i += k_router_warps * 32) xn_out[i] = xs[i];
-  for (int row = row0; row < n; row += gridDim.x * k_router_warps) {
-    const bf16* wr = R + static_cast<size_t>(row) * hidden;
-    const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, xs, hidden, lane) : lane_dot(wr, xs, hidden, lane));
-    if (lane == 0) o.logits[row] = acc;
-  }
-  // Last-block pattern: every block publishes its logits, then counts itself done.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int e = threadIdx.x; e < n; e += k_router_warps * 32) p[e] = __ldcg(o.logits + e);
-  __syncthreads();
-  if (threadIdx.x < 32) warp_softmax_inplace(p, n, lane);
-  __syncthreads();
-  // Top-k by rank over both warps (the picks and order of k warp_argmax rounds), then the
-  // renormalisation sum in pick order.
-  detail::block_topk_by_rank(p, n, k, threadIdx.x, k_router_warps * 32, pick_id, pick_p);
-  __syncthreads();
-  if (threadIdx.x < k) {
-    const int e = pick_id[threadIdx.x];
-    o.ids[threadIdx.x] = e;
-    atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
-    atomicAdd(&o.layer_counts[e], 1ull);
-    float chosen_sum = 0.f;
-    for (int r = 0; r < k; ++r) chosen_sum += pick_p[r];
-    o.weights[threadIdx.x] = renormalise ? pick_p[threadIdx.x] / chosen_sum : pick_p[threadIdx.x];
-  }
-  if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch (the next kernel in the stream starts after this one)
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
@@ -219,6 +154,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
                                                                            const bf16* __restrict__ kn, float* kc,
                                                                            float* vc, float* __restrict__ out,
                                                                            AttentionShape s, const int32_t* pos_p) {
+  SERVEDECK_TRACE_BLOCK();
   __shared__ float qs[256], ks[256], vs[256];
   __shared__ float wm[k_attn_warps], wl[k_attn_warps];
   __shared__ float wacc[k_attn_warps][256];
@@ -330,6 +266,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
 // y (+)= W x with x from global memory (o-proj + residual).
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate) {
+  SERVEDECK_TRACE_BLOCK();
   const int lane = threadIdx.x % 32, row0 = blockIdx.x * 8 + threadIdx.x / 32;
   const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
   wait_for_predecessor();
@@ -358,7 +295,12 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   require(in % 8 == 0 && in <= 12288, "launch_norm_gemv_bf16", "in must be a multiple of 8 and <= 12288, got " + std::to_string(in));
   require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
   const StagedPlan p = staged_plan(out, in);
-  if (p.smem != 0) return launch_staged<true>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
+  if (p.smem != 0) {
+    // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
+    if (in <= 2048) return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
+    if (in <= 4096) return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
+    return launch_staged<-1>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
+  }
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
   allow_dynamic_smem(norm_gemv_kernel<8>, 12288 * sizeof(float));  // the precondition's largest `in`
   launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
@@ -379,26 +321,28 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
   launch(attention_fused_kernel, s.n_heads * k_attention_splits, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos);
 }
 
-void launch_router_fused(const bf16* R, const float* x, const bf16* norm_w, float eps, float* xn_out, int n_experts,
-                         int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream, bool pdl) {
-  using detail::require;
-  require(n_experts > 0 && n_experts <= 1024, "launch_router_fused", "n_experts must be in (0, 1024], got " + std::to_string(n_experts));
-  require(k > 0 && k <= n_experts && k <= 32, "launch_router_fused", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
-  require(hidden % 8 == 0 && hidden <= 12288, "launch_router_fused", "hidden must be a multiple of 8 and <= 12288, got " + std::to_string(hidden));
-  const int blocks = (n_experts + k_router_warps - 1) / k_router_warps;
-  allow_dynamic_smem(router_fused_kernel, 12288 * sizeof(float));  // the precondition's largest hidden
-  launch(router_fused_kernel, blocks, k_router_warps * 32, static_cast<std::size_t>(hidden) * sizeof(float), stream, pdl, R, x,
-         norm_w, eps, xn_out, n_experts, hidden, k, renormalise ? 1 : 0, o);
-}
-
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
                           bool pdl) {
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
   const StagedPlan p = staged_plan(out, in);
-  if (p.smem != 0) return launch_staged<false>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr);
+  if (p.smem != 0) return launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr);
   launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0);
 }
 
 }  // namespace servedeck::worker::cuda
+
+SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_decode)
+
+#ifdef SERVEDECK_DECODE_TRACE
+namespace servedeck::worker::cuda {
+void set_decode_trace_buffer_fused_moe(DecodeTraceRecord* buf);
+void set_decode_trace_buffer_fused_router(DecodeTraceRecord* buf);
+void set_decode_trace_buffer(DecodeTraceRecord* buf) {
+  set_decode_trace_buffer_fused_decode(buf);
+  set_decode_trace_buffer_fused_moe(buf);
+  set_decode_trace_buffer_fused_router(buf);
+}
+}  // namespace servedeck::worker::cuda
+#endif

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/decode_trace.cuh"
 
 namespace servedeck::worker::cuda::detail {
 
@@ -30,8 +31,17 @@ inline int sm_count() {
 // launches back) before its own wait. Weights, never written, may be read before it.
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
+#ifdef SERVEDECK_DECODE_TRACE
+  const unsigned long long t_wait = trace_now();
+#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
+#ifdef SERVEDECK_DECODE_TRACE
+  if (DecodeTraceRecord* r = trace_slot()) {
+    r->t_wait = t_wait;
+    r->t_waited = trace_now();
+  }
+#endif
 }
 
 /// Lets `kernel` launch with up to `max_bytes` of dynamic shared memory on the current device

@@ -1,5 +1,6 @@
 // Fused decode kernels of the routed experts (see fused.cuh for the launch plan per layer):
 // gate/up + SwiGLU and down + weighted reduction + residual, for the experts the router chose.
+#include <algorithm>
 #include <cmath>
 
 #include "worker/cuda/dot.cuh"
@@ -24,6 +25,7 @@ constexpr int k_moe_warps = 8;
 __global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                             const int32_t* __restrict__ ids, int k,
                                                                             float* __restrict__ act) {
+  SERVEDECK_TRACE_BLOCK();
   __shared__ const bf16* blocks[32];
   const int lane = threadIdx.x % 32;
   const int total = k * t.inter;
@@ -40,6 +42,54 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(Exp
   }
 }
 
+// The same for hidden <= 8 * 32 * C, one (j, r) unit per warp at a time with all of its loads in
+// flight (C 16-byte column blocks of the gate row and C of the up row per lane, for hidden 2048
+// C = 8: 64 registers of weights), xn staged in shared memory. The grid is two blocks per SM,
+// so every block is resident at once even beside the router's blocks (the previous kernel,
+// still running when these are scheduled): measured on the H200 (session 6 trace, run 1), the
+// one-unit-per-warp grid of 768 blocks did not fit beside the router and its last blocks passed
+// the wait ~12 µs after the first. Per lane the terms are summed in lane_dot's order, so act is
+// bit-identical to moe_gate_up_fused_kernel's.
+template <int C>
+__global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(ExpertTable t, const float* __restrict__ xn,
+                                                                               const int32_t* __restrict__ ids, int k,
+                                                                               float* __restrict__ act) {
+  SERVEDECK_TRACE_BLOCK();
+  extern __shared__ float4 xs4[];
+  __shared__ const bf16* blocks[32];
+  const int lane = threadIdx.x % 32;
+  const int total = k * t.inter, n8 = t.hidden / 8;
+  wait_for_predecessor();
+  if (threadIdx.x < k) blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
+  for (int i = threadIdx.x; i < t.hidden / 4; i += k_moe_warps * 32) xs4[i] = reinterpret_cast<const float4*>(xn)[i];
+  __syncthreads();
+  for (int gw = blockIdx.x * k_moe_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_moe_warps) {
+    const int j = gw / t.inter, r = gw % t.inter;
+    const uint4* g = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(r) * t.hidden);
+    const uint4* u = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(t.inter + r) * t.hidden);
+    uint4 wg[C], wu[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int i = lane + 32 * c;
+      wg[c] = i < n8 ? g[i] : make_uint4(0, 0, 0, 0);
+      wu[c] = i < n8 ? u[i] : make_uint4(0, 0, 0, 0);
+    }
+    float gs = 0.f, us = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int i = lane + 32 * c;
+      if (i < n8) {
+        const float4 a = xs4[2 * i], b = xs4[2 * i + 1];
+        gs += detail::dot8(wg[c], a, b);
+        us += detail::dot8(wu[c], a, b);
+      }
+    }
+    gs = warp_sum(gs);
+    us = warp_sum(us);
+    if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
+  }
+}
+
 // down row h of every routed expert, weighted sum in the order j = 0..k-1, residual add. The
 // routed experts' down pointers and weights go to shared memory once per block; a lane then
 // walks its columns with the loads of up to eight experts in flight at once (per-expert sums in
@@ -48,6 +98,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
                                                                          const int32_t* __restrict__ ids,
                                                                          const float* __restrict__ weights, int k,
                                                                          float* __restrict__ out) {
+  SERVEDECK_TRACE_BLOCK();
   __shared__ const bf16* down[32];
   __shared__ float wj[32];
   const int lane = threadIdx.x % 32;
@@ -106,6 +157,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
                                                                            const int32_t* __restrict__ ids,
                                                                            const float* __restrict__ weights, int k,
                                                                            float* __restrict__ out) {
+  SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   __shared__ float part[32][k_down_rows];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -171,6 +223,12 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_gate_up_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
+  detail::require(detail::aligned16(xn), "launch_moe_gate_up_fused", "xn must be 16-byte aligned");
+  const int units = k * table.inter, n8 = table.hidden / 8;
+  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, 2 * detail::sm_count());
+  const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
+  if (n8 <= 32 * 4) return launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
+  if (n8 <= 32 * 8) return launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
   launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
 }
 
@@ -188,3 +246,5 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
 }
 
 }  // namespace servedeck::worker::cuda
+
+SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_moe)

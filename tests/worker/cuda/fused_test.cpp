@@ -21,8 +21,11 @@ std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) 
 
 TEST_CASE("norm_gemv equals rmsnorm then gemv (and writes the normalised x)") {
   gpu_test::skip_without_gpu();
-  // 5120x2048, 40x64, 3000x1024: rows staged in shared memory; 30000x1024: the row-per-warp kernel.
-  for (auto [out, in] : {std::pair{40, 64}, std::pair{5120, 2048}, std::pair{3000, 1024}, std::pair{30000, 1024}}) {
+  // 5120x2048, 40x64, 3000x1024: rows staged in shared memory, norm weights loaded before the
+  // wait (2 float4 per thread); 1000x4096: 4 per thread; 600x6144: the strided norm;
+  // 30000x1024: the row-per-warp kernel.
+  for (auto [out, in] : {std::pair{40, 64}, std::pair{5120, 2048}, std::pair{3000, 1024}, std::pair{1000, 4096}, std::pair{600, 6144},
+                         std::pair{30000, 1024}}) {
     DeviceBuffer<__nv_bfloat16> W(rand_bf16(static_cast<std::size_t>(out) * in, 3 + out, 0.05f));
     DeviceBuffer<__nv_bfloat16> nw(rand_bf16(static_cast<std::size_t>(in), 4, 1.f));
     DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(in), 5 + in, 2.f));
@@ -166,4 +169,50 @@ TEST_CASE("fused router (last-block top-k, counters) and fused MoE equal the unf
   launch_moe_gate_up_fused(t, xn2.ptr, ids2.ptr, K, act.ptr, nullptr);
   launch_moe_down_fused(t, act.ptr, ids2.ptr, w2.ptr, K, out2.ptr, nullptr);
   CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+}
+
+TEST_CASE("fused router and gate/up at hidden 2048, 4096 and 6144 equal the unfused kernels") {
+  gpu_test::skip_without_gpu();
+  // 2048: the router's norm weights prefetched (4 float4 per thread) and gate/up with 8 column
+  // blocks per lane (the Qwen3-30B-A3B shape); 4096: 8 float4 per thread and the one-unit-per-
+  // warp gate/up; 6144: the strided norm.
+  const int E = 64, K = 8, I = 64;
+  for (int H : {2048, 4096, 6144}) {
+    CAPTURE(H);
+    DeviceBuffer<__nv_bfloat16> R(rand_bf16(static_cast<std::size_t>(E) * H, 51 + H, 0.1f)), nw(rand_bf16(static_cast<std::size_t>(H), 52, 1.f));
+    DeviceBuffer<float> x(gpu_test::random_floats(static_cast<std::size_t>(H), 53 + H, 1.f));
+    DeviceBuffer<float> xn(static_cast<std::size_t>(H)), logits(static_cast<std::size_t>(E)), w1(static_cast<std::size_t>(K));
+    DeviceBuffer<int32_t> ids1(static_cast<std::size_t>(K));
+    launch_rmsnorm(x.ptr, nw.ptr, xn.ptr, 1, H, 1e-6f, nullptr);
+    launch_gemv_bf16(R.ptr, xn.ptr, logits.ptr, E, H, false, nullptr);
+    launch_router_topk(logits.ptr, E, K, true, ids1.ptr, w1.ptr, nullptr);
+    DeviceBuffer<uint8_t> dflags(std::vector<uint8_t>(E, 1));
+    DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(E, 0));
+    DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0});
+    DeviceBuffer<float> xn2(static_cast<std::size_t>(H)), logits2(static_cast<std::size_t>(E)), w2(static_cast<std::size_t>(K));
+    DeviceBuffer<int32_t> ids2(static_cast<std::size_t>(K));
+    ids2.poison();
+    xn2.poison();
+    launch_router_fused(R.ptr, x.ptr, nw.ptr, 1e-6f, xn2.ptr, E, H, K, true,
+                        RouterOutputs{logits2.ptr, ids2.ptr, w2.ptr, done.ptr, dflags.ptr, counters.ptr, lc.ptr}, nullptr);
+    CHECK(ids2.get() == ids1.get());
+    CHECK(gpu_test::compare(w1.get(), w2.get(), "router weights") < 1e-5);
+    CHECK(gpu_test::compare(xn.get(), xn2.get(), "router xn") < 1e-6);
+    CHECK(counters.get()[0] == static_cast<unsigned long long>(K));
+
+    const std::size_t block = 3ull * I * H;
+    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 54 + H, 0.05f));
+    std::vector<const __nv_bfloat16*> table(E);
+    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
+    DeviceBuffer<const __nv_bfloat16*> dtable(table);
+    const ExpertTable t{dtable.ptr, H, I};
+    auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 55, 1.f);
+    DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
+        act(static_cast<std::size_t>(K) * I);
+    launch_moe_decode(t, xn.ptr, ids1.ptr, w1.ptr, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
+    act.poison();
+    launch_moe_gate_up_fused(t, xn2.ptr, ids2.ptr, K, act.ptr, nullptr);
+    launch_moe_down_fused(t, act.ptr, ids2.ptr, w2.ptr, K, out2.ptr, nullptr);
+    CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+  }
 }

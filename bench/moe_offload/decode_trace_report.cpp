@@ -1,0 +1,110 @@
+#include "bench/moe_offload/decode_trace_report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "worker/cuda/cuda_check.hpp"
+#include "worker/cuda/decode_trace.hpp"
+
+namespace servedeck::bench {
+
+#ifndef SERVEDECK_DECODE_TRACE
+void decode_trace_report(worker::cuda::CudaBackend&, worker::KvCache&) { std::printf("\ntrace: not built (-DSERVEDECK_DECODE_TRACE=ON)\n"); }
+#else
+namespace {
+struct Grid {
+  unsigned long long id = 0;
+  int blocks = 0;
+  unsigned long long first_start = ~0ull, first_wait = ~0ull, first_waited = ~0ull, last_waited = 0, last_end = 0;
+};
+}  // namespace
+
+void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& cache) {
+  namespace cuda = worker::cuda;
+  const std::size_t n = cuda::k_decode_trace_slots;
+  cuda::DecodeTraceRecord* dev = nullptr;
+  CUDA_CHECK(cudaMalloc(&dev, n * sizeof(cuda::DecodeTraceRecord)));
+  CUDA_CHECK(cudaMemset(dev, 0, n * sizeof(cuda::DecodeTraceRecord)));
+  cuda::set_decode_trace_buffer(dev);
+  backend.decode_step_us(cache, 1);  // 6 replays; the slots keep the last one's records
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::set_decode_trace_buffer(nullptr);
+  std::vector<cuda::DecodeTraceRecord> rec(n);
+  CUDA_CHECK(cudaMemcpy(rec.data(), dev, n * sizeof(cuda::DecodeTraceRecord), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaFree(dev));
+  std::map<unsigned long long, Grid> grids;
+  for (const auto& r : rec) {
+    if (r.t_end == 0) continue;
+    Grid& g = grids[r.grid];
+    g.id = r.grid;
+    ++g.blocks;
+    g.first_start = std::min(g.first_start, r.t_start);
+    if (r.t_wait != 0) {
+      g.first_wait = std::min(g.first_wait, r.t_wait);
+      g.first_waited = std::min(g.first_waited, r.t_waited);
+      g.last_waited = std::max(g.last_waited, r.t_waited);
+    }
+    g.last_end = std::max(g.last_end, r.t_end);
+  }
+  // The last replay's grids: the latest started (one step = 6 per MoE layer + lm_head).
+  std::vector<Grid> all;
+  for (const auto& [id, g] : grids) all.push_back(g);
+  std::sort(all.begin(), all.end(), [](const Grid& a, const Grid& b) { return a.first_start < b.first_start; });
+  const auto& d = backend.description();
+  const std::size_t per_step = 6 * d.layers.size() + 1;
+  std::printf("\ndecode step timeline (trace build: %%globaltimer per block; one replay, %zu grids recorded, %zu per step)\n", all.size(),
+              per_step);
+  if (all.size() < per_step) {
+    std::printf("trace: too few grids recorded\n");
+    return;
+  }
+  std::vector<Grid> step(all.end() - static_cast<std::ptrdiff_t>(per_step), all.end());
+  // Timer granularity: the smallest positive gap between distinct start times.
+  std::vector<unsigned long long> ts;
+  for (const auto& g : step) ts.push_back(g.first_start);
+  std::sort(ts.begin(), ts.end());
+  unsigned long long gran = ~0ull;
+  for (std::size_t i = 1; i < ts.size(); ++i)
+    if (ts[i] > ts[i - 1]) gran = std::min(gran, ts[i] - ts[i - 1]);
+  std::printf("globaltimer: smallest gap between grid starts %llu ns; step first start -> lm_head end %.2f us\n", gran,
+              (step.back().last_end - step.front().first_start) / 1000.0);
+  const char* names[6] = {"norm+qkv", "attention", "o-proj", "router", "gate_up", "down"};
+  const int L = static_cast<int>(d.layers.size()), lo = std::min(8, L / 4), hi = std::max(lo + 1, L - 8);
+  std::printf("%-10s %7s %9s %9s %9s %9s   (means over layers %d..%d, us)\n", "kernel", "blocks", "span", "lead", "late", "tail", lo, hi - 1);
+  double layer_sum = 0;
+  for (int k = 0; k < 6; ++k) {
+    double span = 0, lead = 0, late = 0, tail = 0, blocks = 0;
+    for (int l = lo; l < hi; ++l) {
+      const std::size_t i = static_cast<std::size_t>(6 * l + k);
+      const Grid& g = step[i];
+      const Grid& next = step[i + 1];
+      // This kernel ends when its successor's first wait returns; its predecessor ends when its own does.
+      span += (static_cast<double>(next.first_waited) - static_cast<double>(g.first_waited)) / 1000.0;
+      lead += (static_cast<double>(g.first_waited) - static_cast<double>(g.first_wait)) / 1000.0;
+      late += (static_cast<double>(g.last_waited) - static_cast<double>(g.first_waited)) / 1000.0;
+      tail += (static_cast<double>(g.last_end) - static_cast<double>(next.first_waited)) / 1000.0;
+      blocks += g.blocks;
+    }
+    const double m = hi - lo;
+    layer_sum += span / m;
+    std::printf("%-10s %7.0f %9.2f %9.2f %9.2f %9.2f\n", names[k], blocks / m, span / m, lead / m, late / m, tail / m);
+  }
+  std::printf("layer (sum of spans) %.2f us\n", layer_sum);
+  // One layer in full, relative to its qkv's first wait return, for reading by eye.
+  const int l = L / 2;
+  const unsigned long long t0 = step[static_cast<std::size_t>(6 * l)].first_waited;
+  std::printf("layer %d in full (us from its qkv's first wait return): kernel: first start / first wait / first waited / last waited / last end\n", l);
+  auto rel = [&](unsigned long long t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1000.0; };
+  for (int k = 0; k < 7; ++k) {
+    const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
+    std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f\n", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
+                rel(g.last_waited), rel(g.last_end));
+  }
+}
+#endif
+
+}  // namespace servedeck::bench

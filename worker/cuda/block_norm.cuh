@@ -1,0 +1,95 @@
+// Block-wide RMSNorm of one fp32 row into shared memory for the fused decode kernels (internal
+// to worker/cuda): xs = x / rms(x) * nw, the sum of squares in a fixed order (each thread its
+// float4s in index order, the warp's shuffle tree, then the warps in order), so every block of
+// a kernel computes the same xs bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "worker/cuda/dot.cuh"
+
+namespace servedeck::worker::cuda::detail {
+
+/// The norm weights of a thread's V float4 columns (4 bf16 each: columns 4 (t + v NT) ..+3),
+/// loaded early, e.g. before waiting for the previous kernel (weights are never written by it).
+template <int V>
+struct NormWeights {
+  uint2 w[V];
+};
+
+/// Loads thread t's NormWeights for a row of `in` floats (in % 4 == 0); zero past the row.
+template <int NT, int V>
+__device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloat16* nw, int in) {
+  NormWeights<V> p;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
+    p.w[v] = i < in ? *reinterpret_cast<const uint2*>(nw + i) : make_uint2(0, 0);
+  }
+  return p;
+}
+
+/// xs[0..in) = x / rms(x) * nw for a block of NT threads with NT * V * 4 >= in, in % 4 == 0,
+/// x 16-byte aligned: one round of loads of x (V float4 per thread, held in registers), the
+/// block reduction through red[NT / 32], then the products from registers. Bit-identical to
+/// block_rmsnorm_to_shared. Ends with __syncthreads.
+template <int NT, int V>
+__device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
+                                                         int in, float* xs, float* red) {
+  constexpr int WARPS = NT / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float4 xv[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
+    xv[v] = i < in ? *reinterpret_cast<const float4*>(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) ss += xv[v].x * xv[v].x + xv[v].y * xv[v].y + xv[v].z * xv[v].z + xv[v].w * xv[v].w;
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) tot += red[w];
+  const float inv = rsqrtf(tot / in + eps);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
+    if (i < in) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&nw.w[v]);
+      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+      xs[i] = xv[v].x * inv * a.x;
+      xs[i + 1] = xv[v].y * inv * a.y;
+      xs[i + 2] = xv[v].z * inv * b.x;
+      xs[i + 3] = xv[v].w * inv * b.y;
+    }
+  }
+  __syncthreads();
+}
+
+/// The same for any `in` (in % 4 == 0): strided loops over x, reading x twice and nw after the
+/// reduction. Ends with __syncthreads.
+template <int WARPS>
+__device__ __forceinline__ void block_rmsnorm_to_shared(const float* __restrict__ x, const __nv_bfloat16* __restrict__ nw, float eps,
+                                                        int in, float* xs, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float ss = 0.f;
+  for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4) {
+    const float4 v = *reinterpret_cast<const float4*>(x + i);
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) tot += red[w];
+  const float inv = rsqrtf(tot / in + eps);
+  for (int i = threadIdx.x; i < in; i += WARPS * 32) xs[i] = x[i] * inv * __bfloat162float(nw[i]);
+  __syncthreads();
+}
+
+}  // namespace servedeck::worker::cuda::detail
