@@ -24,6 +24,7 @@ constexpr double k_quick_depth = 10.0;
 constexpr double k_head_depth = 20.0;
 constexpr int k_bins_per_octave = 256;
 constexpr int k_tail_octaves = 64;
+constexpr int k_head_bins_per_octave = 16;  // for prefix_hint only
 constexpr int k_mid_octaves = 15;  // the middle spans 10 * log2(e) = 14.4 octaves
 constexpr double k_log2e = 1.4426950408889634;  // log2(e), rounded to double
 // note: 1e-6 relative covers, with a wide margin, every rounding between a binned p and its bin's
@@ -91,21 +92,64 @@ Sampler::Sampler(SamplingParams params)
     : params_(params), rng_(params.seed ? *params.seed : std::random_device{}()) {}
 
 int32_t argmax(std::span<const float> logits) {
-  if (logits.empty()) return 0;
-  int32_t best = 0;
-  float best_logit = logits[0];
-  for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > best_logit) {
-      best_logit = logits[i];
-      best = static_cast<int32_t>(i);
+  // The first index of the largest non-NaN value, as a scan keeping the first strictly larger one
+  // from index 0 gives; a NaN at index 0 wins (nothing compares larger). Four interleaved lanes.
+  if (logits.empty() || std::isnan(logits[0])) return 0;
+  float best[4];
+  std::size_t at[4];
+  for (std::size_t j = 0; j < 4; ++j) {
+    best[j] = logits[0];
+    at[j] = 0;
+  }
+  std::size_t i = 1;
+  for (; i + 4 <= logits.size(); i += 4) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      const bool larger = logits[i + j] > best[j];
+      best[j] = larger ? logits[i + j] : best[j];
+      at[j] = larger ? i + j : at[j];
     }
   }
-  return best;
+  for (; i < logits.size(); ++i) {
+    const bool larger = logits[i] > best[0];
+    best[0] = larger ? logits[i] : best[0];
+    at[0] = larger ? i : at[0];
+  }
+  std::size_t winner = 0;
+  for (std::size_t j = 1; j < 4; ++j) {
+    if (best[j] > best[winner] || (best[j] == best[winner] && at[j] < at[winner])) winner = j;
+  }
+  return static_cast<int32_t>(at[winner]);
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) return 0;
   if (params_.temperature <= k_greedy_temperature || params_.top_k == 1) return argmax(logits);
+
+  const double inv_t = 1.0 / params_.temperature;
+  scratch_.clear();
+  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < logits.size()) {
+    // The best min(top_k, finite) candidates, in order: a heap of the kept ones, worst on top, in
+    // one pass (fewer than top_k finite logits: all of them, as the sorted draw keeps then).
+    const auto keep = static_cast<std::size_t>(params_.top_k);
+    scratch_.reserve(keep);
+    const ByLogit better;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      const float x = logits[i];
+      if (!std::isfinite(x)) continue;
+      const Candidate c(x, static_cast<int32_t>(i));
+      if (scratch_.size() < keep) {
+        scratch_.push_back(c);
+        std::push_heap(scratch_.begin(), scratch_.end(), better);
+      } else if (x >= scratch_.front().first && better(c, scratch_.front())) {
+        std::pop_heap(scratch_.begin(), scratch_.end(), better);
+        scratch_.back() = c;
+        std::push_heap(scratch_.begin(), scratch_.end(), better);
+      }
+    }
+    if (scratch_.empty()) return argmax(logits);
+    std::sort_heap(scratch_.begin(), scratch_.end(), better);
+    return draw_sorted(inv_t);
+  }
 
   // Candidates are the finite logits: count them and find the largest (four independent chains).
   std::size_t count[4] = {0, 0, 0, 0};
@@ -129,30 +173,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
   const std::size_t n_finite = count[0] + count[1] + count[2] + count[3];
   const float max_logit = std::max(std::max(most[0], most[1]), std::max(most[2], most[3]));
   if (n_finite == 0) return argmax(logits);
-  const double inv_t = 1.0 / params_.temperature;
-  scratch_.clear();
 
-  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < n_finite) {
-    // The best top_k candidates, in order: a heap of the kept ones, worst on top, in one pass.
-    const auto keep = static_cast<std::size_t>(params_.top_k);
-    scratch_.reserve(keep);
-    const ByLogit better;
-    for (std::size_t i = 0; i < logits.size(); ++i) {
-      const float x = logits[i];
-      if (!std::isfinite(x)) continue;
-      const Candidate c(x, static_cast<int32_t>(i));
-      if (scratch_.size() < keep) {
-        scratch_.push_back(c);
-        std::push_heap(scratch_.begin(), scratch_.end(), better);
-      } else if (better(c, scratch_.front())) {
-        std::pop_heap(scratch_.begin(), scratch_.end(), better);
-        scratch_.back() = c;
-        std::push_heap(scratch_.begin(), scratch_.end(), better);
-      }
-    }
-    std::sort_heap(scratch_.begin(), scratch_.end(), better);
-    return draw_sorted(inv_t);
-  }
   return draw_prefix(logits, n_finite, inv_t, max_logit);
 }
 
@@ -211,11 +232,11 @@ void Sampler::load_tail(std::span<const float> logits, double inv_t, double top)
   tail_loaded_ = true;
 }
 
-void Sampler::extend_prefix(std::span<const float> logits, double inv_t, double top) {
+void Sampler::extend_prefix(std::span<const float> logits, double inv_t, double top, std::size_t hint) {
   if (prefix_ == head_size_) load_tail(logits, inv_t, top);
   // Every head candidate precedes every middle one, and those every tail one (y is monotone in the logit).
   const std::size_t end = prefix_ < head_size_ ? head_size_ : scratch_.size();
-  const std::size_t next = std::min(end, std::max(prefix_ + k_first_prefix, prefix_ * k_prefix_growth));
+  const std::size_t next = std::min(end, std::max({prefix_ + k_first_prefix, prefix_ * k_prefix_growth, hint}));
   const auto first = scratch_.begin() + static_cast<std::ptrdiff_t>(prefix_);
   const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>(next);
   const auto last = scratch_.begin() + static_cast<std::ptrdiff_t>(end);
@@ -268,6 +289,7 @@ int32_t Sampler::draw_prefix(std::span<const float> logits, std::size_t n, doubl
     return draw_full_sort(logits, inv_t, top);
   }
   bins_.assign(k_grid + 1, 0);
+  head_bins_.fill(0);
   uint32_t* const bins = bins_.data();
   if (mid_.size() < n) mid_.resize(n);
   Candidate* const mid = mid_.data();
@@ -280,6 +302,7 @@ int32_t Sampler::draw_prefix(std::span<const float> logits, std::size_t n, doubl
     if (y >= -k_quick_depth) {
       s += std::exp(y);
       scratch_.emplace_back(x, static_cast<int32_t>(i));
+      ++head_bins_[std::min(head_bins_.size() - 1, static_cast<std::size_t>(-y * (k_log2e * k_head_bins_per_octave)))];
     } else {  // note: branch-free below: middle vs tail is a coin toss on flat rows
       const std::size_t b = bin_of(y);
       ++bins[b];
@@ -307,17 +330,46 @@ int32_t Sampler::draw_prefix(std::span<const float> logits, std::size_t n, doubl
   return draw_full_sort(logits, inv_t, top);
 }
 
+std::size_t Sampler::prefix_hint(double mass) const {
+  // From the largest p down: count the candidates bin by bin until their lower-edge mass reaches
+  // `mass`. Only a size to sort at once instead of growing 256, 1024, ...; any value is correct.
+  std::size_t count = 0;
+  double lower_mass = 0.0;
+  for (std::size_t k = 0; k < head_bins_.size(); ++k) {  // head bin k: p in (2^(-(k+1)/16), 2^(-k/16)]
+    if (head_bins_[k] == 0) continue;
+    count += head_bins_[k];
+    lower_mass += static_cast<double>(head_bins_[k]) * std::exp2(-static_cast<double>(k + 1) / k_head_bins_per_octave);
+    if (lower_mass >= mass) return count + count / 8;
+  }
+  const uint32_t* const bins = bins_.data();
+  const std::vector<double>& frac = octave_fractions();
+  double octave_base = std::exp2(k_z_min + static_cast<double>((k_grid - 1) / k_bins_per_octave));
+  for (std::size_t g = k_grid; g-- > 0;) {  // grid bin g (index g + 1), top down
+    const std::size_t j = g % k_bins_per_octave;
+    if (j == k_bins_per_octave - 1 && g + 1 != k_grid) octave_base *= 0.5;  // into the next octave down
+    if (bins[g + 1] == 0) continue;
+    count += bins[g + 1];
+    lower_mass += static_cast<double>(bins[g + 1]) * (octave_base * frac[j]);
+    if (lower_mass >= mass) return count + count / 8;
+  }
+  return count;
+}
+
 std::optional<int32_t> Sampler::try_decide(std::span<const float> logits, std::size_t n, double inv_t, double top,
                                            double s_lo, double s_hi, bool may_load_tail) {
-  // Next sorted candidate available? Extends the prefix; without may_load_tail, not past the head.
+  // Next sorted candidate available? Extends the prefix (the first time at least to `hint`);
+  // without may_load_tail, not past the head.
+  std::size_t hint = 0;
   const auto available = [&](std::size_t k) {
     if (k < prefix_) return true;
     if (prefix_ == n || (prefix_ == head_size_ && !may_load_tail)) return false;
-    extend_prefix(logits, inv_t, top);
+    extend_prefix(logits, inv_t, top, hint);
+    hint = 0;
     return true;
   };
   const double top_p = params_.top_p;
   if (top_p > 0.0 && top_p < 1.0) {
+    hint = prefix_hint(top_p * s_hi);
     double cum_lo = 0.0;  // the top-p cumulative with s_hi: <= the one with S
     double cum_hi = 0.0;  // with s_lo: >= the one with S
     std::size_t keep = n;
@@ -345,6 +397,7 @@ std::optional<int32_t> Sampler::try_decide(std::span<const float> logits, std::s
   const double r_lo = std::uniform_real_distribution<double>(0.0, s_lo)(rng_lo);
   const double r_hi = std::uniform_real_distribution<double>(0.0, s_hi)(rng_hi);
   if (rng_lo != rng_hi) return std::nullopt;  // not one draw's bits each: leave it to the full sort
+  hint = prefix_hint(r_hi);
   double acc = 0.0;
   for (std::size_t k = 0;; ++k) {
     if (!available(k)) {

@@ -14,6 +14,7 @@
 // Not thread-safe: one Sampler per request.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -68,8 +69,11 @@ class Sampler {
   // else nullopt (rng_ untouched). Reads past the head only if may_load_tail.
   std::optional<int32_t> try_decide(std::span<const float> logits, std::size_t n, double inv_t, double top, double s_lo,
                                     double s_hi, bool may_load_tail);
-  // Grows the sorted prefix scratch_[0, prefix_) (by 256, then 4x) and its probs_.
-  void extend_prefix(std::span<const float> logits, double inv_t, double top);
+  // Grows the sorted prefix scratch_[0, prefix_) (by 256, then 4x, or to `hint`) and its probs_.
+  void extend_prefix(std::span<const float> logits, double inv_t, double top, std::size_t hint);
+  // About how many of the best candidates hold `mass` (in units of the top token's p), from
+  // head_bins_ and bins_; an estimate (sizes the first sort), never a bound.
+  std::size_t prefix_hint(double mass) const;
   // Appends the middle candidates (mid_) to scratch_ after the head, once per draw.
   void append_mid();
   // Appends the middle, then the tail candidates (p below ~e^-20), to scratch_, once per draw.
@@ -86,6 +90,7 @@ class Sampler {
   std::vector<Candidate> mid_;        // [0, mid_size_): the middle candidates, until appended
   std::size_t mid_size_ = 0;
   std::vector<uint32_t> bins_;        // counts of p below the head per 1/256 octave (sampler.cpp)
+  std::array<uint32_t, 256> head_bins_{};  // head counts per 1/16 octave of p (prefix_hint only)
   std::size_t prefix_ = 0;            // scratch_[0, prefix_) is sorted and the best
   std::size_t head_size_ = 0;         // scratch_[0, head_size_) is the head (and middle once appended)
   bool tail_loaded_ = false;

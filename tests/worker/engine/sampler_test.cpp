@@ -23,6 +23,14 @@ namespace {
 // reference_draw is the rest (softmax in sorted order, top-p, the one uniform draw).
 using RefCandidates = std::vector<std::pair<float, int32_t>>;
 
+int32_t reference_argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[static_cast<std::size_t>(best)]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
 RefCandidates reference_candidates(std::span<const float> logits, int top_k) {
   RefCandidates scratch;
   for (std::size_t i = 0; i < logits.size(); ++i) {
@@ -44,8 +52,8 @@ RefCandidates reference_candidates(std::span<const float> logits, int top_k) {
 int32_t reference_draw(std::span<const float> logits, const RefCandidates& scratch, const SamplingParams& params,
                        std::mt19937_64& rng) {
   if (logits.empty()) return 0;
-  if (params.temperature <= 1e-5 || params.top_k == 1) return argmax(logits);
-  if (scratch.empty()) return argmax(logits);
+  if (params.temperature <= 1e-5 || params.top_k == 1) return reference_argmax(logits);
+  if (scratch.empty()) return reference_argmax(logits);
   const double inv_t = 1.0 / params.temperature;
   const double top = scratch.front().first * inv_t;
   std::vector<double> p(scratch.size());
@@ -149,6 +157,21 @@ TEST_CASE("greedy picks the argmax; top_k 1 and a tiny top_p are greedy too") {
     CHECK(k1.sample(logits) == 1);
     CHECK(p0.sample(logits) == 1);
   }
+}
+
+TEST_CASE("argmax is the reference's: first of the largest, NaN ignored unless at index 0") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float pool[] = {0.0f, -0.0f, 1.0f, 1.0f, -1.0f, inf, -inf, nan, 2.5f, 2.5f};
+  std::mt19937_64 g(5);
+  std::uniform_int_distribution<std::size_t> pick(0, std::size(pool) - 1);
+  for (int trial = 0; trial < 4000; ++trial) {
+    std::vector<float> row(1 + static_cast<std::size_t>(trial % 13));
+    for (float& x : row) x = pool[pick(g)];
+    REQUIRE_MESSAGE(argmax(row) == reference_argmax(row), "trial " << trial);
+  }
+  CHECK(argmax(std::vector<float>{nan, 5.0f, 7.0f}) == 0);
+  CHECK(argmax(std::vector<float>{1.0f, nan, 7.0f, 2.0f, 7.0f, 3.0f, 4.0f, 5.0f, 6.0f}) == 2);
+  CHECK(argmax(std::vector<float>{}) == 0);
 }
 
 TEST_CASE("seeded sampling is reproducible; different seeds differ") {
