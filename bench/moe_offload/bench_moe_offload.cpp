@@ -32,6 +32,7 @@
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/engine/sampler.hpp"
 #include "bench/moe_offload/decode_trace_report.hpp"
 #include "bench/moe_offload/flash_bench.hpp"
 
@@ -356,7 +357,7 @@ int main(int argc, char** argv) {
     backend->reset_stats();
     auto td = clk::now();
     for (int i = 0; i < decode; ++i) {
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const int32_t next = servedeck::worker::argmax(logits);  // the engine's greedy pick
       logits = backend->forward(*cache, std::vector<int32_t>{next}, false);
     }
     const double decode_s = seconds_since(td);
@@ -371,10 +372,10 @@ int main(int argc, char** argv) {
     // The step's graph alone (GPU time; the rest of ms/token is the host's share between steps).
     const double step_us = backend->decode_step_us(*cache, 32);
     if (slots == 128 && pdl && row.prompt == prompt) {
-      // The host's share of ms/token, in part: the benchmark's own argmax over the logits row.
+      // The host's share of ms/token, in part: the engine.s greedy pick (worker::argmax) over the logits row.
       auto ta = clk::now();
       int32_t sink = 0;
-      for (int r = 0; r < 50; ++r) sink += static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      for (int r = 0; r < 50; ++r) sink += servedeck::worker::argmax(logits);
       host_argmax_us = seconds_since(ta) / 50 * 1e6 + (sink == -1 ? 1 : 0);
       servedeck::bench::decode_trace_report(*backend, *cache);  // trace builds only
     }
@@ -389,7 +390,7 @@ int main(int argc, char** argv) {
                     {"roofline_tok_s", 1 / roof_s}, {"achieved_fraction", achieved},
                     {"gpu_step_us", step_us}});
   }
-  std::printf("host share of the all-resident row: ms/token - GPU ms; of it, the benchmark's argmax over the logits row: %.1f us\n",
+  std::printf("host share of the all-resident row: ms/token - GPU ms; of it, the engine's argmax (worker/engine/sampler.hpp) over the logits row: %.1f us\n",
               host_argmax_us);
   std::printf("\nprefill128 column: the prompt before each decode row (%d tokens; 4096 for \"all @4k\"), through the staged prefill\n"
               "path. Roofline: PCIe bytes / UVA GB/s + (resident weights + hot experts + the KV rows read) / HBM GB/s.\n", prompt);

@@ -78,6 +78,61 @@ __device__ __forceinline__ void norm_rope_head(const float* src, const __nv_bflo
   __syncwarp();
 }
 
+/// norm_rope_head's constants for one lane, loaded early (before waiting for the previous
+/// kernel: they are never written): its norm weights (elements lane + 32 i, i < 8) and inverse
+/// frequencies (lane + 32 m, m < 4; rotary / 2 <= 128).
+struct RopeHeadPrefetch {
+  float nw[8];
+  float freq[4];
+};
+
+__device__ __forceinline__ RopeHeadPrefetch prefetch_rope_head(const __nv_bfloat16* nw, const float* inv_freq, int hd, int rotary,
+                                                               int lane) {
+  RopeHeadPrefetch p;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) p.nw[i] = nw != nullptr && lane + 32 * i < hd ? __bfloat162float(nw[lane + 32 * i]) : 0.f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) p.freq[m] = lane + 32 * m < rotary / 2 ? inv_freq[lane + 32 * m] : 0.f;
+  return p;
+}
+
+/// norm_rope_head with its constants from prefetch_rope_head (the same arithmetic, bit-identical
+/// results); `norm` false skips the RMSNorm as a null nw does there. hd <= 256.
+__device__ __forceinline__ void norm_rope_head_prefetched(const float* src, const RopeHeadPrefetch& p, bool norm, float* dst, int hd,
+                                                          int rotary, float eps, int pos, int lane) {
+  float v[8];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.f;
+    ss += v[i] * v[i];
+  }
+  if (norm) {
+    const float inv = rsqrtf(warp_sum(ss) / hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (lane + 32 * i < hd) v[i] = v[i] * inv * p.nw[i];
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < hd) dst[lane + 32 * i] = v[i];
+  __syncwarp();
+  const int half = rotary / 2;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int i = lane + 32 * m;
+    if (i < half) {
+      const float angle = static_cast<float>(pos) * p.freq[m];
+      float sn, cs;
+      sincosf(angle, &sn, &cs);
+      const float x1 = dst[i], x2 = dst[i + half];
+      dst[i] = x1 * cs - x2 * sn;
+      dst[i + half] = x2 * cs + x1 * sn;
+    }
+  }
+  __syncwarp();
+}
+
 /// The first eight 16-byte weight loads of a lane's share of a row (elements lane*8 + 256*u,
 /// u < 8), issued early, e.g. before waiting for the previous kernel: weights are never written
 /// by it. Zero where the row is shorter.
@@ -109,6 +164,23 @@ __device__ __forceinline__ float lane_dot_prefetched(const RowPrefetch& p, const
   }
   return lane_dot_from(w, x4, n8, lane + 256, acc);
 }
+
+/// Every thread of a block of `nthreads` copies its 16-byte pieces t, t + nthreads, ... of
+/// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst with
+/// cp.async (L1 bypassed), as one commit group; stage_wait_all then waits for them. In the
+/// decode step this measured the same as one thread's bulk copies (TMA, bulk_stage) on the H200
+/// (session 6 runs 4-5: GPU step 2.963 vs 2.961 ms) and needs no mbarrier.
+__device__ __forceinline__ void stage_async(void* dst, const void* src, unsigned bytes, int t, int nthreads) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const char* s = static_cast<const char*>(src);
+  for (unsigned off = static_cast<unsigned>(t) * 16u; off < bytes; off += static_cast<unsigned>(nthreads) * 16u)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + off), "l"(s + off) : "memory");
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/// Waits for this thread's stage_async copies; a __syncthreads after it makes every thread's
+/// copies visible to the block.
+__device__ __forceinline__ void stage_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /// Hopper bulk copies (TMA) into shared memory, completing on an mbarrier. Thread 0 calls
 /// bulk_barrier_init, then bulk_stage (any number of times, before anyone waits); after a

@@ -2,7 +2,7 @@
 //   1. launch_norm_gemv_bf16: RMSNorm of x computed per block into shared memory, then y = W·x̂
 //      (q|k|v concatenated at load → one launch; the router; lm_head with the final norm). When
 //      a block's rows fit in shared memory (one block per SM; q|k|v 5120x2048: 39 rows = 156 KB)
-//      they are bulk-copied (TMA) there before griddepcontrol.wait, so they stream during the
+//      they are copied there (cp.async by every thread) before griddepcontrol.wait, so they stream during the
 //      previous kernel; larger matrices (lm_head) use one warp per row.
 //   2. launch_attention_decode_fused: q/k-norm + RoPE + KV append + single-query attention.
 //   3. launch_gemv_bf16_pdl, accumulate: o-proj + residual (staged in shared memory as 1.).
@@ -31,7 +31,8 @@ namespace servedeck::worker::cuda {
 
 /// y = W · (x / rms(x) * norm_w) (+ y when accumulate). W: (out, in) bf16, in % 8 == 0,
 /// in <= 12288 (the normalised x lives in shared memory); x: (in) fp32; norm_w: (in) bf16.
-/// When xn_out is non-null, block 0 also writes the normalised x there (in floats).
+/// When xn_out is non-null, block 0 also writes the normalised x there (in floats). With pdl and
+/// accumulate, y may be read before waiting for the predecessor (as launch_gemv_bf16_pdl).
 void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
                            int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false);
 
@@ -94,14 +95,18 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), in an order fixed by the
 /// shapes alone (inter <= 768: per expert the lanes' column blocks in order and the warp's
 /// shuffle tree, then the experts in slot order).
-/// With pdl, `ids` is read BEFORE waiting for the predecessor (for inter <= 768): it must have
-/// been written before the predecessor started, as in the decode step (router → gate/up → down).
+/// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
+/// must have been written before the predecessor started, as in the decode step (o-proj writes
+/// out, the router ids, then gate/up, then down).
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream, bool pdl = false);
 
 /// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL. W: (out, in) bf16,
 /// in % 8 == 0, W and x 16-byte aligned. Rows staged in shared memory before the wait when
 /// ceil(out / SMs) rows fit (o-proj 2048x4096: 16 rows = 128 KB per block), else one warp per row.
+/// With pdl and accumulate, the staged kernel reads y BEFORE waiting for the predecessor: y must
+/// not be written by the immediate predecessor (in the decode step the o-proj accumulates into
+/// the residual stream, last written by the previous layer's down, before q|k|v).
 void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
                           cudaStream_t stream, bool pdl = false);
 

@@ -47,8 +47,8 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 }
 
 // Staged GEMV (batch 1), y (+)= W · x̂ with x̂ = rmsnorm(x) * nw when NORM, else x: block b owns
-// the rows [b R, b R + R) (R = rows_per_block), one contiguous byte range of W, which thread 0
-// bulk-copies (TMA) into shared memory BEFORE waiting for the predecessor, so the weights stream
+// the rows [b R, b R + R) (R = rows_per_block), one contiguous byte range of W, which all threads
+// copy (cp.async, stage_async) into shared memory BEFORE waiting for the predecessor, so the weights stream
 // while the previous kernel still runs (R·in·2 bytes per SM). Then lane l of warp w takes the 16-byte
 // column blocks c = 32 w + l (+ 32 WARPS, ...) of 8 rows at a time; per row the lane sums its
 // blocks in order, the warp reduces with the shuffle tree, and the block adds the warps in order.
@@ -71,13 +71,12 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
   float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
   float* part = xs + in;
   __shared__ float red[WARPS];
-  __shared__ unsigned long long bar;
-  if (threadIdx.x == 0) {
-    detail::bulk_barrier_init(&bar);
-    detail::bulk_stage(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, &bar);
-  }
+  detail::stage_async(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, static_cast<int>(threadIdx.x),
+                      WARPS * 32);
   detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
   if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<WARPS * 32, NV>(nw, in);
+  // y, when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
+  const float y_old = accumulate && static_cast<int>(threadIdx.x) < nrows ? y[r0 + threadIdx.x] : 0.f;
   wait_for_predecessor();
   if constexpr (NV != 0) {
     if constexpr (NV > 0) detail::block_rmsnorm_prefetched<WARPS * 32, NV>(x, nwp, eps, in, xs, red);
@@ -89,8 +88,8 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4)
       *reinterpret_cast<float4*>(xs + i) = *reinterpret_cast<const float4*>(x + i);
   }
-  __syncthreads();  // the barrier's initialisation is visible to every thread
-  detail::bulk_wait(&bar);
+  detail::stage_wait_all();
+  __syncthreads();  // every thread's copies are visible to the block
   const float4* xs4 = reinterpret_cast<const float4*>(xs);
   for (int g = 0; g < nrows; g += RG) {
     float acc[RG];
@@ -114,7 +113,7 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) s += part[w * R + r];
-    y[r0 + r] = accumulate ? y[r0 + r] + s : s;
+    y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : y[r0 + r]) + s : s;
   }
 }
 
@@ -164,10 +163,15 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   constexpr int G = k_attention_splits * k_attn_warps;
-  wait_for_predecessor();
+  // Before the wait: the position (written by the host before the step), the norm weights and
+  // inverse frequencies (never written).
   const int pos = *pos_p;
-  if (warp == 0) detail::norm_rope_head(qkv + static_cast<size_t>(h) * hd, qn, qs, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
-  if (warp == 1) detail::norm_rope_head(qkv + q_dim + static_cast<size_t>(kvh) * hd, kn, ks, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
+  detail::RopeHeadPrefetch rp{};
+  if (warp < 2) rp = detail::prefetch_rope_head(warp == 0 ? qn : kn, s.inv_freq, hd, s.rotary_dim, lane);
+  wait_for_predecessor();
+  if (warp == 0) detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(h) * hd, rp, qn != nullptr, qs, hd, s.rotary_dim, s.eps, pos, lane);
+  if (warp == 1)
+    detail::norm_rope_head_prefetched(qkv + q_dim + static_cast<size_t>(kvh) * hd, rp, kn != nullptr, ks, hd, s.rotary_dim, s.eps, pos, lane);
   if (warp == 2)
     for (int i = lane; i < hd; i += 32) vs[i] = qkv[q_dim + kv_dim + kvh * hd + i];
   __syncthreads();
@@ -244,20 +248,26 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // Every split's (M, L) and this thread's outputs in one round of loads, then the merge in
+  // split order.
   const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);
-  float MM = -INFINITY;
-  for (int b = 0; b < k_attention_splits; ++b) MM = fmaxf(MM, __ldcg(hp + b * (hd + 2)));
-  float LL = 0.f;
-  for (int b = 0; b < k_attention_splits; ++b) {
-    const float Lb = __ldcg(hp + b * (hd + 2) + 1);
-    LL += Lb > 0.f ? Lb * expf(__ldcg(hp + b * (hd + 2)) - MM) : 0.f;
-  }
   for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-    float o = 0.f;
+    float Mb[k_attention_splits], Lb[k_attention_splits], Ob[k_attention_splits];
+#pragma unroll
     for (int b = 0; b < k_attention_splits; ++b) {
-      const float Lb = __ldcg(hp + b * (hd + 2) + 1);
-      o += Lb > 0.f ? __ldcg(hp + b * (hd + 2) + 2 + dd) * expf(__ldcg(hp + b * (hd + 2)) - MM) : 0.f;
+      Mb[b] = __ldcg(hp + b * (hd + 2));
+      Lb[b] = __ldcg(hp + b * (hd + 2) + 1);
+      Ob[b] = __ldcg(hp + b * (hd + 2) + 2 + dd);
     }
+    float MM = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < k_attention_splits; ++b) MM = fmaxf(MM, Mb[b]);
+    float LL = 0.f;
+#pragma unroll
+    for (int b = 0; b < k_attention_splits; ++b) LL += Lb[b] > 0.f ? Lb[b] * expf(Mb[b] - MM) : 0.f;
+    float o = 0.f;
+#pragma unroll
+    for (int b = 0; b < k_attention_splits; ++b) o += Lb[b] > 0.f ? Ob[b] * expf(Mb[b] - MM) : 0.f;
     out[static_cast<size_t>(h) * hd + dd] = o / LL;
   }
   if (threadIdx.x == 0) s.counters[h] = 0u;  // ready for the next launch

@@ -180,6 +180,8 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     select(warp);
     load(0);
   }
+  // The residual too: out was last written by the o-proj, three launches back.
+  const float out_old = static_cast<int>(threadIdx.x) < nrows ? out[h0 + threadIdx.x] : 0.f;
   wait_for_predecessor();
   for (int j = warp; j < k; j += k_moe_warps) {
     if (j != warp) {
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
   if (threadIdx.x < nrows) {
     float tot = 0.f;
     for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
-    out[h0 + threadIdx.x] += tot;
+    out[h0 + threadIdx.x] = out_old + tot;
   }
 }
 
