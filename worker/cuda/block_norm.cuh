@@ -11,6 +11,19 @@
 
 namespace servedeck::worker::cuda::detail {
 
+/// The block's 1 / rms from each thread's partial sum of squares: the warp's shuffle tree, then
+/// the warps in order through red[WARPS]. Contains a __syncthreads.
+template <int WARPS>
+__device__ __forceinline__ float block_inv_rms(float ss, float eps, int in, float* red) {
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) tot += red[w];
+  return rsqrtf(tot / in + eps);
+}
+
 /// The norm weights of a thread's V float4 columns (4 bf16 each: columns 4 (t + v NT) ..+3),
 /// loaded early, e.g. before waiting for the previous kernel (weights are never written by it).
 template <int V>
@@ -37,8 +50,6 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
 template <int NT, int V>
 __device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
                                                          int in, float* xs, float* red) {
-  constexpr int WARPS = NT / 32;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float4 xv[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
@@ -48,13 +59,7 @@ __device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict
   float ss = 0.f;
 #pragma unroll
   for (int v = 0; v < V; ++v) ss += xv[v].x * xv[v].x + xv[v].y * xv[v].y + xv[v].z * xv[v].z + xv[v].w * xv[v].w;
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w) tot += red[w];
-  const float inv = rsqrtf(tot / in + eps);
+  const float inv = block_inv_rms<NT / 32>(ss, eps, in, red);
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
@@ -75,19 +80,12 @@ __device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict
 template <int WARPS>
 __device__ __forceinline__ void block_rmsnorm_to_shared(const float* __restrict__ x, const __nv_bfloat16* __restrict__ nw, float eps,
                                                         int in, float* xs, float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < in; i += WARPS * 32 * 4) {
     const float4 v = *reinterpret_cast<const float4*>(x + i);
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w) tot += red[w];
-  const float inv = rsqrtf(tot / in + eps);
+  const float inv = block_inv_rms<WARPS>(ss, eps, in, red);
   for (int i = threadIdx.x; i < in; i += WARPS * 32) xs[i] = x[i] * inv * __bfloat162float(nw[i]);
   __syncthreads();
 }

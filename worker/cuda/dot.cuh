@@ -45,39 +45,6 @@ __device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float*
   return lane_dot_from(reinterpret_cast<const uint4*>(row), reinterpret_cast<const float4*>(x), n / 8, lane, 0.f);
 }
 
-// One warp: optional per-head RMSNorm, then RoPE (rotate_half) at position pos, into dst.
-// inv_freq: (rotary / 2) table computed on the host at load (rope_inv_freq in fused.cuh).
-__device__ __forceinline__ void norm_rope_head(const float* src, const __nv_bfloat16* nw, float* dst, int hd, int rotary,
-                                               float eps, const float* inv_freq, int pos, int lane) {
-  float v[8];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    v[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.f;
-    ss += v[i] * v[i];
-  }
-  if (nw != nullptr) {
-    const float inv = rsqrtf(warp_sum(ss) / hd + eps);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (lane + 32 * i < hd) v[i] = v[i] * inv * __bfloat162float(nw[lane + 32 * i]);
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    if (lane + 32 * i < hd) dst[lane + 32 * i] = v[i];
-  __syncwarp();
-  const int half = rotary / 2;
-  for (int i = lane; i < half; i += 32) {
-    const float angle = static_cast<float>(pos) * inv_freq[i];
-    float sn, cs;
-    sincosf(angle, &sn, &cs);
-    const float x1 = dst[i], x2 = dst[i + half];
-    dst[i] = x1 * cs - x2 * sn;
-    dst[i + half] = x2 * cs + x1 * sn;
-  }
-  __syncwarp();
-}
-
 /// norm_rope_head's constants for one lane, loaded early (before waiting for the previous
 /// kernel: they are never written): its norm weights (elements lane + 32 i, i < 8) and inverse
 /// frequencies (lane + 32 m, m < 4; rotary / 2 <= 128).
@@ -96,8 +63,8 @@ __device__ __forceinline__ RopeHeadPrefetch prefetch_rope_head(const __nv_bfloat
   return p;
 }
 
-/// norm_rope_head with its constants from prefetch_rope_head (the same arithmetic, bit-identical
-/// results); `norm` false skips the RMSNorm as a null nw does there. hd <= 256.
+/// One warp: optional per-head RMSNorm (`norm`), then RoPE (rotate_half) at position pos, into
+/// dst (may be src), with the constants from prefetch_rope_head. hd <= 256, rotary <= hd.
 __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, const RopeHeadPrefetch& p, bool norm, float* dst, int hd,
                                                           int rotary, float eps, int pos, int lane) {
   float v[8];
@@ -131,6 +98,14 @@ __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, cons
     }
   }
   __syncwarp();
+}
+
+/// One warp: optional per-head RMSNorm (nw null: none), then RoPE (rotate_half) at position pos,
+/// into dst (may be src). inv_freq: (rotary / 2) table computed on the host at load
+/// (rope_inv_freq in fused.cuh). hd <= 256.
+__device__ __forceinline__ void norm_rope_head(const float* src, const __nv_bfloat16* nw, float* dst, int hd, int rotary,
+                                               float eps, const float* inv_freq, int pos, int lane) {
+  norm_rope_head_prefetched(src, prefetch_rope_head(nw, inv_freq, hd, rotary, lane), nw != nullptr, dst, hd, rotary, eps, pos, lane);
 }
 
 /// The first eight 16-byte weight loads of a lane's share of a row (elements lane*8 + 256*u,

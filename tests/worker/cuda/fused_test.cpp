@@ -17,6 +17,26 @@ namespace {
 std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) {
   return gpu_test::to_bf16(gpu_test::random_floats(n, seed, scale));
 }
+
+// E experts of shape (H, I) in VRAM: the unfused MoE from (xn, ids1, w1) against fused gate/up +
+// down from (xn2, ids2, w2), on the same residual.
+void check_fused_moe(int E, int K, int H, int I, unsigned seed, const float* xn, const int32_t* ids1, const float* w1, const float* xn2,
+                     const int32_t* ids2, const float* w2) {
+  const std::size_t block = 3ull * I * H;
+  DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, seed, 0.1f));
+  std::vector<const __nv_bfloat16*> table(E);
+  for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
+  DeviceBuffer<const __nv_bfloat16*> dtable(table);
+  const ExpertTable t{dtable.ptr, H, I};
+  auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), seed + 1, 1.f);
+  DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
+      act(static_cast<std::size_t>(K) * I);
+  launch_moe_decode(t, xn, ids1, w1, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
+  act.poison();
+  launch_moe_gate_up_fused(t, xn2, ids2, K, act.ptr, nullptr);
+  launch_moe_down_fused(t, act.ptr, ids2, w2, K, out2.ptr, nullptr);
+  CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+}
 }  // namespace
 
 TEST_CASE("norm_gemv equals rmsnorm then gemv (and writes the normalised x)") {
@@ -155,20 +175,7 @@ TEST_CASE("fused router (last-block top-k, counters) and fused MoE equal the unf
   for (int j = 0; j < K; ++j) CHECK(lcv[static_cast<std::size_t>(ids[static_cast<std::size_t>(j)])] == 2ull);
 
   // Experts: a device table of E blocks (all in VRAM; the UVA case is covered by kernels_test).
-  const std::size_t block = 3ull * I * H;
-  DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 31, 0.1f));
-  std::vector<const __nv_bfloat16*> table(E);
-  for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
-  DeviceBuffer<const __nv_bfloat16*> dtable(table);
-  const ExpertTable t{dtable.ptr, H, I};
-  auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 32, 1.f);
-  DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
-      act(static_cast<std::size_t>(K) * I);
-  launch_moe_decode(t, xn.ptr, ids1.ptr, w1.ptr, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
-  act.poison();
-  launch_moe_gate_up_fused(t, xn2.ptr, ids2.ptr, K, act.ptr, nullptr);
-  launch_moe_down_fused(t, act.ptr, ids2.ptr, w2.ptr, K, out2.ptr, nullptr);
-  CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+  check_fused_moe(E, K, H, I, 31, xn.ptr, ids1.ptr, w1.ptr, xn2.ptr, ids2.ptr, w2.ptr);
 }
 
 TEST_CASE("fused router and gate/up at hidden 2048, 4096 and 6144 equal the unfused kernels") {
@@ -200,19 +207,6 @@ TEST_CASE("fused router and gate/up at hidden 2048, 4096 and 6144 equal the unfu
     CHECK(gpu_test::compare(xn.get(), xn2.get(), "router xn") < 1e-6);
     CHECK(counters.get()[0] == static_cast<unsigned long long>(K));
 
-    const std::size_t block = 3ull * I * H;
-    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 54 + H, 0.05f));
-    std::vector<const __nv_bfloat16*> table(E);
-    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
-    DeviceBuffer<const __nv_bfloat16*> dtable(table);
-    const ExpertTable t{dtable.ptr, H, I};
-    auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 55, 1.f);
-    DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
-        act(static_cast<std::size_t>(K) * I);
-    launch_moe_decode(t, xn.ptr, ids1.ptr, w1.ptr, K, scratch.ptr, partial.ptr, out1.ptr, nullptr);
-    act.poison();
-    launch_moe_gate_up_fused(t, xn2.ptr, ids2.ptr, K, act.ptr, nullptr);
-    launch_moe_down_fused(t, act.ptr, ids2.ptr, w2.ptr, K, out2.ptr, nullptr);
-    CHECK(gpu_test::compare(out1.get(), out2.get(), "fused moe") < 1e-5);
+    check_fused_moe(E, K, H, I, static_cast<unsigned>(54 + H), xn.ptr, ids1.ptr, w1.ptr, xn2.ptr, ids2.ptr, w2.ptr);
   }
 }
