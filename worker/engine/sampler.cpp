@@ -9,8 +9,8 @@ namespace servedeck::worker {
 
 namespace {
 constexpr double k_greedy_temperature = 1e-5;
-// note: the sorted prefix starts at 256 candidates and grows 4x (256, 1024, 4096, ...): with
-// LM-like logits the top-p prefix and the draw almost always end inside the first 256.
+// note: the sorted prefix starts at 256 candidates (or prefix_hint's estimate, if larger) and grows
+// 4x: with LM-like logits the top-p prefix and the draw almost always end inside the first 256.
 constexpr std::size_t k_first_prefix = 256;
 constexpr std::size_t k_prefix_growth = 4;
 // The candidates by y = logit / T - max_logit / T (the log of the weight p relative to the top
@@ -19,7 +19,8 @@ constexpr std::size_t k_prefix_growth = 4;
 // counted in bins of 1/256 octave (log2 p), from 64 octaves under e^-20 up to past e^-10; the
 // middle and the tail are the bins at and above, and below, e^-20 (a bin edge), plus one bin for
 // deeper. note: -10 (e^-10 = 4.5e-5) keeps the first try to a few hundred exp calls on LM-like
-// rows; -20 makes the second one's bracket ~1e-10 of S wide (n * 2.1e-9 * 0.3% at most).
+// rows; -20 keeps the second one's bracket under n * 2.1e-9 * 0.27% = 8.6e-7 of S (n = 151936;
+// S >= 1, the top token's p), and ~1e-10 on LM-like rows, whose tail weighs far less.
 constexpr double k_quick_depth = 10.0;
 constexpr double k_head_depth = 20.0;
 constexpr int k_bins_per_octave = 256;
@@ -339,7 +340,7 @@ std::size_t Sampler::prefix_hint(double mass) const {
     if (head_bins_[k] == 0) continue;
     count += head_bins_[k];
     lower_mass += static_cast<double>(head_bins_[k]) * std::exp2(-static_cast<double>(k + 1) / k_head_bins_per_octave);
-    if (lower_mass >= mass) return count + count / 8;
+    if (lower_mass >= mass) return count;
   }
   const uint32_t* const bins = bins_.data();
   const std::vector<double>& frac = octave_fractions();
@@ -350,7 +351,7 @@ std::size_t Sampler::prefix_hint(double mass) const {
     if (bins[g + 1] == 0) continue;
     count += bins[g + 1];
     lower_mass += static_cast<double>(bins[g + 1]) * (octave_base * frac[j]);
-    if (lower_mass >= mass) return count + count / 8;
+    if (lower_mass >= mass) return count;
   }
   return count;
 }
