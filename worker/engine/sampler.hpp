@@ -108,7 +108,7 @@ class Sampler {
 };
 
 /// Index of the largest logit (lowest index on ties; NaN never wins, except a NaN at index 0,
-/// which nothing compares larger than). O(V), one pass.
+/// which nothing compares larger than). O(V): two passes, SSE where the target has it.
 int32_t argmax(std::span<const float> logits);
 
 /// log_softmax(logits)[id] and the `top_n` most likely tokens (top_n may be 0).

@@ -165,13 +165,25 @@ TEST_CASE("argmax is the reference's: first of the largest, NaN ignored unless a
   std::mt19937_64 g(5);
   std::uniform_int_distribution<std::size_t> pick(0, std::size(pool) - 1);
   for (int trial = 0; trial < 4000; ++trial) {
-    std::vector<float> row(1 + static_cast<std::size_t>(trial % 13));
+    // Lengths 1..67: the scalar path, and the four-by-four SIMD pass (17 and more) with its tail.
+    std::vector<float> row(1 + static_cast<std::size_t>(trial % 67));
     for (float& x : row) x = pool[pick(g)];
     REQUIRE_MESSAGE(argmax(row) == reference_argmax(row), "trial " << trial);
   }
   CHECK(argmax(std::vector<float>{nan, 5.0f, 7.0f}) == 0);
   CHECK(argmax(std::vector<float>{1.0f, nan, 7.0f, 2.0f, 7.0f, 3.0f, 4.0f, 5.0f, 6.0f}) == 2);
   CHECK(argmax(std::vector<float>{}) == 0);
+  // A vocabulary-size row: the maximum planted twice, after NaNs and equal-valued zeros.
+  std::vector<float> big(151936);
+  std::normal_distribution<float> logit(0.0f, 3.0f);
+  for (float& x : big) x = logit(g);
+  big[7] = nan;
+  big[90001] = 40.0f;
+  big[120000] = 40.0f;
+  CHECK(argmax(big) == 90001);
+  CHECK(argmax(big) == reference_argmax(big));
+  big[3] = 40.0f;
+  CHECK(argmax(big) == 3);
 }
 
 TEST_CASE("seeded sampling is reproducible; different seeds differ") {
