@@ -46,7 +46,8 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
 /// xs[0..in) = x / rms(x) * nw for a block of NT threads with NT * V * 4 >= in, in % 4 == 0,
 /// x 16-byte aligned: one round of loads of x (V float4 per thread, held in registers), the
 /// block reduction through red[NT / 32], then the products from registers. Bit-identical to
-/// block_rmsnorm_to_shared. Ends with __syncthreads.
+/// block_rmsnorm_to_shared<NT / 32> (the same thread count; another count sums the squares in
+/// another order). Ends with __syncthreads.
 template <int NT, int V>
 __device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
                                                          int in, float* xs, float* red) {

@@ -31,6 +31,7 @@ namespace servedeck::worker::cuda {
 
 /// y = W · (x / rms(x) * norm_w) (+ y when accumulate). W: (out, in) bf16, in % 8 == 0,
 /// in <= 12288 (the normalised x lives in shared memory); x: (in) fp32; norm_w: (in) bf16.
+/// W and x 16-byte aligned, norm_w 8-byte aligned (std::invalid_argument otherwise).
 /// When xn_out is non-null, block 0 also writes the normalised x there (in floats). With pdl and
 /// accumulate, y may be read before waiting for the predecessor (as launch_gemv_bf16_pdl).
 void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
@@ -65,7 +66,9 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// qkv: (n_heads + 2 n_kv_heads) * head_dim fp32 = [q | k | v] at position *pos (pre-norm,
 /// pre-RoPE). Applies per-head RMSNorm (q_norm/k_norm, both null to skip), RoPE at *pos,
 /// writes k and v into the caches' row *pos, then attends over rows [0, *pos]. out: (n_heads,
-/// head_dim). head_dim % 32 == 0, head_dim <= 256.
+/// head_dim). head_dim <= 256. With pdl, *pos, q_norm, k_norm and s.inv_freq are read BEFORE
+/// waiting for the predecessor: *pos must not be written by it (in the decode step the host
+/// copies it before the step).
 void launch_attention_decode_fused(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
                                    float* k_cache, float* v_cache, float* out, const AttentionShape& s,
                                    const int32_t* pos, cudaStream_t stream, bool pdl = false);
@@ -83,7 +86,7 @@ struct RouterOutputs {
 
 /// xn_out = rmsnorm(x) * norm_w; logits = R · xn; then softmax, top-k (ties → lower id),
 /// renormalised over the top-k when `renormalise`; counts hits/misses. n_experts <= 1024, k <= 32;
-/// R, x, xn_out 16-byte aligned.
+/// R, x, xn_out 16-byte aligned, norm_w 8-byte aligned (std::invalid_argument otherwise).
 void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bfloat16* norm_w, float eps, float* xn_out,
                          int n_experts, int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream,
                          bool pdl = false);
@@ -95,6 +98,7 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), in an order fixed by the
 /// shapes alone (inter <= 768: per expert the lanes' column blocks in order and the warp's
 /// shuffle tree, then the experts in slot order).
+/// act 16-byte aligned (std::invalid_argument otherwise).
 /// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
 /// must have been written before the predecessor started, as in the decode step (o-proj writes
 /// out, the router ids, then gate/up, then down).

@@ -304,6 +304,8 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   require(out > 0 && in > 0, "launch_norm_gemv_bf16", "out and in must be positive, got " + std::to_string(out) + ", " + std::to_string(in));
   require(in % 8 == 0 && in <= 12288, "launch_norm_gemv_bf16", "in must be a multiple of 8 and <= 12288, got " + std::to_string(in));
   require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
+  // The staged kernels' prefetch_norm_weights reads four bf16 norm weights at a time (8-byte loads).
+  require(detail::aligned8(norm_w), "launch_norm_gemv_bf16", "norm_w must be 8-byte aligned");
   const StagedPlan p = staged_plan(out, in);
   if (p.smem != 0) {
     // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.

@@ -28,7 +28,9 @@ inline int sm_count() {
 // are visible. Only then does it let its own dependent be scheduled. That order is a contract
 // the decode step relies on: every fused kernel calls this before any early return, so kernel
 // N+1 cannot start before kernel N-1 has finished — moe_down_fused reads the router's ids (two
-// launches back) before its own wait. Weights, never written, may be read before it.
+// launches back) and the residual (three back) before its own wait, the staged o-proj the
+// residual (three back), the attention the position (copied by the host before the step).
+// Weights, never written, may be read before it.
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
 #ifdef SERVEDECK_DECODE_TRACE

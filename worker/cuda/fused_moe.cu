@@ -239,6 +239,7 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
+  detail::require(detail::aligned16(act), "launch_moe_down_fused", "act must be 16-byte aligned");
   const int n8 = table.inter / 8;
   const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
   if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);

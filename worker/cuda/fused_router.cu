@@ -102,6 +102,8 @@ void launch_router_fused(const bf16* R, const float* x, const bf16* norm_w, floa
   require(hidden % 8 == 0 && hidden <= 12288, "launch_router_fused", "hidden must be a multiple of 8 and <= 12288, got " + std::to_string(hidden));
   require(detail::aligned16(x) && detail::aligned16(xn_out) && detail::aligned16(R), "launch_router_fused",
           "R, x and xn_out must be 16-byte aligned");
+  // prefetch_norm_weights reads four bf16 norm weights at a time (8-byte loads).
+  require(detail::aligned8(norm_w), "launch_router_fused", "norm_w must be 8-byte aligned");
   const int blocks = (n_experts + k_router_warps - 1) / k_router_warps;
   const std::size_t smem = static_cast<std::size_t>(hidden) * sizeof(float);
   if (hidden <= 4 * k_router_threads * 4)

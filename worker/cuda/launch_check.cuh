@@ -14,6 +14,7 @@ inline void require(bool ok, const char* launcher, const std::string& what) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+inline bool aligned8(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 7u) == 0; }
 
 /// After a launch: cudaGetLastError() through CUDA_CHECK.
 inline void check_launch() { CUDA_CHECK(cudaGetLastError()); }
