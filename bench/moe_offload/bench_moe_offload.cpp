@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
     // The step's graph alone (GPU time; the rest of ms/token is the host's share between steps).
     const double step_us = backend->decode_step_us(*cache, 32);
     if (slots == 128 && pdl && row.prompt == prompt) {
-      // The host's share of ms/token, in part: the engine.s greedy pick (worker::argmax) over the logits row.
+      // The host's share of ms/token, in part: the engine's greedy pick (worker::argmax) over the logits row.
       auto ta = clk::now();
       int32_t sink = 0;
       for (int r = 0; r < 50; ++r) sink += servedeck::worker::argmax(logits);

@@ -263,6 +263,8 @@ void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_no
                                 const AttentionShape& s, int rows, int pos0, cudaStream_t stream) {
   detail::require(s.head_dim > 0 && s.head_dim <= 256 && rows > 0, "launch_qk_rope_append_rows",
                   "head_dim must be in (0, 256] and rows positive, got " + std::to_string(s.head_dim) + ", " + std::to_string(rows));
+  detail::require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, "launch_qk_rope_append_rows",
+                  "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
   const unsigned head_blocks = static_cast<unsigned>((s.n_heads + s.n_kv_heads + k_rope_heads_per_block - 1) / k_rope_heads_per_block);
   qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), head_blocks), dim3(32, k_rope_heads_per_block), 0, stream>>>(
       qkv, q_norm, k_norm, k_cache, v_cache, s, pos0);
