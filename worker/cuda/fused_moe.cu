@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
 // sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
 // one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
 // At CH = 3 (inter 768) ptxas spills 32 bytes since the residual is read before the wait (4
-// before); the step measured no slower for it (session 6 runs 4-5).
+// before); its cost was not measured apart (run 4 changed attention too).
 constexpr int k_down_rows = 16;
 
 // A load the compiler may not hoist out of the row-group loop (it would hold CH·8 more
