@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "worker/engine/sampler.hpp"
+#include "tests/worker/engine/reference_sampler.hpp"
 
 namespace {
 
@@ -53,63 +54,15 @@ using servedeck::worker::SamplingParams;
 
 constexpr std::size_t k_vocab = 151936;  // Qwen3's vocabulary (config.json vocab_size)
 
-// The sampler before the prefix-only rewrite (worker/engine/sampler.cpp at commit e3d607b), as a
-// function over a caller-owned generator and scratch; old_argmax is that commit's argmax.
-int32_t old_argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<std::size_t>(best)]) best = static_cast<int32_t>(i);
-  }
-  return best;
-}
-
+// The sampler before the prefix-only rewrite (tests/worker/engine/reference_sampler.hpp), over a
+// caller-owned generator and scratch (the old Sampler reused its scratch too).
 int32_t old_sample(std::span<const float> logits, const SamplingParams& params, std::mt19937_64& rng,
-                   std::vector<std::pair<float, int32_t>>& scratch) {
+                   servedeck::worker::reference::Candidates& scratch) {
+  namespace ref = servedeck::worker::reference;
   if (logits.empty()) return 0;
-  if (params.temperature <= 1e-5 || params.top_k == 1) return old_argmax(logits);
-  scratch.clear();
-  scratch.reserve(logits.size());
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    if (std::isfinite(logits[i])) scratch.emplace_back(logits[i], static_cast<int32_t>(i));
-  }
-  if (scratch.empty()) return old_argmax(logits);
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  std::size_t keep = scratch.size();
-  if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < keep) {
-    keep = static_cast<std::size_t>(params.top_k);
-    std::partial_sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep), scratch.end(), by_logit);
-    scratch.resize(keep);
-  } else {
-    std::sort(scratch.begin(), scratch.end(), by_logit);
-  }
-  const double inv_t = 1.0 / params.temperature;
-  const double top = scratch.front().first * inv_t;
-  std::vector<double> p(scratch.size());
-  double sum = 0.0;
-  for (std::size_t i = 0; i < scratch.size(); ++i) {
-    p[i] = std::exp(scratch[i].first * inv_t - top);
-    sum += p[i];
-  }
-  if (params.top_p > 0.0 && params.top_p < 1.0) {
-    double cum = 0.0;
-    std::size_t n = 0;
-    while (n < p.size()) {
-      cum += p[n] / sum;
-      ++n;
-      if (cum >= params.top_p) break;
-    }
-    p.resize(n);
-    sum = 0.0;
-    for (double x : p) sum += x;
-  }
-  std::uniform_real_distribution<double> u(0.0, sum);
-  const double r = u(rng);
-  double acc = 0.0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    acc += p[i];
-    if (r < acc) return scratch[i].second;
-  }
-  return scratch[p.size() - 1].second;
+  if (params.temperature <= 1e-5 || params.top_k == 1) return ref::argmax(logits);
+  ref::candidates(logits, params.top_k, scratch);
+  return ref::draw(logits, scratch, params, rng);
 }
 
 std::vector<std::vector<float>> make_rows(std::size_t n_rows) {

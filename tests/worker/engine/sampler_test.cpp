@@ -12,88 +12,28 @@
 
 #include "worker/engine/sampler.hpp"
 #include "worker/engine/stop_matcher.hpp"
+#include "tests/worker/engine/reference_sampler.hpp"
 
 using namespace servedeck::worker;
 
 namespace {
 
-// ---- Reference: the sampler as it was before the prefix-only rewrite (commit e3d607b, verbatim
-// arithmetic). Split in two so a test can sort a 151936-entry row once and reuse it for several
-// params and seeds: reference_candidates is the copy + sort (or partial_sort for top_k), and
-// reference_draw is the rest (softmax in sorted order, top-p, the one uniform draw).
-using RefCandidates = std::vector<std::pair<float, int32_t>>;
+// ---- Reference: the sampler before its prefix-only rewrite (reference_sampler.hpp).
+using RefCandidates = reference::Candidates;
 
-int32_t reference_argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<std::size_t>(best)]) best = static_cast<int32_t>(i);
-  }
-  return best;
-}
+int32_t reference_argmax(std::span<const float> logits) { return reference::argmax(logits); }
 
-RefCandidates reference_candidates(std::span<const float> logits, int top_k) {
-  RefCandidates scratch;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    if (std::isfinite(logits[i])) scratch.emplace_back(logits[i], static_cast<int32_t>(i));
-  }
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  std::size_t keep = scratch.size();
-  if (top_k > 0 && static_cast<std::size_t>(top_k) < keep) {
-    keep = static_cast<std::size_t>(top_k);
-    std::partial_sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(keep), scratch.end(), by_logit);
-    scratch.resize(keep);
-  } else {
-    std::sort(scratch.begin(), scratch.end(), by_logit);
-  }
-  return scratch;
-}
+RefCandidates reference_candidates(std::span<const float> logits, int top_k) { return reference::candidates(logits, top_k); }
 
-// The old Sampler::sample after the sort; `scratch` from reference_candidates with the same top_k.
 int32_t reference_draw(std::span<const float> logits, const RefCandidates& scratch, const SamplingParams& params,
                        std::mt19937_64& rng) {
-  if (logits.empty()) return 0;
-  if (params.temperature <= 1e-5 || params.top_k == 1) return reference_argmax(logits);
-  if (scratch.empty()) return reference_argmax(logits);
-  const double inv_t = 1.0 / params.temperature;
-  const double top = scratch.front().first * inv_t;
-  std::vector<double> p(scratch.size());
-  double sum = 0.0;
-  for (std::size_t i = 0; i < scratch.size(); ++i) {
-    p[i] = std::exp(scratch[i].first * inv_t - top);
-    sum += p[i];
-  }
-  if (params.top_p > 0.0 && params.top_p < 1.0) {
-    double cum = 0.0;
-    std::size_t n = 0;
-    while (n < p.size()) {
-      cum += p[n] / sum;
-      ++n;
-      if (cum >= params.top_p) break;
-    }
-    p.resize(n);
-    sum = 0.0;
-    for (double x : p) sum += x;
-  }
-  std::uniform_real_distribution<double> u(0.0, sum);
-  const double r = u(rng);
-  double acc = 0.0;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    acc += p[i];
-    if (r < acc) return scratch[i].second;
-  }
-  return scratch[p.size() - 1].second;
+  return reference::draw(logits, scratch, params, rng);
 }
 
 // The reference's top-p running sum after `k` candidates (k >= 1), for boundary tests.
 double reference_cumulative(const RefCandidates& scratch, double temperature, std::size_t k) {
-  const double inv_t = 1.0 / temperature;
-  const double top = scratch.front().first * inv_t;
-  std::vector<double> p(scratch.size());
   double sum = 0.0;
-  for (std::size_t i = 0; i < scratch.size(); ++i) {
-    p[i] = std::exp(scratch[i].first * inv_t - top);
-    sum += p[i];
-  }
+  const std::vector<double> p = reference::weights(scratch, temperature, sum);
   double cum = 0.0;
   for (std::size_t i = 0; i < k; ++i) cum += p[i] / sum;
   return cum;
