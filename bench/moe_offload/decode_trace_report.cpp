@@ -55,6 +55,12 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
   for (const auto& [id, g] : grids) all.push_back(g);
   std::sort(all.begin(), all.end(), [](const Grid& a, const Grid& b) { return a.first_start < b.first_start; });
   const auto& d = backend.description();
+  // Six traced kernels per layer: the table below names them by their place in a MoE layer.
+  for (const auto& layer : d.layers)
+    if (layer.mlp != worker::MlpKind::moe) {
+      std::printf("\ntrace: the per-layer table needs a model whose layers are all MoE (layer kinds differ here)\n");
+      return;
+    }
   const std::size_t per_step = 6 * d.layers.size() + 1;
   std::printf("\ndecode step timeline (trace build: %%globaltimer per block; one replay, %zu grids recorded, %zu per step)\n", all.size(),
               per_step);

@@ -10,7 +10,10 @@
 // Slots: a record goes to slot (gridid * 1024 + blockIdx.x) mod k_decode_trace_slots, no atomics
 // (an atomic's round trip would sit on the block's critical path). Records carry their grid id;
 // the reader groups them by it and takes the last step's grids by time. Grid ids that collide
-// modulo 4096 overwrite each other's blocks (the reader prints how many grids it found).
+// modulo 4096 overwrite each other's blocks (the reader prints how many grids it found), and a
+// grid of more than 1024 blocks (lm_head's row-per-warp grid: 1056 on 132 SMs) writes its
+// blocks from 1024 on into the next grid id's slots; records keep their own grid id, so such a
+// record is lost only if the grid with the next id writes the same slot.
 #pragma once
 
 #include <cstdint>
