@@ -143,8 +143,9 @@ __device__ __forceinline__ float lane_dot_prefetched(const RowPrefetch& p, const
 /// Every thread of a block of `nthreads` copies its 16-byte pieces t, t + nthreads, ... of
 /// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst with
 /// cp.async (L1 bypassed), as one commit group; stage_wait_all then waits for them. In the
-/// decode step this measured the same as one thread's bulk copies (TMA, bulk_stage) on the H200
-/// (session 6 runs 4-5: GPU step 2.963 vs 2.961 ms) and needs no mbarrier.
+/// decode step this measured the same as one thread's bulk copies (TMA, cp.async.bulk, the code
+/// until 019bea5) on the H200 (session 6 runs 4-5: GPU step 2.963 vs 2.961 ms) and needs no
+/// mbarrier.
 __device__ __forceinline__ void stage_async(void* dst, const void* src, unsigned bytes, int t, int nthreads) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const char* s = static_cast<const char*>(src);
@@ -156,39 +157,5 @@ __device__ __forceinline__ void stage_async(void* dst, const void* src, unsigned
 /// Waits for this thread's stage_async copies; a __syncthreads after it makes every thread's
 /// copies visible to the block.
 __device__ __forceinline__ void stage_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-/// Hopper bulk copies (TMA) into shared memory, completing on an mbarrier. Thread 0 calls
-/// bulk_barrier_init, then bulk_stage (any number of times, before anyone waits); after a
-/// __syncthreads every thread may bulk_wait (phase 0: one use per barrier and kernel).
-__device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-/// Thread 0: bytes (a multiple of 16; both addresses 16-byte aligned, bytes < 2^20) from global
-/// src to shared dst, in 16 KB pieces, announced to `bar` first.
-__device__ __forceinline__ void bulk_stage(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
-  const char* s = static_cast<const char*>(src);
-  for (unsigned off = 0; off < bytes; off += 16384u) {
-    const unsigned n = bytes - off < 16384u ? bytes - off : 16384u;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d + off),
-                 "l"(s + off), "r"(n), "r"(a)
-                 : "memory");
-  }
-}
-
-__device__ __forceinline__ void bulk_wait(unsigned long long* bar) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(a)
-                 : "memory");
-}
 
 }  // namespace servedeck::worker::cuda::detail
