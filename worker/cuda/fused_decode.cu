@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
   }
 }
 
-// Staged GEMV (batch 1), y (+)= W · x̂ with x̂ = rmsnorm(x) * nw when NORM, else x: block b owns
+// Staged GEMV (batch 1), y (+)= W · x̂ with x̂ = rmsnorm(x) * nw when NV != 0, else x: block b owns
 // the rows [b R, b R + R) (R = rows_per_block), one contiguous byte range of W, which all threads
 // copy (cp.async, stage_async) into shared memory BEFORE waiting for the predecessor, so the weights stream
 // while the previous kernel still runs (R·in·2 bytes per SM). Then lane l of warp w takes the 16-byte
