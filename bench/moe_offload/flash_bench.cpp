@@ -15,11 +15,46 @@ namespace servedeck::bench {
 
 namespace cuda = servedeck::worker::cuda;
 
+namespace {
+
+constexpr int heads = 32, kv_heads = 4, hd = 128, q_dim = heads * hd, kv_dim = kv_heads * hd, ldq = q_dim + 2 * kv_dim;
+constexpr int token_counts[] = {512, 4096, 16384};
+constexpr int n_sizes = static_cast<int>(sizeof(token_counts) / sizeof(token_counts[0]));
+
+/// Median ms of 3 timed launches of `variant` after a warm-up, on buffers for n tokens.
+double time_variant(cuda::FlashVariant variant, int n, const float* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, variant);  // warm-up
+  std::vector<double> ms;
+  for (int r = 0; r < 3; ++r) {
+    CUDA_CHECK(cudaEventRecord(a));
+    cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, variant);
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double tflops(int n, double ms) {
+  const double flops = 4.0 * hd * heads * (static_cast<double>(n) * (n + 1) / 2);
+  return flops / (ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
 void flash_attention_bench() {
-  constexpr int heads = 32, kv_heads = 4, hd = 128, q_dim = heads * hd, kv_dim = kv_heads * hd, ldq = q_dim + 2 * kv_dim;
-  std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
-  std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
-  for (int n : {512, 4096, 16384}) {
+  constexpr int n_variants = static_cast<int>(sizeof(cuda::k_flash_variants) / sizeof(cuda::k_flash_variants[0]));
+  double ms[n_variants][n_sizes] = {};
+  for (int si = 0; si < n_sizes; ++si) {
+    const int n = token_counts[si];
     const std::size_t nq = static_cast<std::size_t>(n) * ldq, nkv = static_cast<std::size_t>(n) * kv_dim;
     float *q = nullptr, *out = nullptr;
     __nv_bfloat16 *k = nullptr, *v = nullptr;
@@ -30,30 +65,24 @@ void flash_attention_bench() {
     CUDA_CHECK(cudaMemset(q, 0x3c, nq * 4));  // fp32 ≈ 0.0115 everywhere: finite
     CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 2));  // bf16 0x3c3c ≈ 0.0115
     CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 2));
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr);  // warm-up
-    std::vector<double> ms;
-    for (int r = 0; r < 3; ++r) {
-      CUDA_CHECK(cudaEventRecord(a));
-      cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr);
-      CUDA_CHECK(cudaEventRecord(b));
-      CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double t = ms[ms.size() / 2];
-    const double flops = 4.0 * hd * heads * (static_cast<double>(n) * (n + 1) / 2);
-    std::printf("%7d %10.3f %10.1f\n", n, t, flops / (t * 1e-3) / 1e12);
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
+    for (int vi = 0; vi < n_variants; ++vi) ms[vi][si] = time_variant(cuda::k_flash_variants[vi], n, q, k, v, out);
     CUDA_CHECK(cudaFree(q));
     CUDA_CHECK(cudaFree(out));
     CUDA_CHECK(cudaFree(k));
     CUDA_CHECK(cudaFree(v));
+  }
+  // The baseline's table as before, then one per other variant with its speed-up.
+  std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
+  std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
+  for (int si = 0; si < n_sizes; ++si)
+    std::printf("%7d %10.3f %10.1f\n", token_counts[si], ms[0][si], tflops(token_counts[si], ms[0][si]));
+  for (int vi = 1; vi < n_variants; ++vi) {
+    std::printf("\nflash prefill attention kernel, variant %s (SERVEDECK_FLASH_VARIANT=%s)\n", cuda::to_string(cuda::k_flash_variants[vi]),
+                cuda::to_string(cuda::k_flash_variants[vi]));
+    std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs baseline");
+    for (int si = 0; si < n_sizes; ++si)
+      std::printf("%7d %10.3f %10.1f %11.3fx\n", token_counts[si], ms[vi][si], tflops(token_counts[si], ms[vi][si]),
+                  ms[0][si] / ms[vi][si]);
   }
 }
 

@@ -6,7 +6,9 @@ namespace servedeck::bench {
 /// Times launch_flash_attention_prefill on the benchmark's attention shape (32 query / 4 KV heads
 /// of 128, one layer, pos0 0, bf16 K/V) at 512, 4096 and 16384 tokens and prints ms per layer and
 /// TFLOP/s of the causal work (2 products × 2 FLOPs per multiply-add × head_dim × heads ×
-/// n(n+1)/2 query-key pairs), the median of 3 timed launches after a warm-up (CUDA events).
+/// n(n+1)/2 query-key pairs), the median of 3 timed launches after a warm-up (CUDA events), for
+/// every cuda::FlashVariant: the baseline's table first (as before), then one per other variant
+/// with its speed-up over the baseline (baseline ms / variant ms).
 /// Throws CudaError on a CUDA failure.
 void flash_attention_bench();
 

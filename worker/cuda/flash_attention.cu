@@ -12,10 +12,18 @@
 // straight from S's accumulator layout), rescales O by 2^(m_old − m_new) and adds P·V (V
 // fragments by ldmatrix.trans from row-major V). Only tiles that reach past a row's position
 // are masked.
+//
+// The variants (FlashVariant, flash_attention.cuh) share this loop; they differ in where Q lives:
+// baseline keeps each warp's Q fragments in registers (one block per SM), two_blocks stages the
+// block's Q once into shared memory as bf16 and reads its A fragments by ldmatrix per k step, so
+// a thread fits in 128 registers and two blocks (16 warps) share an SM.
 #include "worker/cuda/flash_attention.cuh"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "worker/cuda/launch_check.cuh"
@@ -34,6 +42,8 @@ struct Layout {
   static constexpr int ld = HD + 8;  // bf16 row stride: the 8 rows of an ldmatrix fall in distinct banks
   static constexpr int tile = k_keys * ld;  // bf16 elements of one K or V tile
   static constexpr std::size_t smem = static_cast<std::size_t>(2 * 2 * tile) * 2;  // 2 buffers × (K, V)
+  /// two_blocks: K/V buffers, then Q of the group's `group` heads (16 rows of ld each, bf16).
+  static std::size_t smem_q_shared(int group) { return smem + static_cast<std::size_t>(group * k_rows * ld) * 2; }
 };
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -50,6 +60,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+/// As ldmatrix_x4, from a shared-state-space address (__cvta_generic_to_shared).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+/// Two 8×8 bf16 matrices from a shared-state-space address; lane l < 16 gives the address of row
+/// l % 8 of matrix l / 8 (lanes 16..31: their addresses are ignored).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
 /// As ldmatrix_x4, each matrix transposed.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
@@ -71,8 +91,93 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+
+/// Baseline: the warp's Q fragments (rows g and g + 8 of its 16) in bf16 registers, read once
+/// from global; 4 registers per k step of 16 dims (32 at head_dim 128).
+template <int HD, bool QS>
+struct QTile {
+  uint32_t f[HD / 16][4];
+
+  __device__ __forceinline__ void load(const float* q, int ldq, int q0, int n, int h, int lane, bf16* /*rows*/) {
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int kb = 0; kb < HD / 16; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = q0 + g + (i % 2) * 8, col = kb * 16 + t4 * 2 + (i / 2) * 8;
+        float2 x = make_float2(0.f, 0.f);
+        if (row < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * HD + col);
+        f[kb][i] = pack(x.x, x.y);
+      }
+  }
+
+  /// s = Q · Kᵀ over the 64 keys of Kt: 8 key groups of 8 (n) × head_dim / 16 steps (k); one
+  /// ldmatrix.x4 gives the B fragments of two k steps (matrices: dims +0, +8, +16, +24 of 8 keys).
+  __device__ __forceinline__ void scores(float (&s)[k_keys / 8][4], const bf16* Kt, int lane) const {
+    const int lm = lane / 8, lr = lane % 8;
+#pragma unroll
+    for (int j = 0; j < k_keys / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kb = 0; kb < HD / 16; kb += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, Kt + (j * 8 + lr) * Layout<HD>::ld + kb * 16 + lm * 8);
+        mma(s[j], f[kb], b[0], b[1]);
+        mma(s[j], f[kb + 1], b[2], b[3]);
+      }
+    }
+  }
+};
+
+/// two_blocks: the warp's 16 Q rows in shared memory (bf16, row stride Layout::ld), written once
+/// by the warp itself; A fragments by ldmatrix.x4 (matrices: rows +0 / +8 × dims +0 / +8 of a k
+/// step, i.e. a0..a3 of the m16n8k16 A layout), so no registers hold Q between k steps.
 template <int HD>
-__global__ void __launch_bounds__(256, 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
+struct QTile<HD, true> {
+  unsigned rows = 0;  // shared-state-space address of row 0 (32 bits: fewer registers than a pointer)
+
+  __device__ __forceinline__ void load(const float* q, int ldq, int q0, int n, int h, int lane, bf16* dst) {
+    constexpr int pairs = HD / 2;  // float2 per row
+    for (int e = lane; e < k_rows * pairs; e += 32) {
+      const int r = e / pairs, c = (e % pairs) * 2;
+      float2 x = make_float2(0.f, 0.f);
+      if (q0 + r < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(q0 + r) * ldq + static_cast<size_t>(h) * HD + c);
+      *reinterpret_cast<uint32_t*>(dst + r * Layout<HD>::ld + c) = pack(x.x, x.y);
+    }
+    __syncwarp();  // each lane's ldmatrix reads rows other lanes wrote
+    rows = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  }
+
+  /// As QTile<HD, false>::scores, k steps outermost: per k step one ldmatrix.x4 of Q (the A
+  /// fragment), then per key group one ldmatrix.x2 of K (matrices: dims +0, +8 of 8 keys, the
+  /// B fragment) feeding one mma; x2 rather than the baseline's x4 over two k steps keeps 6
+  /// fewer registers live (128 without spills). Each s[j] still accumulates its k steps in
+  /// ascending order, as the baseline does.
+  __device__ __forceinline__ void scores(float (&s)[k_keys / 8][4], const bf16* Kt, int lane) const {
+    constexpr int bytes_per_row = Layout<HD>::ld * 2;
+    const int lm = lane / 8, lr = lane % 8;
+    const unsigned qrow = rows + ((lm % 2) * 8 + lr) * bytes_per_row + (lm / 2) * 16;
+    const unsigned krow = static_cast<unsigned>(__cvta_generic_to_shared(Kt)) + lr * bytes_per_row + (lm % 2) * 16;
+#pragma unroll
+    for (int j = 0; j < k_keys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < HD / 16; ++kb) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, qrow + kb * 32);
+#pragma unroll
+      for (int j = 0; j < k_keys / 8; ++j) {
+        uint32_t b[2];
+        ldmatrix_x2(b, krow + j * 8 * bytes_per_row + kb * 32);
+        mma(s[j], qa, b[0], b[1]);
+      }
+    }
+  }
+};
+
+/// QS false: baseline (one block per SM); QS true: two_blocks (Q in shared memory, <= 128
+/// registers so two blocks of 8 warps share an SM).
+template <int HD, bool QS>
+__global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
                                                                          const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                                                          float* __restrict__ out, int ldo, int n, int pos0,
                                                                          int n_kv_heads, float scale_log2) {
@@ -102,17 +207,9 @@ __global__ void __launch_bounds__(256, 1) flash_attention_prefill_kernel(const f
   };
   stage(0);
 
-  // Q fragments (rows g and g + 8 of the warp's 16) in bf16, straight from global.
-  uint32_t qf[HD / 16][4];
-#pragma unroll
-  for (int kb = 0; kb < HD / 16; ++kb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = q0 + g + (i % 2) * 8, col = kb * 16 + t4 * 2 + (i / 2) * 8;
-      float2 x = make_float2(0.f, 0.f);
-      if (row < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * HD + col);
-      qf[kb][i] = pack(x.x, x.y);
-    }
+  // Q in bf16: fragments in registers (baseline) or the warp's rows in shared memory (two_blocks).
+  QTile<HD, QS> qt;
+  qt.load(q, ldq, q0, n, h, lane, Vs + 2 * L::tile + warp * k_rows * L::ld);
   float o[HD / 8][4];
 #pragma unroll
   for (int f = 0; f < HD / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
@@ -135,20 +232,8 @@ __global__ void __launch_bounds__(256, 1) flash_attention_prefill_kernel(const f
     const bf16* const Vt = Vs + (t & 1) * L::tile;
     const int kb0 = t * k_keys;
 
-    // S = Q · Kᵀ: 8 key groups of 8 (n) × head_dim / 16 steps (k); one ldmatrix.x4 gives the B
-    // fragments of two k steps (matrices: dims +0, +8, +16, +24 of 8 keys).
-    float s[k_keys / 8][4];
-#pragma unroll
-    for (int j = 0; j < k_keys / 8; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-      for (int kb = 0; kb < HD / 16; kb += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, Kt + (j * 8 + lr) * L::ld + kb * 16 + lm * 8);
-        mma(s[j], qf[kb], b[0], b[1]);
-        mma(s[j], qf[kb + 1], b[2], b[3]);
-      }
-    }
+    float s[k_keys / 8][4];  // S = Q · Kᵀ (16 × 64)
+    qt.scores(s, Kt, lane);
     // Online softmax in the log2 domain. This thread holds columns j·8 + 2·t4 + {0, 1} of rows g
     // (s[j][0..1]) and g + 8 (s[j][2..3]); the four lanes of a row complete it (shuffles xor 1, 2).
     const bool masked = kb0 + k_keys - 1 > first_pos;
@@ -228,20 +313,79 @@ __global__ void __launch_bounds__(256, 1) flash_attention_prefill_kernel(const f
   }
 }
 
-template <int HD>
+template <int HD, bool QS>
 void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
+  const std::size_t smem = QS ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
   // Per launch (cheap): the attribute is per device, and a backend may run on any device.
-  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(Layout<HD>::smem)));
+  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  // two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
+  if (QS)
+    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_prefill_kernel<HD><<<grid, 32 * group, Layout<HD>::smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
-                                                                                     scale_log2);
+  flash_attention_prefill_kernel<HD, QS><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
+                                                                             scale_log2);
   detail::check_launch();
 }
 
+template <int HD>
+void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
+                    int pos0, int n_kv_heads, int group, cudaStream_t stream) {
+  if (variant == FlashVariant::two_blocks)
+    launch_hd<HD, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+  else
+    launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+}
+
+/// The process-wide selection: -1 until first read, then a FlashVariant value.
+std::atomic<int>& selected_variant() {
+  static std::atomic<int> v{-1};
+  return v;
+}
+
+FlashVariant variant_from_environment() {
+  const char* text = std::getenv("SERVEDECK_FLASH_VARIANT");
+  if (text == nullptr || *text == '\0') return FlashVariant::baseline;
+  FlashVariant v = FlashVariant::baseline;
+  if (parse_flash_variant(text, v)) return v;
+  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline or two_blocks; using baseline\n", text);
+  return FlashVariant::baseline;
+}
+
 }  // namespace
+
+const char* to_string(FlashVariant variant) {
+  switch (variant) {
+    case FlashVariant::baseline: return "baseline";
+    case FlashVariant::two_blocks: return "two_blocks";
+  }
+  return "unknown";
+}
+
+bool parse_flash_variant(std::string_view text, FlashVariant& out) {
+  for (const FlashVariant v : k_flash_variants)
+    if (text == to_string(v)) {
+      out = v;
+      return true;
+    }
+  return false;
+}
+
+FlashVariant flash_variant() {
+  int v = selected_variant().load(std::memory_order_relaxed);
+  if (v < 0) {
+    int expected = -1;
+    const int from_env = static_cast<int>(variant_from_environment());
+    // A concurrent set_flash_variant wins over the environment.
+    v = selected_variant().compare_exchange_strong(expected, from_env) ? from_env : expected;
+  }
+  return static_cast<FlashVariant>(v);
+}
+
+void set_flash_variant(FlashVariant variant) { selected_variant().store(static_cast<int>(variant)); }
 
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim) {
   return (head_dim == 32 || head_dim == 64 || head_dim == 128) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
@@ -250,6 +394,11 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim) {
 
 void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, const bf16* v, float* out, int ldo, int n, int pos0,
                                     int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+  launch_flash_attention_prefill(q, ldq, k, v, out, ldo, n, pos0, n_heads, n_kv_heads, head_dim, stream, flash_variant());
+}
+
+void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, const bf16* v, float* out, int ldo, int n, int pos0,
+                                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream, FlashVariant variant) {
   using detail::require;
   require(flash_attention_supported(n_heads, n_kv_heads, head_dim), "launch_flash_attention_prefill",
           "head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads with n_heads / n_kv_heads in [1, 8], got head_dim " +
@@ -268,9 +417,9 @@ void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, cons
           "q and out must be 8-byte aligned (read and written as float2), got addresses % 8 = " + mod(q, 8) + " and " + mod(out, 8));
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
-    case 32: launch_hd<32>(q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    case 64: launch_hd<64>(q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    default: launch_hd<128>(q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case 32: launch_variant<32>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case 64: launch_variant<64>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    default: launch_variant<128>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
   }
 }
 

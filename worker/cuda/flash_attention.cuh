@@ -7,7 +7,53 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <string_view>
+
 namespace servedeck::worker::cuda {
+
+/// Which kernel launch_flash_attention_prefill runs, for A/B comparison. Every variant keeps the
+/// numerics contract of launch_flash_attention_prefill below (same roundings, same log2-domain
+/// online softmax, same masking, each S entry adding its k steps in the same order), so their
+/// outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5 for a different
+/// FMA contraction). Speed figures of two_blocks are NOT measured yet (written without a GPU;
+/// bench/moe_offload/flash_bench.cpp prints every variant).
+enum class FlashVariant {
+  /// One block per (16 queries, KV head), one warp per query head of the group, each warp's Q
+  /// fragments in registers (32 at head_dim 128), O 64 and S 32 fp32 registers per thread;
+  /// K/V tiles of 64 keys double-buffered by cp.async: 2·2·64·(hd + 8)·2 B = 69.6 KB of shared
+  /// memory at head_dim 128; __launch_bounds__(256, 1): one block (8 warps) per SM. Measured on
+  /// an H200 (32/4 heads of 128): 4096 tokens 0.597 ms (230 TFLOP/s), 16384 tokens 8.651 ms
+  /// (254 TFLOP/s).
+  baseline,
+  /// The baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd, bf16,
+  /// row stride hd + 8) is written once into shared memory after the K/V buffers and each warp
+  /// reads its A fragment by one ldmatrix.x4 per k step (1 per 8 mma of S = Q·Kᵀ), so no
+  /// registers hold Q: __launch_bounds__(256, 2) caps a thread at 128 registers and two blocks
+  /// (16 warps) share an SM, one block's softmax overlapping the other's tensor-core work.
+  /// Shared memory 69.6 KB + group·16·(hd + 8)·2 B = 102 KB per block at group 8, head_dim 128
+  /// (two blocks: 204 KB of the 227 KB an H100/H200 SM offers); the largest carveout is asked
+  /// for. Registers (ptxas, sm_90): 126 at head_dim 128, 120 at 64, 89 at 32, no spills (the
+  /// baseline: 210, 158, 102). S's K fragments come by ldmatrix.x2 (one per mma) to fit.
+  two_blocks,
+};
+
+/// Every variant, in declaration order (tests and benches loop over it).
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks};
+
+/// "baseline" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
+const char* to_string(FlashVariant variant);
+
+/// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
+bool parse_flash_variant(std::string_view text, FlashVariant& out);
+
+/// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
+/// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
+/// "two_blocks"); unset or empty means baseline, and an unknown value means baseline after one
+/// line on stderr naming the value read and the values expected. Thread-safe.
+FlashVariant flash_variant();
+
+/// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
+void set_flash_variant(FlashVariant variant);
 
 /// True when launch_flash_attention_prefill handles this shape: head_dim 32, 64 or 128 and
 /// n_heads a multiple of n_kv_heads with n_heads / n_kv_heads <= 8 (one warp per query head of a group).
@@ -28,11 +74,17 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 /// |q|·|k|: on a peaked softmax that moves probabilities by percent (flash_attention_test.cpp,
 /// backend_test.cpp state the measured sizes); the cuBLAS path (TF32 on the fp32 cache) is the
 /// closer one.
-/// One block per (16 queries, KV head) with one warp per query head of the group.
+/// One block per (16 queries, KV head) with one warp per query head of the group; the kernel is
+/// flash_variant()'s (see FlashVariant).
 /// Throws std::invalid_argument when !flash_attention_supported, n_kv_heads > 65535, n <= 0,
 /// pos0 < 0, ldq/ldo odd or shorter than n_heads · head_dim, k/v not 16-byte aligned, or
 /// q/out not 8-byte aligned.
 void launch_flash_attention_prefill(const float* q, int ldq, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,
                                     int ldo, int n, int pos0, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream);
+
+/// As above with an explicit variant (ignores flash_variant()); same shapes, checks and errors.
+void launch_flash_attention_prefill(const float* q, int ldq, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,
+                                    int ldo, int n, int pos0, int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream,
+                                    FlashVariant variant);
 
 }  // namespace servedeck::worker::cuda

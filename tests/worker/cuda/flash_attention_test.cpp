@@ -6,11 +6,13 @@
 // ~1e-3: relative L2 < 3e-3, max |error| < 5e-3. A second case states how far bf16 inputs move
 // the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover head_dim 32/64/128, groups 1/4/8, chunks not a multiple of
 // the 16-query tile, queries after an earlier chunk (pos0 > 0) and more than one 64-key tile.
+// Every FlashVariant runs every case with the same tolerances.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cuda/flash_attention.cuh"
@@ -56,7 +58,10 @@ std::vector<float> reference(const Shape& s, const std::vector<float>& q, int ld
 
 TEST_CASE("flash prefill attention matches a double-precision reference") {
   gpu_test::skip_without_gpu();
-  for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140}, Shape{32, 4, 128, 300, 0}}) {
+  // The last shape: group 8 at head_dim 128 (the served model's), n = 97 not a multiple of 16, 32
+  // or 64, pos0 = 45 so the chunk's keys (142) end inside a third 64-key tile.
+  for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140},
+                        Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}}) {
     CAPTURE(s.n_heads);
     CAPTURE(s.hd);
     CAPTURE(s.n);
@@ -69,21 +74,56 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
     const auto kb = gpu_test::to_bf16(k), vb = gpu_test::to_bf16(v);
     DeviceBuffer<float> dq(q), out(static_cast<std::size_t>(s.n) * q_dim);
     DeviceBuffer<__nv_bfloat16> dk(kb), dv(vb);
-    out.poison();
-    launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr);
-    const auto got = out.get();
     const auto want = reference(s, gpu_test::from_bf16(gpu_test::to_bf16(q)), ldq, gpu_test::from_bf16(kb), gpu_test::from_bf16(vb));
-    double max_abs = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(got[i] - want[i])));
-    const double rel = gpu_test::compare(want, got, "flash attention", 5e-3);
-    MESSAGE("flash attention vs reference: relative L2 " << rel << ", max |error| " << max_abs);
-    CHECK(rel < 3e-3);
-    CHECK(max_abs < 5e-3);
-    // Against fp32 inputs: bf16 q, k, v move scores of this spread (|q·k|/sqrt(hd) ~ 1) by ~1e-2.
-    const double rel32 = gpu_test::compare(reference(s, q, ldq, k, v), got, "flash attention vs fp32 inputs", 5e-2);
-    MESSAGE("flash attention vs fp32 attention: relative L2 " << rel32);
-    CHECK(rel32 < 2e-2);
+    const auto want32 = reference(s, q, ldq, k, v);
+    std::vector<float> baseline_out;
+    for (const FlashVariant variant : k_flash_variants) {
+      CAPTURE(to_string(variant));
+      out.poison();
+      launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr,
+                                     variant);
+      const auto got = out.get();
+      double max_abs = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(got[i] - want[i])));
+      const double rel = gpu_test::compare(want, got, "flash attention", 5e-3);
+      MESSAGE("flash attention vs reference: relative L2 " << rel << ", max |error| " << max_abs);
+      CHECK(rel < 3e-3);
+      CHECK(max_abs < 5e-3);
+      // Against fp32 inputs: bf16 q, k, v move scores of this spread (|q·k|/sqrt(hd) ~ 1) by ~1e-2.
+      const double rel32 = gpu_test::compare(want32, got, "flash attention vs fp32 inputs", 5e-2);
+      MESSAGE("flash attention vs fp32 attention: relative L2 " << rel32);
+      CHECK(rel32 < 2e-2);
+      // The variants do the same arithmetic in the same order (flash_attention.cuh): against the
+      // baseline they differ by at most what a different FMA contraction could leave.
+      if (variant == FlashVariant::baseline) {
+        baseline_out = got;
+      } else {
+        REQUIRE(baseline_out.size() == got.size());
+        double max_vs_baseline = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          max_vs_baseline = std::max(max_vs_baseline, static_cast<double>(std::fabs(got[i] - baseline_out[i])));
+        MESSAGE(to_string(variant) << " vs baseline: max |difference| " << max_vs_baseline);
+        CHECK(max_vs_baseline < 1e-5);
+      }
+    }
   }
+}
+
+TEST_CASE("flash prefill attention variants: names round-trip, the selection is settable") {
+  for (const FlashVariant variant : k_flash_variants) {
+    FlashVariant parsed = variant == FlashVariant::baseline ? FlashVariant::two_blocks : FlashVariant::baseline;
+    CHECK(parse_flash_variant(to_string(variant), parsed));
+    CHECK(parsed == variant);
+  }
+  FlashVariant untouched = FlashVariant::two_blocks;
+  CHECK_FALSE(parse_flash_variant("two-blocks", untouched));
+  CHECK(untouched == FlashVariant::two_blocks);
+  const FlashVariant before = flash_variant();
+  set_flash_variant(FlashVariant::two_blocks);
+  CHECK(flash_variant() == FlashVariant::two_blocks);
+  set_flash_variant(FlashVariant::baseline);
+  CHECK(flash_variant() == FlashVariant::baseline);
+  set_flash_variant(before);
 }
 
 TEST_CASE("flash prefill attention refuses shapes it does not handle, naming them") {
