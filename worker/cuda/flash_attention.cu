@@ -174,9 +174,12 @@ struct QTile<HD, true> {
   }
 };
 
-/// QS false: baseline (one block per SM); QS true: two_blocks (Q in shared memory, <= 128
-/// registers so two blocks of 8 warps share an SM).
-template <int HD, bool QS>
+/// QS false: Q in registers, one block per SM; QS true: Q in shared memory, <= 128 registers so
+/// two blocks of 8 warps share an SM. OneBarrier false: two __syncthreads per key tile (stage
+/// the next tile, wait, barrier; barrier at the end); true: one (wait, barrier, stage the next
+/// tile into the buffer the barrier released). baseline = <false, false>, one_barrier =
+/// <false, true>, two_blocks = <true, true>.
+template <int HD, bool QS, bool OneBarrier>
 __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
                                                                          const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                                                          float* __restrict__ out, int ldo, int n, int pos0,
@@ -221,13 +224,21 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
   const int lm = lane / 8, lr = lane % 8;
 
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
-      stage(t + 1);  // lands while this tile is used (its buffer was released at the end of t − 1)
-      cp_async_wait<1>();
+    if constexpr (OneBarrier) {
+      cp_async_wait<0>();  // tile t, the only group in flight, has landed (this thread's part)
+      // Every thread's part of tile t is visible, and every warp is done with tile t − 1, whose
+      // buffer tile t + 1 takes: staged now, it lands while tile t is used.
+      __syncthreads();
+      if (t + 1 < tiles) stage(t + 1);
     } else {
-      cp_async_wait<0>();
+      if (t + 1 < tiles) {
+        stage(t + 1);  // lands while this tile is used (its buffer was released at the end of t − 1)
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t is in its buffer for every thread
     }
-    __syncthreads();  // tile t is in its buffer for every thread
     const bf16* const Kt = Ks + (t & 1) * L::tile;
     const bf16* const Vt = Vs + (t & 1) * L::tile;
     const int kb0 = t * k_keys;
@@ -299,7 +310,7 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
         mma(o[f], p[kk], b[0], b[1]);
         mma(o[f + 1], p[kk], b[2], b[3]);
       }
-    __syncthreads();  // every warp is done with this buffer before tile t + 2 is staged into it
+    if constexpr (!OneBarrier) __syncthreads();  // every warp is done with this buffer before tile t + 2 is staged into it
   }
   // out = O / l: this thread holds columns f·8 + 2·t4 + {0, 1} of rows g and g + 8.
   const float inv0 = 1.f / l0, inv1 = 1.f / l1;
@@ -313,20 +324,20 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
   }
 }
 
-template <int HD, bool QS>
+template <int HD, bool QS, bool OneBarrier>
 void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
   const std::size_t smem = QS ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
   // Per launch (cheap): the attribute is per device, and a backend may run on any device.
-  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   // two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
   if (QS)
-    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_prefill_kernel<HD, QS><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
+  flash_attention_prefill_kernel<HD, QS, OneBarrier><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
                                                                              scale_log2);
   detail::check_launch();
 }
@@ -334,10 +345,11 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
 template <int HD>
 void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
                     int pos0, int n_kv_heads, int group, cudaStream_t stream) {
-  if (variant == FlashVariant::two_blocks)
-    launch_hd<HD, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
-  else
-    launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+  switch (variant) {
+    case FlashVariant::one_barrier: launch_hd<HD, false, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case FlashVariant::two_blocks: launch_hd<HD, true, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    default: launch_hd<HD, false, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+  }
 }
 
 /// The process-wide selection: -1 until first read, then a FlashVariant value.
@@ -351,7 +363,7 @@ FlashVariant variant_from_environment() {
   if (text == nullptr || *text == '\0') return FlashVariant::baseline;
   FlashVariant v = FlashVariant::baseline;
   if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline or two_blocks; using baseline\n", text);
+  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier or two_blocks; using baseline\n", text);
   return FlashVariant::baseline;
 }
 
@@ -360,6 +372,7 @@ FlashVariant variant_from_environment() {
 const char* to_string(FlashVariant variant) {
   switch (variant) {
     case FlashVariant::baseline: return "baseline";
+    case FlashVariant::one_barrier: return "one_barrier";
     case FlashVariant::two_blocks: return "two_blocks";
   }
   return "unknown";

@@ -15,8 +15,8 @@ namespace servedeck::worker::cuda {
 /// numerics contract of launch_flash_attention_prefill below (same roundings, same log2-domain
 /// online softmax, same masking, each S entry adding its k steps in the same order), so their
 /// outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5 for a different
-/// FMA contraction). Speed figures of two_blocks are NOT measured yet (written without a GPU;
-/// bench/moe_offload/flash_bench.cpp prints every variant).
+/// FMA contraction). Speed figures of one_barrier and two_blocks are NOT measured yet (written
+/// without a GPU; bench/moe_offload/flash_bench.cpp prints every variant).
 enum class FlashVariant {
   /// One block per (16 queries, KV head), one warp per query head of the group, each warp's Q
   /// fragments in registers (32 at head_dim 128), O 64 and S 32 fp32 registers per thread;
@@ -25,6 +25,10 @@ enum class FlashVariant {
   /// an H200 (32/4 heads of 128): 4096 tokens 0.597 ms (230 TFLOP/s), 16384 tokens 8.651 ms
   /// (254 TFLOP/s).
   baseline,
+  /// The baseline with one __syncthreads per key tile instead of two: wait for tile t, barrier
+  /// (tile t visible to all; every warp done with tile t − 1), then stage tile t + 1 into the
+  /// buffer of t − 1. Same registers and shared memory as the baseline.
+  one_barrier,
   /// The baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd, bf16,
   /// row stride hd + 8) is written once into shared memory after the K/V buffers and each warp
   /// reads its A fragment by one ldmatrix.x4 per k step (1 per 8 mma of S = Q·Kᵀ), so no
@@ -32,15 +36,16 @@ enum class FlashVariant {
   /// (16 warps) share an SM, one block's softmax overlapping the other's tensor-core work.
   /// Shared memory 69.6 KB + group·16·(hd + 8)·2 B = 102 KB per block at group 8, head_dim 128
   /// (two blocks: 204 KB of the 227 KB an H100/H200 SM offers); the largest carveout is asked
-  /// for. Registers (ptxas, sm_90): 126 at head_dim 128, 120 at 64, 89 at 32, no spills (the
-  /// baseline: 210, 158, 102). S's K fragments come by ldmatrix.x2 (one per mma) to fit.
+  /// for. Registers (ptxas, sm_90): 128 at head_dim 128, 120 at 64, 89 at 32, no spills (the
+  /// baseline: 210, 158, 102). S's K fragments come by ldmatrix.x2 (one per mma) to fit. One
+  /// __syncthreads per key tile, as one_barrier.
   two_blocks,
 };
 
 /// Every variant, in declaration order (tests and benches loop over it).
-inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks};
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::one_barrier, FlashVariant::two_blocks};
 
-/// "baseline" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
+/// "baseline", "one_barrier" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
@@ -48,8 +53,8 @@ bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
 /// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "two_blocks"); unset or empty means baseline, and an unknown value means baseline after one
-/// line on stderr naming the value read and the values expected. Thread-safe.
+/// "one_barrier", "two_blocks"); unset or empty means baseline, and an unknown value means
+/// baseline after one line on stderr naming the value read and the values expected. Thread-safe.
 FlashVariant flash_variant();
 
 /// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
