@@ -12,11 +12,14 @@
 namespace servedeck::worker::cuda {
 
 /// Which kernel launch_flash_attention_prefill runs, for A/B comparison. Every variant keeps the
-/// numerics contract of launch_flash_attention_prefill below (same roundings, same log2-domain
-/// online softmax, same masking, each S entry adding its k steps in the same order), so their
-/// outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5 for a different
-/// FMA contraction). Speed figures of one_barrier and two_blocks are NOT measured yet (written
-/// without a GPU; bench/moe_offload/flash_bench.cpp prints every variant).
+/// numerics contract of launch_flash_attention_prefill below (same roundings, log2-domain online
+/// softmax, masking, fp32 running max/sum/output). baseline, one_barrier and two_blocks also take
+/// the same online-softmax steps (64 keys) with each S entry adding its k steps in the same
+/// order, so their outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5
+/// for a different FMA contraction); wide_rows takes steps of 32 keys, so its bf16 P rounds
+/// against other running maxima and agrees with the others only within the test's tolerance
+/// against the reference. Speed figures of one_barrier, two_blocks and wide_rows are NOT
+/// measured yet (written without a GPU; bench/moe_offload/flash_bench.cpp prints every variant).
 enum class FlashVariant {
   /// One block per (16 queries, KV head), one warp per query head of the group, each warp's Q
   /// fragments in registers (32 at head_dim 128), O 64 and S 32 fp32 registers per thread;
@@ -40,12 +43,24 @@ enum class FlashVariant {
   /// baseline: 210, 158, 102). S's K fragments come by ldmatrix.x2 (one per mma) to fit. One
   /// __syncthreads per key tile, as one_barrier.
   two_blocks,
+  /// One block per (32 queries, KV head), one warp per query head owning all 32 rows as two m16
+  /// tiles, so every K fragment (S) and V fragment (P·V) read by ldmatrix feeds two mma instead
+  /// of one. Q (bf16) in
+  /// shared memory per warp, read by ldmatrix.x4 per k step and m tile; K/V tiles of 64 keys,
+  /// double-buffered, one __syncthreads per tile, each tile in two online-softmax steps of 32
+  /// keys (S 32 × 32). Per thread O is 128 and S 32 fp32 registers, __launch_bounds__(256, 1):
+  /// one block (8 warps) per SM. Shared memory 69.6 KB + group·32·(hd + 8)·2 B = 136 KB at
+  /// group 8, head_dim 128. Registers (ptxas, sm_90): 239 at head_dim 128, 155 at 64, 113 at
+  /// 32, no spills. Shared memory read per mma: S 256 B (Q 2 × 512 B and K 4 × 256 B per k step
+  /// and 8 mma), P·V 128 B, against the baseline's 256 B for both.
+  wide_rows,
 };
 
 /// Every variant, in declaration order (tests and benches loop over it).
-inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::one_barrier, FlashVariant::two_blocks};
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::one_barrier, FlashVariant::two_blocks,
+                                                    FlashVariant::wide_rows};
 
-/// "baseline", "one_barrier" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
+/// "baseline", "one_barrier", "two_blocks" or "wide_rows" (the values of SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
@@ -53,7 +68,7 @@ bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
 /// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "one_barrier", "two_blocks"); unset or empty means baseline, and an unknown value means
+/// "one_barrier", "two_blocks", "wide_rows"); unset or empty means baseline, and an unknown value means
 /// baseline after one line on stderr naming the value read and the values expected. Thread-safe.
 FlashVariant flash_variant();
 

@@ -93,11 +93,13 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
       const double rel32 = gpu_test::compare(want32, got, "flash attention vs fp32 inputs", 5e-2);
       MESSAGE("flash attention vs fp32 attention: relative L2 " << rel32);
       CHECK(rel32 < 2e-2);
-      // The variants do the same arithmetic in the same order (flash_attention.cuh): against the
-      // baseline they differ by at most what a different FMA contraction could leave.
+      // one_barrier and two_blocks do the baseline's arithmetic in the same order
+      // (flash_attention.cuh): they differ by at most what a different FMA contraction could
+      // leave. wide_rows takes softmax steps of 32 keys (other bf16 roundings of P): it is held
+      // to the reference tolerances above only.
       if (variant == FlashVariant::baseline) {
         baseline_out = got;
-      } else {
+      } else if (variant != FlashVariant::wide_rows) {
         REQUIRE(baseline_out.size() == got.size());
         double max_vs_baseline = 0;
         for (std::size_t i = 0; i < got.size(); ++i)
