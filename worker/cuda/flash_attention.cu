@@ -515,7 +515,7 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
   CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   // two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
-  if (QS)
+  if constexpr (QS)
     CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
@@ -547,7 +547,9 @@ FlashVariant variant_from_environment() {
   if (text == nullptr || *text == '\0') return FlashVariant::baseline;
   FlashVariant v = FlashVariant::baseline;
   if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier, two_blocks or wide_rows; using baseline\n", text);
+  std::fprintf(stderr,
+               "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier, two_blocks or wide_rows; using baseline\n",
+               text);
   return FlashVariant::baseline;
 }
 

@@ -4,9 +4,10 @@
 // k and v, so what remains is the kernel's own rounding — the probabilities in bf16 (relative
 // 2^-9) and fp32 accumulation — and the output (a weighted mean of v in [-1, 1]) may be off by
 // ~1e-3: relative L2 < 3e-3, max |error| < 5e-3. A second case states how far bf16 inputs move
-// the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover head_dim 32/64/128, groups 1/4/8, chunks not a multiple of
-// the 16-query tile, queries after an earlier chunk (pos0 > 0) and more than one 64-key tile.
-// Every FlashVariant runs every case with the same tolerances.
+// the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover
+// head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16- or 32-query tile, queries
+// after an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashVariant runs every
+// case with the same tolerances.
 #include <doctest/doctest.h>
 
 #include <algorithm>
