@@ -354,19 +354,23 @@ constexpr int k_half = 32;       // keys per online-softmax step in wide_rows (h
 /// step and m tile); K/V tiles of 64 keys, double-buffered, one __syncthreads per tile (as
 /// one_barrier), each tile taken in two online-softmax steps of 32 keys. Per thread O is 128
 /// and S 32 fp32 registers: one block (8 warps) per SM.
+/// wide_split: the same with `splits` = 2 blocks per (32 queries, KV head), each taking
+/// blockDim.x / 32 = G / 2 of the group's heads (blockIdx.y = kv_head · splits + part), so two
+/// blocks of 4 warps share an SM and one's barrier does not stall the other.
 template <int HD>
 __global__ void __launch_bounds__(256, 1) flash_attention_wide_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc,
                                                                       const bf16* __restrict__ vc, float* __restrict__ out, int ldo, int n,
-                                                                      int pos0, int n_kv_heads, float scale_log2) {
+                                                                      int pos0, int n_kv_heads, int splits, float scale_log2) {
   using L = Layout<HD>;
   constexpr int bytes_per_row = L::ld * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const Ks = reinterpret_cast<bf16*>(smem);  // [buffer][key][ld]
   bf16* const Vs = Ks + 2 * L::tile;
-  const int G = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int heads = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // heads of this block
   const int g = lane / 4, t4 = lane % 4;    // mma fragment coordinates
   const int lm = lane / 8, lr = lane % 8;  // ldmatrix lane roles: matrix l / 8, row l % 8 of it
-  const int kvh = blockIdx.y, h = kvh * G + warp, kv_dim = n_kv_heads * HD;
+  const int kvh = blockIdx.y / splits, part = blockIdx.y % splits, kv_dim = n_kv_heads * HD;
+  const int h = (kvh * splits + part) * heads + warp;  // = kvh · G + part · heads + warp, G = splits · heads
   const int q0 = (gridDim.x - 1 - blockIdx.x) * k_wide_rows;  // heaviest tiles first
   const int last_key = pos0 + (q0 + k_wide_rows - 1 < n ? q0 + k_wide_rows - 1 : n - 1);
   const int tiles = last_key / k_keys + 1;
@@ -496,14 +500,20 @@ __global__ void __launch_bounds__(256, 1) flash_attention_wide_kernel(const floa
   }
 }
 
+/// split: wide_split (two blocks per KV head) where the group is even and the grid's y (n_kv_heads · 2)
+/// stays <= 65535; otherwise wide_rows.
 template <int HD>
 void launch_wide(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
-                 int group, cudaStream_t stream) {
-  const std::size_t smem = Layout<HD>::smem + static_cast<std::size_t>(group * k_wide_rows * Layout<HD>::ld) * 2;
+                 int group, bool split, cudaStream_t stream) {
+  const int splits = split && group % 2 == 0 && n_kv_heads <= 65535 / 2 ? 2 : 1, heads = group / splits;
+  const std::size_t smem = Layout<HD>::smem + static_cast<std::size_t>(heads * k_wide_rows * Layout<HD>::ld) * 2;
   CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wide_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>((n + k_wide_rows - 1) / k_wide_rows), static_cast<unsigned>(n_kv_heads));
+  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wide_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+  const dim3 grid(static_cast<unsigned>((n + k_wide_rows - 1) / k_wide_rows), static_cast<unsigned>(n_kv_heads * splits));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_wide_kernel<HD><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, scale_log2);
+  flash_attention_wide_kernel<HD><<<grid, 32 * heads, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, splits,
+                                                                      scale_log2);
   detail::check_launch();
 }
 
@@ -531,7 +541,8 @@ void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* k
   switch (variant) {
     case FlashVariant::one_barrier: launch_hd<HD, false, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
     case FlashVariant::two_blocks: launch_hd<HD, true, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    case FlashVariant::wide_rows: launch_wide<HD>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case FlashVariant::wide_rows: launch_wide<HD>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, false, stream); break;
+    case FlashVariant::wide_split: launch_wide<HD>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, true, stream); break;
     default: launch_hd<HD, false, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
   }
 }
@@ -548,7 +559,8 @@ FlashVariant variant_from_environment() {
   FlashVariant v = FlashVariant::baseline;
   if (parse_flash_variant(text, v)) return v;
   std::fprintf(stderr,
-               "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier, two_blocks or wide_rows; using baseline\n",
+               "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier, two_blocks, wide_rows or wide_split; "
+               "using baseline\n",
                text);
   return FlashVariant::baseline;
 }
@@ -561,6 +573,7 @@ const char* to_string(FlashVariant variant) {
     case FlashVariant::one_barrier: return "one_barrier";
     case FlashVariant::two_blocks: return "two_blocks";
     case FlashVariant::wide_rows: return "wide_rows";
+    case FlashVariant::wide_split: return "wide_split";
   }
   return "unknown";
 }

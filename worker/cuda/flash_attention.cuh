@@ -16,9 +16,9 @@ namespace servedeck::worker::cuda {
 /// softmax, masking, fp32 running max/sum/output). baseline, one_barrier and two_blocks also take
 /// the same online-softmax steps (64 keys) with each S entry adding its k steps in the same
 /// order, so their outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5
-/// for a different FMA contraction); wide_rows takes steps of 32 keys, so its bf16 P rounds
-/// against other running maxima and agrees with the others only within the test's tolerance
-/// against the reference. Speed figures of one_barrier, two_blocks and wide_rows are NOT
+/// for a different FMA contraction); wide_rows and wide_split take steps of 32 keys, so their
+/// bf16 P rounds against other running maxima and agrees with the others only within the test's
+/// tolerance against the reference. Speed figures of every variant but baseline are NOT
 /// measured yet (written without a GPU; bench/moe_offload/flash_bench.cpp prints every variant).
 enum class FlashVariant {
   /// One block per (16 queries, KV head), one warp per query head of the group, each warp's Q
@@ -50,17 +50,24 @@ enum class FlashVariant {
   /// double-buffered, one __syncthreads per tile, each tile in two online-softmax steps of 32
   /// keys (S 32 × 32). Per thread O is 128 and S 32 fp32 registers, __launch_bounds__(256, 1):
   /// one block (8 warps) per SM. Shared memory 69.6 KB + group·32·(hd + 8)·2 B = 136 KB at
-  /// group 8, head_dim 128. Registers (ptxas, sm_90): 239 at head_dim 128, 155 at 64, 113 at
+  /// group 8, head_dim 128. Registers (ptxas, sm_90): 240 at head_dim 128, 156 at 64, 113 at
   /// 32, no spills. Shared memory read per mma: S 256 B (Q 2 × 512 B and K 4 × 256 B per k step
   /// and 8 mma), P·V 128 B, against the baseline's 256 B for both.
   wide_rows,
+  /// wide_rows with each (32 queries, KV head) split over two blocks of group / 2 warps (heads),
+  /// so two independent blocks share an SM (registers: 2 · 4 warps · 32 · 240 <= 65536; shared
+  /// memory 69.6 + 34.8 = 104 KB per block at group 8, head_dim 128) and one block's barrier or
+  /// softmax does not stall the other; each K/V tile is staged twice as often (once per block).
+  /// Falls back to wide_rows for an odd group or n_kv_heads > 32767.
+  wide_split,
 };
 
 /// Every variant, in declaration order (tests and benches loop over it).
 inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::one_barrier, FlashVariant::two_blocks,
-                                                    FlashVariant::wide_rows};
+                                                    FlashVariant::wide_rows, FlashVariant::wide_split};
 
-/// "baseline", "one_barrier", "two_blocks" or "wide_rows" (the values of SERVEDECK_FLASH_VARIANT).
+/// "baseline", "one_barrier", "two_blocks", "wide_rows" or "wide_split" (the values of
+/// SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
@@ -68,8 +75,9 @@ bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
 /// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "one_barrier", "two_blocks", "wide_rows"); unset or empty means baseline, and an unknown value means
-/// baseline after one line on stderr naming the value read and the values expected. Thread-safe.
+/// "one_barrier", "two_blocks", "wide_rows", "wide_split"); unset or empty means baseline, and an
+/// unknown value means baseline after one line on stderr naming the value read and the values
+/// expected. Thread-safe.
 FlashVariant flash_variant();
 
 /// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
