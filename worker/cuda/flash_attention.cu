@@ -13,10 +13,12 @@
 // fragments by ldmatrix.trans from row-major V). Only tiles that reach past a row's position
 // are masked.
 //
-// The variants (FlashVariant, flash_attention.cuh) share this loop; they differ in where Q lives:
-// baseline keeps each warp's Q fragments in registers (one block per SM), two_blocks stages the
-// block's Q once into shared memory as bf16 and reads its A fragments by ldmatrix per k step, so
-// a thread fits in 128 registers and two blocks (16 warps) share an SM.
+// The variants (FlashVariant, flash_attention.cuh): baseline, one_barrier and two_blocks share
+// flash_attention_prefill_kernel and differ in the barriers per tile (two or one) and where Q
+// lives (registers, or the block's shared memory read by ldmatrix per k step so that a thread
+// fits in 128 registers and two blocks share an SM); wide_rows and wide_split run
+// flash_attention_wide_kernel, whose warps own 32 query rows (two m16 tiles) so each K/V
+// fragment read from shared memory feeds two mma. All use SoftmaxRows for the softmax step.
 #include "worker/cuda/flash_attention.cuh"
 
 #include <atomic>
@@ -90,7 +92,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
 
 /// One warp's running softmax state for the rows g and g + 8 of an m16 tile (this lane's), in
 /// the log2 domain: max m, sum l of the bf16-rounded weights, and the rows' query positions.
