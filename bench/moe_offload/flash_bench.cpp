@@ -52,6 +52,7 @@ double tflops(int n, double ms) {
 
 void flash_attention_bench() {
   constexpr int n_variants = static_cast<int>(sizeof(cuda::k_flash_variants) / sizeof(cuda::k_flash_variants[0]));
+  static_assert(cuda::k_flash_variants[0] == cuda::FlashVariant::baseline, "the first table and the speed-ups are the baseline's");
   double ms[n_variants][n_sizes] = {};
   for (int si = 0; si < n_sizes; ++si) {
     const int n = token_counts[si];
@@ -71,7 +72,7 @@ void flash_attention_bench() {
     CUDA_CHECK(cudaFree(k));
     CUDA_CHECK(cudaFree(v));
   }
-  // The baseline's table as before, then one per other variant with its speed-up.
+  // The baseline's table as before, then two_blocks' (k_flash_variants: baseline first) with its speed-up.
   std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
   std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
   for (int si = 0; si < n_sizes; ++si)

@@ -1,7 +1,8 @@
 // Flash-style causal prefill attention (see flash_attention.cuh) on bf16 tensor cores through
 // mma.sync m16n8k16 and ldmatrix (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating
-// point type", "ldmatrix"); the loop follows FlashAttention-2 (Dao, 2023): queries stay in
-// registers, key/value tiles stream through shared memory, softmax is online.
+// point type", "ldmatrix"; the wrappers and the softmax step are in flash_mma.cuh); the loop
+// follows FlashAttention-2 (Dao, 2023): key/value tiles stream through shared memory, softmax is
+// online.
 //
 // Block = (tile of 16 queries, KV head); warp w = query head kv_head·G + w (G = group size), its
 // 16 query rows, so each key/value tile read into shared memory serves 16·G query rows. Key
@@ -13,12 +14,16 @@
 // fragments by ldmatrix.trans from row-major V). Only tiles that reach past a row's position
 // are masked.
 //
-// The variants (FlashVariant, flash_attention.cuh): baseline, one_barrier and two_blocks share
-// flash_attention_prefill_kernel and differ in the barriers per tile (two or one) and where Q
-// lives (registers, or the block's shared memory read by ldmatrix per k step so that a thread
-// fits in 128 registers and two blocks share an SM); wide_rows and wide_split run
-// flash_attention_wide_kernel, whose warps own 32 query rows (two m16 tiles) so each K/V
-// fragment read from shared memory feeds two mma. All use SoftmaxRows for the softmax step.
+// The two variants (FlashVariant, flash_attention.cuh) share flash_attention_prefill_kernel:
+// baseline keeps Q in registers and takes two barriers per tile; two_blocks (the default) keeps
+// Q in the block's shared memory, read by ldmatrix per k step, so that a thread fits in 128
+// registers and two blocks share an SM, and takes one barrier per tile. Measured on an H200
+// (session 7 run 3, bench/moe_offload/results-2026-11-30-h200-session7.txt; one layer, 32/4
+// heads of 128), baseline → two_blocks: 512 tokens 0.028 → 0.030 ms (0.952x), 4096 tokens
+// 0.587 → 0.513 ms (1.144x, 268.1 TFLOP/s), 16384 tokens 8.669 → 7.275 ms (1.192x, 302.3
+// TFLOP/s). Variants measured slower at 16384 tokens and removed: one_barrier (the baseline with
+// one barrier per tile) 1.036x, wide_rows (32 query rows per warp as two m16 tiles) 1.091x,
+// wide_split (wide_rows over two blocks per KV head) 1.123x.
 #include "worker/cuda/flash_attention.cuh"
 
 #include <atomic>
@@ -28,13 +33,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "worker/cuda/flash_mma.cuh"
 #include "worker/cuda/launch_check.cuh"
 
 namespace servedeck::worker::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
+using namespace flash;  // bf16, cp.async, ldmatrix, mma, SoftmaxRows
 
 constexpr int k_rows = 16;  // queries per warp (mma M)
 constexpr int k_keys = 64;  // keys per tile
@@ -46,112 +52,6 @@ struct Layout {
   static constexpr std::size_t smem = static_cast<std::size_t>(2 * 2 * tile) * 2;  // 2 buffers × (K, V)
   /// two_blocks: K/V buffers, then Q of the group's `group` heads (16 rows of ld each, bf16).
   static std::size_t smem_q_shared(int group) { return smem + static_cast<std::size_t>(group * k_rows * ld) * 2; }
-};
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-/// Four 8×8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-/// As ldmatrix_x4, from a shared-state-space address (__cvta_generic_to_shared).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-/// Two 8×8 bf16 matrices from a shared-state-space address; lane l < 16 gives the address of row
-/// l % 8 of matrix l / 8 (lanes 16..31: their addresses are ignored).
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
-}
-/// As ldmatrix_x4, each matrix transposed.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-__device__ __forceinline__ uint32_t pack(float lo_half, float hi_half) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo_half, hi_half);  // .x = lo_half (low 16 bits)
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-/// d += a · b, m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// One warp's running softmax state for the rows g and g + 8 of an m16 tile (this lane's), in
-/// the log2 domain: max m, sum l of the bf16-rounded weights, and the rows' query positions.
-struct SoftmaxRows {
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  int qpos0 = 0, qpos1 = 0;
-
-  /// Folds the 16 × (8·NJ) score tile s (Q·Kᵀ, unscaled; keys kb0 ..) into the state: masks
-  /// keys past a row's position when `masked`, scales by scale_log2, sets p to the bf16 A
-  /// fragments of P = 2^(S − m_new) and c0, c1 to 2^(m_old − m_new) (the factor O must be
-  /// rescaled by).
-  template <int NJ>
-  __device__ __forceinline__ void tile(float (&s)[NJ][4], int kb0, bool masked, int t4, float scale_log2, uint32_t (&p)[NJ / 2][4],
-                                       float& c0, float& c1) {
-    // Online softmax in the log2 domain. This thread holds columns j·8 + 2·t4 + {0, 1} of rows g
-    // (s[j][0..1]) and g + 8 (s[j][2..3]); the four lanes of a row complete it (shuffles xor 1, 2).
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int key = kb0 + j * 8 + t4 * 2 + c;
-        s[j][c] = masked && key > qpos0 ? -INFINITY : s[j][c] * scale_log2;
-        s[j][2 + c] = masked && key > qpos1 ? -INFINITY : s[j][2 + c] * scale_log2;
-      }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: key 0 is in every row's first tile
-    c0 = exp2f(m0 - mn0);
-    c1 = exp2f(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      // Masked scores are −inf: 2^(−inf) = 0. The sums add the bf16-rounded values, so each row's
-      // weights sum to exactly what multiplies v.
-      const __nv_bfloat162 r0 = __floats2bfloat162_rn(exp2f(s[j][0] - mn0), exp2f(s[j][1] - mn0));
-      const __nv_bfloat162 r1 = __floats2bfloat162_rn(exp2f(s[j][2] - mn1), exp2f(s[j][3] - mn1));
-      sum0 += __low2float(r0) + __high2float(r0);
-      sum1 += __low2float(r1) + __high2float(r1);
-      p[j / 2][(j % 2) * 2 + 0] = *reinterpret_cast<const uint32_t*>(&r0);  // row g
-      p[j / 2][(j % 2) * 2 + 1] = *reinterpret_cast<const uint32_t*>(&r1);  // row g + 8
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-      sum0 += __shfl_xor_sync(0xffffffffu, sum0, x);
-      sum1 += __shfl_xor_sync(0xffffffffu, sum1, x);
-    }
-    l0 = l0 * c0 + sum0;
-    l1 = l1 * c1 + sum1;
-  }
 };
 
 /// Baseline: the warp's Q fragments (rows g and g + 8 of its 16) in bf16 registers, read once
@@ -236,13 +136,12 @@ struct QTile<HD, true> {
   }
 };
 
-/// QS false: Q in registers, one block per SM; QS true: Q in shared memory, <= 128 registers so
-/// two blocks of 8 warps share an SM. OneBarrier false: two __syncthreads per key tile (stage
-/// the next tile, wait, barrier; barrier at the end); true: one (wait, barrier, stage the next
-/// tile into the buffer the barrier released). baseline = <false, false>, one_barrier =
-/// <false, true>, two_blocks = <true, true>.
-template <int HD, bool QS, bool OneBarrier>
-__global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
+/// TwoBlocks false (baseline): Q in registers, one block per SM, two __syncthreads per key tile
+/// (stage the next tile, wait, barrier; barrier at the end). TwoBlocks true (two_blocks): Q in
+/// shared memory, <= 128 registers so two blocks of 8 warps share an SM, one __syncthreads per
+/// key tile (wait, barrier, stage the next tile into the buffer the barrier released).
+template <int HD, bool TwoBlocks>
+__global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
                                                                          const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                                                          float* __restrict__ out, int ldo, int n, int pos0,
                                                                          int n_kv_heads, float scale_log2) {
@@ -273,7 +172,7 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
   stage(0);
 
   // Q in bf16: fragments in registers (baseline) or the warp's rows in shared memory (two_blocks).
-  QTile<HD, QS> qt;
+  QTile<HD, TwoBlocks> qt;
   qt.load(q, ldq, q0, n, h, lane, Vs + 2 * L::tile + warp * k_rows * L::ld);
   float o[HD / 8][4];
 #pragma unroll
@@ -287,7 +186,7 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
   const int lm = lane / 8, lr = lane % 8;
 
   for (int t = 0; t < tiles; ++t) {
-    if constexpr (OneBarrier) {
+    if constexpr (TwoBlocks) {
       cp_async_wait<0>();  // tile t, the only group in flight, has landed (this thread's part)
       // Every thread's part of tile t is visible, and every warp is done with tile t − 1, whose
       // buffer tile t + 1 takes: staged now, it lands while tile t is used.
@@ -331,7 +230,7 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
         mma(o[f], p[kk], b[0], b[1]);
         mma(o[f + 1], p[kk], b[2], b[3]);
       }
-    if constexpr (!OneBarrier) __syncthreads();  // every warp is done with this buffer before tile t + 2 is staged into it
+    if constexpr (!TwoBlocks) __syncthreads();  // every warp is done with this buffer before tile t + 2 is staged into it
   }
   // out = O / l: this thread holds columns f·8 + 2·t4 + {0, 1} of rows g and g + 8.
   const float inv0 = 1.f / rows.l0, inv1 = 1.f / rows.l1;
@@ -345,207 +244,31 @@ __global__ void __launch_bounds__(256, QS ? 2 : 1) flash_attention_prefill_kerne
   }
 }
 
-constexpr int k_wide_rows = 32;  // queries per warp in wide_rows: two m16 tiles
-constexpr int k_half = 32;       // keys per online-softmax step in wide_rows (half a tile)
-
-/// wide_rows: one block per (32 queries, KV head), warp w = query head kv_head·G + w owning all
-/// 32 rows as two m16 tiles (mt = 0: rows 0..15, mt = 1: rows 16..31), so each K fragment of S
-/// and each V fragment of P·V read from shared memory feeds two mma (one per m tile). The warp's
-/// Q rows (bf16) sit in shared memory after the K/V buffers (A fragments by ldmatrix.x4 per k
-/// step and m tile); K/V tiles of 64 keys, double-buffered, one __syncthreads per tile (as
-/// one_barrier), each tile taken in two online-softmax steps of 32 keys. Per thread O is 128
-/// and S 32 fp32 registers: one block (8 warps) per SM.
-/// wide_split: the same with `splits` = 2 blocks per (32 queries, KV head), each taking
-/// blockDim.x / 32 = G / 2 of the group's heads (blockIdx.y = kv_head · splits + part), so two
-/// blocks of 4 warps share an SM and one's barrier does not stall the other.
-template <int HD>
-__global__ void __launch_bounds__(256, 1) flash_attention_wide_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc,
-                                                                      const bf16* __restrict__ vc, float* __restrict__ out, int ldo, int n,
-                                                                      int pos0, int n_kv_heads, int splits, float scale_log2) {
-  using L = Layout<HD>;
-  constexpr int bytes_per_row = L::ld * 2;
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* const Ks = reinterpret_cast<bf16*>(smem);  // [buffer][key][ld]
-  bf16* const Vs = Ks + 2 * L::tile;
-  const int heads = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // heads of this block
-  const int g = lane / 4, t4 = lane % 4;    // mma fragment coordinates
-  const int lm = lane / 8, lr = lane % 8;  // ldmatrix lane roles: matrix l / 8, row l % 8 of it
-  const int kvh = blockIdx.y / splits, part = blockIdx.y % splits, kv_dim = n_kv_heads * HD;
-  const int h = (kvh * splits + part) * heads + warp;  // = kvh · G + part · heads + warp, G = splits · heads
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * k_wide_rows;  // heaviest tiles first
-  const int last_key = pos0 + (q0 + k_wide_rows - 1 < n ? q0 + k_wide_rows - 1 : n - 1);
-  const int tiles = last_key / k_keys + 1;
-
-  auto stage = [&](int t) {  // K and V rows of tile t into buffer t % 2; rows past last_key zero
-    bf16* const kd = Ks + (t & 1) * L::tile;
-    bf16* const vd = Vs + (t & 1) * L::tile;
-    constexpr int chunks = HD / 8;  // 16-byte pieces per row
-    for (int e = threadIdx.x; e < k_keys * chunks; e += blockDim.x) {
-      const int row = e / chunks, c8 = e % chunks, key = t * k_keys + row;
-      const size_t at = static_cast<size_t>(key <= last_key ? key : 0) * kv_dim + static_cast<size_t>(kvh) * HD + c8 * 8;
-      cp_async16(kd + row * L::ld + c8 * 8, kc + at, key <= last_key);
-      cp_async16(vd + row * L::ld + c8 * 8, vc + at, key <= last_key);
-    }
-    cp_async_commit();
-  };
-  stage(0);
-
-  // The warp's 32 Q rows in bf16 (rows past the chunk zero), written and read by this warp only.
-  bf16* const qs = Vs + 2 * L::tile + warp * k_wide_rows * L::ld;
-  constexpr int pairs = HD / 2;  // float2 per row
-  for (int e = lane; e < k_wide_rows * pairs; e += 32) {
-    const int r = e / pairs, c = (e % pairs) * 2;
-    float2 x = make_float2(0.f, 0.f);
-    if (q0 + r < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(q0 + r) * ldq + static_cast<size_t>(h) * HD + c);
-    *reinterpret_cast<uint32_t*>(qs + r * L::ld + c) = pack(x.x, x.y);
-  }
-  __syncwarp();
-  // A fragment of m tile 0, k step 0 (matrices: rows +0 / +8 × dims +0 / +8 = a0..a3); m tile 1
-  // is 16 rows further, k step kb 32 bytes further.
-  const unsigned qrow = static_cast<unsigned>(__cvta_generic_to_shared(qs)) + ((lm % 2) * 8 + lr) * bytes_per_row + (lm / 2) * 16;
-
-  float o[2][HD / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int f = 0; f < HD / 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
-  // Rows mt·16 + g and mt·16 + g + 8; a row past the chunk computes as the chunk's first query.
-  SoftmaxRows rows[2];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-    const int r0 = q0 + mt * 16 + g, r1 = r0 + 8;
-    rows[mt].qpos0 = pos0 + (r0 < n ? r0 : 0);
-    rows[mt].qpos1 = pos0 + (r1 < n ? r1 : 0);
-  }
-  const int first_pos = pos0 + q0;  // the block's lowest query position: tiles ending at or before it need no mask
-
-  for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<0>();  // tile t, the only group in flight, has landed (this thread's part)
-    // Every thread's part of tile t is visible, and every warp is done with tile t − 1, whose
-    // buffer tile t + 1 takes: staged now, it lands while tile t is used.
-    __syncthreads();
-    if (t + 1 < tiles) stage(t + 1);
-    const bf16* const Vt = Vs + (t & 1) * L::tile;
-    // K fragment (B of S) of key group 0, k step 0 by ldmatrix.x2: matrices dims +0 / +8 of 8 keys.
-    const unsigned krow = static_cast<unsigned>(__cvta_generic_to_shared(Ks + (t & 1) * L::tile)) + lr * bytes_per_row + (lm % 2) * 16;
-    const int kb0 = t * k_keys;
-
-    // The tile in two halves of k_half keys, each a full online-softmax step (S 32 × 32 is 32
-    // registers per thread; 32 × 64 would not fit beside O).
-#pragma unroll
-    for (int kh = 0; kh < k_keys; kh += k_half) {
-      if (kb0 + kh > last_key) break;  // block-uniform: no row reaches this half
-      // S = Q · Kᵀ (32 × 32): per k step the A fragments of both m tiles, then per key group one
-      // K fragment feeding both; each s[mt][j] adds its k steps in ascending order.
-      float s[2][k_half / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int j = 0; j < k_half / 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
-#pragma unroll
-      for (int kb = 0; kb < HD / 16; ++kb) {
-        uint32_t qa[4], qc[4];
-        ldmatrix_x4(qa, qrow + kb * 32);
-        ldmatrix_x4(qc, qrow + 16 * bytes_per_row + kb * 32);
-#pragma unroll
-        for (int j = 0; j < k_half / 8; ++j) {
-          uint32_t b[2];
-          ldmatrix_x2(b, krow + (kh + j * 8) * bytes_per_row + kb * 32);
-          mma(s[0][j], qa, b[0], b[1]);
-          mma(s[1][j], qc, b[0], b[1]);
-        }
-      }
-      const bool masked = kb0 + kh + k_half - 1 > first_pos;
-      uint32_t p[2][k_half / 16][4];  // A fragments of P per m tile
-      float c[2][2];                  // rescale factors of rows g and g + 8 per m tile
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) rows[mt].tile(s[mt], kb0 + kh, masked, t4, scale_log2, p[mt], c[mt][0], c[mt][1]);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int f = 0; f < HD / 8; ++f) {
-          o[mt][f][0] *= c[mt][0];
-          o[mt][f][1] *= c[mt][0];
-          o[mt][f][2] *= c[mt][1];
-          o[mt][f][3] *= c[mt][1];
-        }
-      // O += P · V: one ldmatrix.x4.trans (keys +0, +8 of dims f·8, then of dims f·8 + 8) gives
-      // the B fragments of two column groups, used by both m tiles.
-#pragma unroll
-      for (int kk = 0; kk < k_half / 16; ++kk)
-#pragma unroll
-        for (int f = 0; f < HD / 8; f += 2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, Vt + (kh + kk * 16 + (lm % 2) * 8 + lr) * L::ld + f * 8 + (lm / 2) * 8);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma(o[mt][f], p[mt][kk], b[0], b[1]);
-            mma(o[mt][f + 1], p[mt][kk], b[2], b[3]);
-          }
-        }
-    }
-  }
-  // out = O / l: this thread holds columns f·8 + 2·t4 + {0, 1} of rows mt·16 + g and mt·16 + g + 8.
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-    const float inv0 = 1.f / rows[mt].l0, inv1 = 1.f / rows[mt].l1;
-    const int r0 = q0 + mt * 16 + g, r1 = r0 + 8;
-#pragma unroll
-    for (int f = 0; f < HD / 8; ++f) {
-      const size_t col = static_cast<size_t>(h) * HD + f * 8 + t4 * 2;
-      if (r0 < n)
-        *reinterpret_cast<float2*>(out + static_cast<size_t>(r0) * ldo + col) = make_float2(o[mt][f][0] * inv0, o[mt][f][1] * inv0);
-      if (r1 < n)
-        *reinterpret_cast<float2*>(out + static_cast<size_t>(r1) * ldo + col) = make_float2(o[mt][f][2] * inv1, o[mt][f][3] * inv1);
-    }
-  }
-}
-
-/// split: wide_split (two blocks per KV head) where the group is even and the grid's y (n_kv_heads · 2)
-/// stays <= 65535; otherwise wide_rows.
-template <int HD>
-void launch_wide(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
-                 int group, bool split, cudaStream_t stream) {
-  const int splits = split && group % 2 == 0 && n_kv_heads <= 65535 / 2 ? 2 : 1, heads = group / splits;
-  const std::size_t smem = Layout<HD>::smem + static_cast<std::size_t>(heads * k_wide_rows * Layout<HD>::ld) * 2;
-  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wide_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wide_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>((n + k_wide_rows - 1) / k_wide_rows), static_cast<unsigned>(n_kv_heads * splits));
-  const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_wide_kernel<HD><<<grid, 32 * heads, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, splits,
-                                                                      scale_log2);
-  detail::check_launch();
-}
-
-template <int HD, bool QS, bool OneBarrier>
+template <int HD, bool TwoBlocks>
 void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
-  const std::size_t smem = QS ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
+  const std::size_t smem = TwoBlocks ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
   // Per launch (cheap): the attribute is per device, and a backend may run on any device.
-  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   // two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
-  if constexpr (QS)
-    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, QS, OneBarrier>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (TwoBlocks)
+    CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
   const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_prefill_kernel<HD, QS, OneBarrier><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
-                                                                             scale_log2);
+  flash_attention_prefill_kernel<HD, TwoBlocks><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
+                                                                                   scale_log2);
   detail::check_launch();
 }
 
 template <int HD>
 void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
                     int pos0, int n_kv_heads, int group, cudaStream_t stream) {
-  switch (variant) {
-    case FlashVariant::one_barrier: launch_hd<HD, false, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    case FlashVariant::two_blocks: launch_hd<HD, true, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    case FlashVariant::wide_rows: launch_wide<HD>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, false, stream); break;
-    case FlashVariant::wide_split: launch_wide<HD>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, true, stream); break;
-    default: launch_hd<HD, false, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-  }
+  if (variant == FlashVariant::baseline)
+    launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+  else
+    launch_hd<HD, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
 }
 
 /// The process-wide selection: -1 until first read, then a FlashVariant value.
@@ -556,14 +279,12 @@ std::atomic<int>& selected_variant() {
 
 FlashVariant variant_from_environment() {
   const char* text = std::getenv("SERVEDECK_FLASH_VARIANT");
-  if (text == nullptr || *text == '\0') return FlashVariant::baseline;
-  FlashVariant v = FlashVariant::baseline;
+  if (text == nullptr || *text == '\0') return k_default_flash_variant;
+  FlashVariant v = k_default_flash_variant;
   if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr,
-               "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, one_barrier, two_blocks, wide_rows or wide_split; "
-               "using baseline\n",
-               text);
-  return FlashVariant::baseline;
+  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline or two_blocks; using %s\n", text,
+               to_string(k_default_flash_variant));
+  return k_default_flash_variant;
 }
 
 }  // namespace
@@ -571,10 +292,7 @@ FlashVariant variant_from_environment() {
 const char* to_string(FlashVariant variant) {
   switch (variant) {
     case FlashVariant::baseline: return "baseline";
-    case FlashVariant::one_barrier: return "one_barrier";
     case FlashVariant::two_blocks: return "two_blocks";
-    case FlashVariant::wide_rows: return "wide_rows";
-    case FlashVariant::wide_split: return "wide_split";
   }
   return "unknown";
 }

@@ -11,73 +11,59 @@
 
 namespace servedeck::worker::cuda {
 
-/// Which kernel launch_flash_attention_prefill runs, for A/B comparison. Every variant keeps the
-/// numerics contract of launch_flash_attention_prefill below (same roundings, log2-domain online
-/// softmax, masking, fp32 running max/sum/output). baseline, one_barrier and two_blocks also take
-/// the same online-softmax steps (64 keys) with each S entry adding its k steps in the same
+/// Which kernel launch_flash_attention_prefill runs. Both keep the numerics contract of
+/// launch_flash_attention_prefill below (same roundings, log2-domain online softmax of 64-key
+/// steps, masking, fp32 running max/sum/output) with each S entry adding its k steps in the same
 /// order, so their outputs are expected to agree bitwise (flash_attention_test.cpp allows 1e-5
-/// for a different FMA contraction); wide_rows and wide_split take steps of 32 keys, so their
-/// bf16 P rounds against other running maxima and agrees with the others only within the test's
-/// tolerance against the reference. Speed figures of every variant but baseline are NOT
-/// measured yet (written without a GPU; bench/moe_offload/flash_bench.cpp prints every variant).
+/// for a different FMA contraction). Figures: H200, one layer, 32/4 heads of 128, pos0 0,
+/// bench_moe_offload --breakdown-only 1 (session 7 run 3,
+/// bench/moe_offload/results-2026-11-30-h200-session7.txt).
+/// Variants measured slower than two_blocks and removed (speed-up over baseline at 16384 tokens):
+/// one_barrier (baseline with one __syncthreads per key tile) 1.036x; wide_rows (32 query rows
+/// per warp as two m16 tiles, 32-key softmax steps) 1.091x; wide_split (wide_rows over two blocks
+/// of group / 2 warps per KV head) 1.123x.
 enum class FlashVariant {
-  /// One block per (16 queries, KV head), one warp per query head of the group, each warp's Q
-  /// fragments in registers (32 at head_dim 128), O 64 and S 32 fp32 registers per thread;
-  /// K/V tiles of 64 keys double-buffered by cp.async: 2·2·64·(hd + 8)·2 B = 69.6 KB of shared
-  /// memory at head_dim 128; __launch_bounds__(256, 1): one block (8 warps) per SM. Measured on
-  /// an H200 (32/4 heads of 128): 4096 tokens 0.597 ms (230 TFLOP/s), 16384 tokens 8.651 ms
-  /// (254 TFLOP/s).
+  /// The reference kernel. One block per (16 queries, KV head), one warp per query head of the
+  /// group, each warp's Q fragments in registers (32 at head_dim 128), O 64 and S 32 fp32
+  /// registers per thread; K/V tiles of 64 keys double-buffered by cp.async:
+  /// 2·2·64·(hd + 8)·2 B = 69.6 KB of shared memory at head_dim 128; two __syncthreads per key
+  /// tile; __launch_bounds__(256, 1): one block (8 warps) per SM. Registers (ptxas, sm_90): 210
+  /// at head_dim 128, 158 at 64, 102 at 32, no spills. Measured: 512 tokens 0.028 ms (75.6
+  /// TFLOP/s), 4096 tokens 0.587 ms (234.2 TFLOP/s), 16384 tokens 8.669 ms (253.7 TFLOP/s).
   baseline,
-  /// The baseline with one __syncthreads per key tile instead of two: wait for tile t, barrier
-  /// (tile t visible to all; every warp done with tile t − 1), then stage tile t + 1 into the
-  /// buffer of t − 1. Same registers and shared memory as the baseline.
-  one_barrier,
-  /// The baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd, bf16,
-  /// row stride hd + 8) is written once into shared memory after the K/V buffers and each warp
-  /// reads its A fragment by one ldmatrix.x4 per k step (1 per 8 mma of S = Q·Kᵀ), so no
+  /// The default. The baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd,
+  /// bf16, row stride hd + 8) is written once into shared memory after the K/V buffers and each
+  /// warp reads its A fragment by one ldmatrix.x4 per k step (1 per 8 mma of S = Q·Kᵀ), so no
   /// registers hold Q: __launch_bounds__(256, 2) caps a thread at 128 registers and two blocks
   /// (16 warps) share an SM, one block's softmax overlapping the other's tensor-core work.
   /// Shared memory 69.6 KB + group·16·(hd + 8)·2 B = 102 KB per block at group 8, head_dim 128
   /// (two blocks: 204 KB of the 227 KB an H100/H200 SM offers); the largest carveout is asked
-  /// for. Registers (ptxas, sm_90): 128 at head_dim 128, 120 at 64, 89 at 32, no spills (the
-  /// baseline: 210, 158, 102). S's K fragments come by ldmatrix.x2 (one per mma) to fit. One
-  /// __syncthreads per key tile, as one_barrier.
+  /// for. S's K fragments come by ldmatrix.x2 (one per mma). One __syncthreads per key tile:
+  /// wait for tile t, barrier, stage tile t + 1 into the buffer of t − 1. Registers (ptxas,
+  /// sm_90): 128 at head_dim 128, 120 at 64, 89 at 32, no spills. Measured: 512 tokens 0.030 ms
+  /// (72.0 TFLOP/s, 0.952x the baseline), 4096 tokens 0.513 ms (268.1 TFLOP/s, 1.144x), 16384
+  /// tokens 7.275 ms (302.3 TFLOP/s, 1.192x); the whole 16k-token resident prefill 0.680 s
+  /// against 0.745 s with the baseline (session 7 run 2; transformers: 0.729 s).
   two_blocks,
-  /// One block per (32 queries, KV head), one warp per query head owning all 32 rows as two m16
-  /// tiles, so every K fragment (S) and V fragment (P·V) read by ldmatrix feeds two mma instead
-  /// of one. Q (bf16) in
-  /// shared memory per warp, read by ldmatrix.x4 per k step and m tile; K/V tiles of 64 keys,
-  /// double-buffered, one __syncthreads per tile, each tile in two online-softmax steps of 32
-  /// keys (S 32 × 32). Per thread O is 128 and S 32 fp32 registers, __launch_bounds__(256, 1):
-  /// one block (8 warps) per SM. Shared memory 69.6 KB + group·32·(hd + 8)·2 B = 136 KB at
-  /// group 8, head_dim 128. Registers (ptxas, sm_90): 240 at head_dim 128, 156 at 64, 113 at
-  /// 32, no spills. Shared memory read per mma: S 256 B (Q 2 × 512 B and K 4 × 256 B per k step
-  /// and 8 mma), P·V 128 B, against the baseline's 256 B for both.
-  wide_rows,
-  /// wide_rows with each (32 queries, KV head) split over two blocks of group / 2 warps (heads),
-  /// so two independent blocks share an SM (registers: 2 · 4 warps · 32 · 240 <= 65536; shared
-  /// memory 69.6 + 34.8 = 104 KB per block at group 8, head_dim 128) and one block's barrier or
-  /// softmax does not stall the other; each K/V tile is staged twice as often (once per block).
-  /// Falls back to wide_rows for an odd group or n_kv_heads > 32767.
-  wide_split,
 };
 
-/// Every variant, in declaration order (tests and benches loop over it).
-inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::one_barrier, FlashVariant::two_blocks,
-                                                    FlashVariant::wide_rows, FlashVariant::wide_split};
+/// What flash_variant() returns when neither set_flash_variant nor SERVEDECK_FLASH_VARIANT chose.
+inline constexpr FlashVariant k_default_flash_variant = FlashVariant::two_blocks;
 
-/// "baseline", "one_barrier", "two_blocks", "wide_rows" or "wide_split" (the values of
-/// SERVEDECK_FLASH_VARIANT).
+/// Every variant, in declaration order (tests and benches loop over it; baseline first).
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks};
+
+/// "baseline" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
 bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
-/// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "one_barrier", "two_blocks", "wide_rows", "wide_split"); unset or empty means baseline, and an
-/// unknown value means baseline after one line on stderr naming the value read and the values
-/// expected. Thread-safe.
+/// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline"
+/// or "two_blocks"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
+/// value means the default after one line on stderr naming the value read and the values
+/// accepted. Thread-safe.
 FlashVariant flash_variant();
 
 /// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
