@@ -13,6 +13,10 @@
 // offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
 // roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
 // Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N] [--breakdown-only 1]
+//                          [--variants "K=V,K=V;K=V;..."]
+//   --variants: A/B of the decode step's switches (environment variables read when a decode graph
+//   is captured, docs/cuda-backend.md): all experts resident, the baseline (no variable set), then
+//   each ';'-separated set of 'NAME=value' pairs, then the baseline again; one row each, then exit.
 //   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
@@ -283,11 +287,57 @@ ModelDescription qwen3_30b_a3b(int layers) {
   return d;
 }
 
+// Splits s at `sep` (empty pieces dropped).
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t end = std::min(s.find(sep, at), s.size());
+    if (end > at) out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// --variants: all experts resident; per variant (the baseline first and last) the variables are
+// set, a new cache (so a new decode graph) runs the prompt and `decode` tokens, and the row
+// gives tok/s and the graph alone (decode_step_us, 32 replays at the last position).
+int run_variants(cuda::CudaBackend& backend, const std::string& spec, int prompt, int decode) {
+  backend.set_hot_slots(128);
+  backend.set_use_pdl(true);
+  std::vector<std::string> sets = split(spec, ';');
+  sets.insert(sets.begin(), "");
+  sets.push_back("");
+  std::vector<std::string> names;
+  for (const std::string& set : sets)
+    for (const std::string& kv : split(set, ','))
+      if (kv.find('=') != std::string::npos) names.push_back(kv.substr(0, kv.find('=')));
+  std::printf("\ndecode variants, all experts resident, %d-token prompt, %d new tokens\n%-60s %10s %10s\n", prompt, decode, "variant",
+              "tok/s", "GPU ms");
+  for (const std::string& set : sets) {
+    for (const std::string& n : names) unsetenv(n.c_str());
+    for (const std::string& kv : split(set, ','))
+      if (const std::size_t eq = kv.find('='); eq != std::string::npos) setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    auto cache = backend.new_cache(static_cast<std::size_t>(prompt + decode + 8));
+    std::vector<int32_t> ids;
+    for (int i = 0; i < prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
+    auto logits = backend.forward(*cache, ids, false);
+    const auto td = clk::now();
+    for (int i = 0; i < decode; ++i) logits = backend.forward(*cache, std::vector<int32_t>{servedeck::worker::argmax(logits)}, false);
+    const double decode_s = seconds_since(td);
+    const double step_us = backend.decode_step_us(*cache, 32);
+    std::printf("%-60s %10.2f %10.3f\n", set.empty() ? "baseline" : set.c_str(), decode / decode_s, step_us / 1000);
+  }
+  for (const std::string& n : names) unsetenv(n.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16;
   bool breakdown_only = false;
+  std::string variants;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
@@ -296,6 +346,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
     else if (a == "--breakdown-only") breakdown_only = std::atoi(argv[i + 1]) != 0;
     else if (a == "--stage-buffers") stage_buffers = std::atoi(argv[i + 1]);
+    else if (a == "--variants") variants = argv[i + 1];
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -326,6 +377,8 @@ int main(int argc, char** argv) {
               load_s, expert_gib, backend->host_bytes_mapped() / 1073741824.0,
               static_cast<double>(backend->host_bytes_mapped()) / backend->expert_bytes(), rss_gib(), rss_gib() / expert_gib,
               backend->resident_bytes() / 1073741824.0);
+
+  if (!variants.empty()) return run_variants(*backend, variants, prompt, decode);
 
   const double block = static_cast<double>(backend->expert_block_bytes());
   // VRAM bytes read per decoded token outside the experts: everything resident except the
@@ -442,14 +495,23 @@ int main(int argc, char** argv) {
         auto warm = backend->new_cache(static_cast<std::size_t>(n + 8));
         backend->forward(*warm, prompt_ids(n), false);
       }
+    // The resident row, compared with transformers (median of 3 there too), is the median of 3
+    // forwards; the others one each.
+    const int reps = slots == 128 && mode.flash ? 3 : 1;
     for (int n : sizes) {
-      auto cache = backend->new_cache(static_cast<std::size_t>(n + 8));
       const auto ids = prompt_ids(n);
-      backend->reset_stats();
-      auto tp = clk::now();
-      backend->forward(*cache, ids, false);
-      const double sec = seconds_since(tp);
-      const double staged = static_cast<double>(backend->stats().staged_bytes);
+      std::vector<double> secs;
+      double staged = 0;
+      for (int r = 0; r < reps; ++r) {
+        auto cache = backend->new_cache(static_cast<std::size_t>(n + 8));
+        backend->reset_stats();
+        auto tp = clk::now();
+        backend->forward(*cache, ids, false);
+        secs.push_back(seconds_since(tp));
+        staged = static_cast<double>(backend->stats().staged_bytes);
+      }
+      std::sort(secs.begin(), secs.end());
+      const double sec = secs[secs.size() / 2];
       const double roof_s = staged / (c.h2d_gbs * 1e9);
       if (slots == 128) {
         std::printf("%-10s %7d %10.1f %9.3f %12.2f %15s %9s\n", mode.name, n, n / sec, sec, staged / 1073741824.0, "-", "-");

@@ -154,6 +154,22 @@ __device__ __forceinline__ void stage_async(void* dst, const void* src, unsigned
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+/// As stage_async, in `pieces` consecutive commit groups of (about) equal size with at most two
+/// in flight per thread: each piece is issued once the one before the previous has landed. A
+/// staged kernel's 100-200 KB per SM issued at once sits in the SM's memory queue ahead of the
+/// loads of the latency-bound kernel running beside it (the attention beside the o-proj); two
+/// pieces in flight keep that queue short. pieces <= 1 is stage_async.
+__device__ __forceinline__ void stage_async_paced(void* dst, const void* src, unsigned bytes, int t, int nthreads, int pieces) {
+  if (pieces <= 1) return stage_async(dst, src, bytes, t, nthreads);
+  const unsigned step = static_cast<unsigned>(nthreads) * 16u;  // bytes one round of the block's threads copies
+  const unsigned rounds = (bytes + step - 1) / step, per = (rounds + static_cast<unsigned>(pieces) - 1) / static_cast<unsigned>(pieces);
+  for (unsigned r0 = 0; r0 < rounds; r0 += per) {
+    const unsigned off = r0 * step, n = min(bytes - off, per * step);
+    stage_async(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, n, t, nthreads);
+    if (r0 > 0) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  }
+}
+
 /// Waits for this thread's stage_async copies; a __syncthreads after it makes every thread's
 /// copies visible to the block.
 __device__ __forceinline__ void stage_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

@@ -10,7 +10,8 @@
 //      softmax/top-k (by rank, over the block) and folds the routing hit counters.
 //   5. launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
-//      ids and the first rows of the routed experts before griddepcontrol.wait (see its doc).
+//      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
+//      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).
 // pdl: launch with programmatic dependent launch (Hopper): the kernel may be scheduled while
 // its predecessor finishes and waits (griddepcontrol.wait) before touching memory, hiding most
 // of the launch gap between consecutive graph nodes. Results are identical with or without it.
@@ -101,13 +102,18 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// act 16-byte aligned (std::invalid_argument otherwise).
 /// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
 /// must have been written before the predecessor started, as in the decode step (o-proj writes
-/// out, the router ids, then gate/up, then down).
+/// out, the router ids, then gate/up, then down). When k·16·inter·2 bytes fit in 200 KB of shared
+/// memory (and SERVEDECK_DOWN_STAGED is not 0), each block also copies its 16 rows of every
+/// routed expert into shared memory before the wait, so they stream while gate/up finishes; the
+/// arithmetic is the same either way (bit-identical results).
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream, bool pdl = false);
 
 /// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL. W: (out, in) bf16,
 /// in % 8 == 0, W and x 16-byte aligned. Rows staged in shared memory before the wait when
 /// ceil(out / SMs) rows fit (o-proj 2048x4096: 16 rows = 128 KB per block), else one warp per row.
+/// The staged rows are copied in 16 paced pieces (SERVEDECK_OPROJ_STAGE_PIECES), at most two in
+/// flight per thread, so they do not queue ahead of the attention's loads running beside them.
 /// With pdl and accumulate, the staged kernel reads y BEFORE waiting for the predecessor: y must
 /// not be written by the immediate predecessor (in the decode step the o-proj accumulates into
 /// the residual stream, last written by the previous layer's down, before q|k|v).

@@ -61,7 +61,7 @@ constexpr std::size_t k_staged_smem_max = 200 * 1024;
 template <int NV>
 __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
-    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out) {
+    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int WARPS = k_staged_warps, RG = 8;
   extern __shared__ float4 dyn4[];
@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
   float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
   float* part = xs + in;
   __shared__ float red[WARPS];
-  detail::stage_async(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, static_cast<int>(threadIdx.x),
-                      WARPS * 32);
+  detail::stage_async_paced(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, static_cast<int>(threadIdx.x),
+                            WARPS * 32, pieces);
   detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
   if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<WARPS * 32, NV>(nw, in);
   // y, when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
@@ -136,10 +136,10 @@ StagedPlan staged_plan(int out, int in) {
 
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
-                   float* y, int out, int in, bool accumulate, float* xn_out) {
+                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces) {
   allow_dynamic_smem(staged_gemv_kernel<NV>, k_staged_smem_max);
   launch(staged_gemv_kernel<NV>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-         accumulate ? 1 : 0, xn_out);
+         accumulate ? 1 : 0, xn_out, pieces);
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
@@ -307,11 +307,14 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   // The staged kernels' prefetch_norm_weights reads four bf16 norm weights at a time (8-byte loads).
   require(detail::aligned8(norm_w), "launch_norm_gemv_bf16", "norm_w must be 8-byte aligned");
   const StagedPlan p = staged_plan(out, in);
+  // One piece: pacing q|k|v's staging (it runs beside the down, bandwidth-bound) measured no
+  // better (session 7 runs 1-2). SERVEDECK_QKV_STAGE_PIECES overrides (A/B).
+  const int pieces = detail::env_knob("SERVEDECK_QKV_STAGE_PIECES", 1);
   if (p.smem != 0) {
     // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
-    if (in <= 2048) return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
-    if (in <= 4096) return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
-    return launch_staged<-1>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out);
+    if (in <= 2048) return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
+    if (in <= 4096) return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
+    return launch_staged<-1>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
   }
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
   allow_dynamic_smem(norm_gemv_kernel<8>, 12288 * sizeof(float));  // the precondition's largest `in`
@@ -339,7 +342,13 @@ void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int 
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
   const StagedPlan p = staged_plan(out, in);
-  if (p.smem != 0) return launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr);
+  // The o-proj stages its rows beside the attention (latency-bound): in 16 paced pieces so its
+  // copies do not queue ahead of the attention's loads. Measured on the H200 (session 7 runs 1-3,
+  // GPU step): 1 piece 2.940 ms, 4: 2.927, 8: 2.887, 16: 2.845, and 32 no better (with the staged
+  // down: 8: 2.753, 16: 2.713-2.715, 32: 2.805). SERVEDECK_OPROJ_STAGE_PIECES overrides (A/B).
+  if (p.smem != 0)
+    return launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr,
+                            detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16));
   launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -55,6 +56,14 @@ inline void allow_dynamic_smem(Kernel kernel, std::size_t max_bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes)));
 }
 
+/// Asks for the largest shared-memory carveout while `kernel` runs, so that a block of the next
+/// kernel with a large shared-memory stage (launched early by PDL) fits on the same SM: the SM's
+/// L1/shared split is set when a kernel's blocks are placed and cannot grow under running blocks.
+template <class Kernel>
+inline void prefer_max_shared(Kernel kernel) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 template <class... KArgs, class... Args>
 inline void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t smem, cudaStream_t stream, bool pdl, Args... args) {
   cudaLaunchConfig_t cfg{};
@@ -68,6 +77,17 @@ inline void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t sm
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
+/// The integer in environment variable `name`, or `def` when it is unset or not a number: the
+/// decode step's A/B switches for the benchmark (docs/cuda-backend.md lists them). Read at each
+/// call, so a graph captured after setenv uses the new value.
+inline int env_knob(const char* name, int def) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' ? static_cast<int>(n) : def;
 }
 
 /// Blocks for `rows` rows at `warps` warps per block and one row per warp, capped at what the

@@ -21,6 +21,7 @@ using detail::warp_sum;
 
 constexpr int k_moe_warps = 8;
 
+
 // gate row r and up row r of expert j, SwiGLU: one warp per (j, r).
 __global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                             const int32_t* __restrict__ ids, int k,
@@ -220,6 +221,84 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
   }
 }
 
+// down with every row of the block staged in shared memory before the wait: block b owns the
+// hidden rows [16 b, 16 b + 16) and copies, for each routed slot j, down_j's rows of the block
+// (one contiguous range of 16·inter bf16; k·16·inter·2 bytes, 192 KB at k 8 and inter 768) by
+// every thread's cp.async, so the down weights stream while gate/up runs beside it (the gate/up
+// grid is then one block per SM, leaving half of the registers for this block). ids and the
+// expert pointers are read before the wait (the router wrote them two launches back), act only
+// after. The arithmetic is moe_down_rows_kernel's, step for step (per lane its CH column blocks
+// in order, the shuffle tree per (j, row), then the slots in order), so out is bit-identical.
+template <int CH>
+__global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(ExpertTable t, const float* __restrict__ act,
+                                                                             const int32_t* __restrict__ ids,
+                                                                             const float* __restrict__ weights, int k,
+                                                                             float* __restrict__ out) {
+  SERVEDECK_TRACE_BLOCK();
+  constexpr int RG = 8;
+  extern __shared__ float4 dyn4[];
+  uint4* ws = reinterpret_cast<uint4*>(dyn4);  // [slot][row][n8]
+  __shared__ float part[32][k_down_rows];
+  __shared__ const bf16* rows_of[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int h0 = blockIdx.x * k_down_rows, nrows = min(k_down_rows, t.hidden - h0), n8 = t.inter / 8;
+  if (static_cast<int>(threadIdx.x) < k)
+    rows_of[threadIdx.x] = t.experts[__ldcg(ids + threadIdx.x)] + static_cast<size_t>(2) * t.inter * t.hidden + static_cast<size_t>(h0) * t.inter;
+  // The residual too: out was last written by the o-proj, three launches back.
+  const float out_old = static_cast<int>(threadIdx.x) < nrows ? out[h0 + threadIdx.x] : 0.f;
+  __syncthreads();
+  for (int j = 0; j < k; ++j)
+    detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
+                        static_cast<int>(threadIdx.x), k_moe_warps * 32);
+  wait_for_predecessor();
+  detail::stage_wait_all();
+  __syncthreads();
+  for (int j = warp; j < k; j += k_moe_warps) {
+    const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
+    const uint4* wj = ws + static_cast<size_t>(j) * k_down_rows * n8;
+    for (int g = 0; g < nrows; g += RG) {
+      float s[RG];
+#pragma unroll
+      for (int r = 0; r < RG; ++r) s[r] = 0.f;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        const int i = lane + 32 * c;
+        const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < RG; ++r) {
+          const uint4 w = g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
+          s[r] += detail::dot8(w, a, b);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
+      if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < RG; ++r)
+          if (g + r < nrows) part[j][g + r] = s[r];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < nrows) {
+    float tot = 0.f;
+    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
+    out[h0 + threadIdx.x] = out_old + tot;
+  }
+}
+
+/// Shared memory of moe_down_staged_kernel: k slots of k_down_rows rows of inter bf16.
+std::size_t down_staged_smem(int k, int inter) { return static_cast<std::size_t>(k) * k_down_rows * static_cast<std::size_t>(inter) * 2; }
+constexpr std::size_t k_down_staged_smem_max = 200 * 1024;
+
+// The staged down is used when its rows fit (SERVEDECK_DOWN_STAGED=0 turns it off: A/B switch).
+// Measured on the H200 (session 7, runs 1-3, all experts resident, GPU step at position ~190):
+// 2.940 → 2.812 ms with it, 2.715 ms with the o-proj's staging paced in 16 pieces too.
+bool down_staged(const ExpertTable& table, int k) {
+  return table.inter / 8 <= 96 && down_staged_smem(k, table.inter) <= k_down_staged_smem_max &&
+         detail::env_knob("SERVEDECK_DOWN_STAGED", 1) != 0;
+}
+
 }  // namespace
 
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
@@ -229,10 +308,13 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
                       std::to_string(table.inter) + ", " + std::to_string(k));
   detail::require(detail::aligned16(xn), "launch_moe_gate_up_fused", "xn must be 16-byte aligned");
   const int units = k * table.inter, n8 = table.hidden / 8;
-  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, 2 * detail::sm_count());
+  // Two blocks per SM; SERVEDECK_GATE_UP_BLOCKS_PER_SM overrides (A/B switch: one block per SM
+  // would leave the staged down's block room beside it, but measured slower, session 7 run 1).
+  const int per_sm = detail::env_knob("SERVEDECK_GATE_UP_BLOCKS_PER_SM", 2);
+  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, std::max(1, per_sm) * detail::sm_count());
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
-  if (n8 <= 32 * 4) return launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
-  if (n8 <= 32 * 8) return launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
+  if (n8 <= 32 * 4) return detail::prefer_max_shared(moe_gate_up_wide_kernel<4>), launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
+  if (n8 <= 32 * 8) return detail::prefer_max_shared(moe_gate_up_wide_kernel<8>), launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
   launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
 }
 
@@ -244,6 +326,19 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   detail::require(detail::aligned16(act), "launch_moe_down_fused", "act must be 16-byte aligned");
   const int n8 = table.inter / 8;
   const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
+  if (down_staged(table, k)) {
+    const std::size_t smem = down_staged_smem(k, table.inter);
+    if (n8 <= 32) {
+      detail::allow_dynamic_smem(moe_down_staged_kernel<1>, k_down_staged_smem_max);
+      return launch(moe_down_staged_kernel<1>, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out);
+    }
+    if (n8 <= 64) {
+      detail::allow_dynamic_smem(moe_down_staged_kernel<2>, k_down_staged_smem_max);
+      return launch(moe_down_staged_kernel<2>, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out);
+    }
+    detail::allow_dynamic_smem(moe_down_staged_kernel<3>, k_down_staged_smem_max);
+    return launch(moe_down_staged_kernel<3>, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out);
+  }
   if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
   if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
   if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);

@@ -5,6 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <tuple>
+#include <utility>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cuda/fused.cuh"
@@ -14,6 +17,14 @@ using namespace servedeck::worker::cuda;
 using gpu_test::DeviceBuffer;
 
 namespace {
+// Sets environment variable `name` to `value` for the scope (the decode step's A/B switches are
+// read at launch, fused_launch.cuh env_knob).
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+};
+
 std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) {
   return gpu_test::to_bf16(gpu_test::random_floats(n, seed, scale));
 }
@@ -209,4 +220,53 @@ TEST_CASE("fused router and gate/up at hidden 2048, 4096 and 6144 equal the unfu
 
     check_fused_moe(E, K, H, I, static_cast<unsigned>(54 + H), xn.ptr, ids1.ptr, w1.ptr, xn2.ptr, ids2.ptr, w2.ptr);
   }
+}
+
+TEST_CASE("the decode step's A/B switches change scheduling only: results bit-identical") {
+  gpu_test::skip_without_gpu();
+  // Staged down (all rows in shared memory before the wait; k·16·inter·2 bytes <= 200 KB: 8 × 768
+  // and 12 × 512 staged, 8 × 1024 not) against the row kernel; one gate/up block per SM.
+  const int E = 16;
+  for (auto [H, I, K] : {std::tuple{2048, 768, 8}, std::tuple{256, 512, 12}, std::tuple{256, 1024, 8}, std::tuple{200, 96, 3}}) {
+    const std::size_t block = 3ull * I * H;
+    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 51 + I, 0.1f));
+    std::vector<const __nv_bfloat16*> table(E);
+    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
+    DeviceBuffer<const __nv_bfloat16*> dtable(table);
+    const ExpertTable t{dtable.ptr, H, I};
+    std::vector<int32_t> ids_h(static_cast<std::size_t>(K));
+    for (int j = 0; j < K; ++j) ids_h[static_cast<std::size_t>(j)] = (j * 5 + 1) % E;
+    DeviceBuffer<int32_t> ids(ids_h);
+    DeviceBuffer<float> w(gpu_test::random_floats(static_cast<std::size_t>(K), 52, 1.f));
+    DeviceBuffer<float> xn(gpu_test::random_floats(static_cast<std::size_t>(H), 53, 1.f));
+    const auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), 54, 1.f);
+    auto run = [&] {
+      DeviceBuffer<float> out(out_h), act(static_cast<std::size_t>(K) * I);
+      act.poison();
+      launch_moe_gate_up_fused(t, xn.ptr, ids.ptr, K, act.ptr, nullptr);
+      launch_moe_down_fused(t, act.ptr, ids.ptr, w.ptr, K, out.ptr, nullptr);
+      return std::pair{act.get(), out.get()};
+    };
+    const auto base = run();
+    for (auto [knob, value] : {std::pair{"SERVEDECK_DOWN_STAGED", "0"}, std::pair{"SERVEDECK_GATE_UP_BLOCKS_PER_SM", "1"}}) {
+      ScopedEnv env(knob, value);
+      const auto got = run();
+      CHECK_MESSAGE(got.first == base.first, knob, " act, H ", H, " I ", I, " K ", K);
+      CHECK_MESSAGE(got.second == base.second, knob, " out, H ", H, " I ", I, " K ", K);
+    }
+  }
+  // Staged GEMV rows copied in 4 paced pieces against one group (q|k|v 5120x2048 with its norm)
+  // and in 16 (the o-proj's default) against one (o-proj 2048x4096 accumulating).
+  DeviceBuffer<__nv_bfloat16> Wq(rand_bf16(5120ull * 2048, 55, 0.05f)), nw(rand_bf16(2048, 56, 1.f)), Wo(rand_bf16(2048ull * 4096, 57, 0.05f));
+  DeviceBuffer<float> x(gpu_test::random_floats(4096, 58, 1.f));
+  const auto y0 = gpu_test::random_floats(5120, 59, 1.f);
+  auto staged = [&] {
+    DeviceBuffer<float> q(y0), o(y0);
+    launch_norm_gemv_bf16(Wq.ptr, x.ptr, nw.ptr, 1e-6f, q.ptr, 5120, 2048, false, nullptr, nullptr);
+    launch_gemv_bf16_pdl(Wo.ptr, x.ptr, o.ptr, 2048, 4096, true, nullptr);
+    return std::pair{q.get(), o.get()};
+  };
+  const auto base = staged();
+  ScopedEnv qp("SERVEDECK_QKV_STAGE_PIECES", "4"), op("SERVEDECK_OPROJ_STAGE_PIECES", "1");
+  CHECK(staged() == base);
 }
