@@ -23,6 +23,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prefill", default="", help="comma-separated prompt lengths (empty: none)")
+    ap.add_argument("--reps", type=int, default=3, help="timed forwards per prefill size (the median is printed)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="also profile one prefill forward of this many tokens (torch.profiler: top CUDA kernels)")
     a = ap.parse_args()
     cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=a.layers,
                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
@@ -60,13 +63,24 @@ def main():
             p = torch.tensor([[(j * 7919 + 17) % 151643 for j in range(n)]], device="cuda")
             if i == 0:
                 model(p, logits_to_keep=1)  # warm-up
-            torch.cuda.synchronize()
-            t3 = time.time()
-            model(p, logits_to_keep=1)
-            torch.cuda.synchronize()
-            s = time.time() - t3
-            prefill_rows.append({"tokens": n, "seconds": s, "tok_s": n / s})
-            print(f"transformers resident prefill {n}: {n / s:.1f} tok/s ({s:.3f} s)")
+            times = []
+            for _ in range(max(1, a.reps)):
+                torch.cuda.synchronize()
+                t3 = time.time()
+                model(p, logits_to_keep=1)
+                torch.cuda.synchronize()
+                times.append(time.time() - t3)
+            s = sorted(times)[len(times) // 2]
+            prefill_rows.append({"tokens": n, "seconds": s, "tok_s": n / s, "all_seconds": times})
+            print(f"transformers resident prefill {n}: {n / s:.1f} tok/s ({s:.3f} s, median of {len(times)}: "
+                  + ", ".join(f"{t:.3f}" for t in times) + ")")
+        if a.profile > 0:
+            p = torch.tensor([[(j * 7919 + 17) % 151643 for j in range(a.profile)]], device="cuda")
+            print(f"attention implementation: {model.config._attn_implementation}")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                model(p, logits_to_keep=1)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=70))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "transformers_decode.json"), "w") as f:
             json.dump({"decode_tok_s": decode_tok_s, "new_tokens": new, "prefill_s": prefill_s, "layers": a.layers,

@@ -92,6 +92,27 @@ struct PrefillBuffers {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Per-phase GPU time of a prefill chunk, for the benchmark: with SERVEDECK_PREFILL_PROFILE=1
+/// events are recorded on the compute stream at the phase boundaries of every MoE layer and the
+/// sums over the layers go to stderr at the end of the chunk (one line); otherwise nothing is
+/// recorded. Phases (points 0..5 of a layer): norm + q|k|v + RoPE/append (+ bf16 K/V copy) |
+/// attention + o-proj + norm + router (both routing parts) | the host's planning of the experts
+/// (the GPU waits for the ids, the plan and the first launches) | gather + expert GEMMs + SwiGLU
+/// | reduce. A point is reached when the GPU gets there, so host stalls show as GPU time.
+struct PrefillProfile {
+  static constexpr int k_points = 6;
+  bool on = false;
+  std::vector<cudaEvent_t> ev;  // (layers × k_points)
+  void begin(int layers);
+  void mark(int layer, int point, cudaStream_t s) const;
+  void report(int n, int layers) const;
+  ~PrefillProfile();
+};
+
+}  // namespace detail
+
 struct CudaBackend::Impl {
   using bf16 = __nv_bfloat16;
   ModelDescription d;
@@ -100,6 +121,7 @@ struct CudaBackend::Impl {
   cudaStream_t copy_stream = nullptr;
   std::vector<cudaEvent_t> stage_ready, stage_free;  // per staging buffer (ring of opt.stage_buffers)
   cudaEvent_t ids_ready[2] = {nullptr, nullptr};     // a prefill part's routing ids are on the host
+  detail::PrefillProfile prefill_profile;
   cublasHandle_t cublas = nullptr;
   char* arena = nullptr;  // resident weights, VRAM
   std::size_t arena_bytes = 0, arena_used = 0;
@@ -161,7 +183,7 @@ struct CudaBackend::Impl {
   /// MoE layer the router; its ids go to the host (pre.h_ids) and ids_ready[part] is recorded.
   void prefill_attention_out(int layer, int r0, int r1, int part);
   /// The MoE of a chunk whose rows were routed in `parts` parts (prefill_attention_out).
-  void prefill_moe(int si, int n, int parts, int split_row);
+  void prefill_moe(int si, int n, int parts, int split_row, int layer);
   void gemm(const bf16* W, int out, int in, const bf16* X, int n, int ldx, float* Y, int ldy, float beta);
   /// gate|up → SwiGLU → down for a batch (prefill_experts.cu).
   void run_expert_batch(const detail::ExpertBatch& batch);

@@ -170,9 +170,11 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
   const bool flash = use_flash_attention() && pos0 + n > opt.flash_attention_min_keys;
   CUDA_CHECK(cudaMemcpyAsync(pre.tokens, toks.data(), toks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   launch_embed_rows(embed, pre.tokens, pre.x, n, H, stream);
+  prefill_profile.begin(static_cast<int>(layers.size()));
   for (std::size_t li = 0; li < layers.size(); ++li) {
     const detail::LayerDev& L = layers[li];
     const int l = static_cast<int>(li);
+    if (L.moe) prefill_profile.mark(l, 0, stream);
     launch_rmsnorm_rows_bf16(pre.x, L.input_norm, pre.xb, n, H, eps, stream);
     gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
     launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), shape, n, pos0, stream);
@@ -189,6 +191,7 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     const int quarter = (n / 4 + 15) / 16 * 16;
     const bool split = L.moe && opt.prefill_split_min_tokens > 0 && n >= opt.prefill_split_min_tokens && quarter > 0 && quarter < n;
     const int split_row = split ? quarter : n;
+    if (L.moe) prefill_profile.mark(l, 1, stream);
     prefill_attention(c, l, 0, split_row, pos0, flash);
     prefill_attention_out(l, 0, split_row, 0);
     if (split) {
@@ -196,7 +199,8 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
       prefill_attention_out(l, split_row, n, 1);
     }
     if (L.moe) {
-      prefill_moe(moe_index[li], n, split ? 2 : 1, split_row);
+      prefill_profile.mark(l, 2, stream);
+      prefill_moe(moe_index[li], n, split ? 2 : 1, split_row, l);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       gemm(L.mlp_gate, I, H, pre.xb, n, H, pre.gu, 2 * I, 0.f);
@@ -205,6 +209,7 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
       gemm(L.mlp_down, H, I, pre.act, n, I, pre.x, H, 1.f);
     }
   }
+  prefill_profile.report(n, static_cast<int>(layers.size()));
 }
 
 void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int r0, int r1, int pos0, bool flash) {
@@ -260,7 +265,7 @@ void CudaBackend::Impl::prefill_attention_out(int l, int r0, int r1, int part) {
   CUDA_CHECK(cudaEventRecord(ids_ready[part], stream));
 }
 
-void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
+void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row, int layer) {
   const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = hidden();
   const std::size_t rows = static_cast<std::size_t>(n) * K, R = stage_ready.size(), G = stage_group;
   const std::size_t block_elems = store->block_bytes() / sizeof(bf16);
@@ -339,6 +344,7 @@ void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
       slot[p] = at;
     }
   }
+  prefill_profile.mark(layer, 3, stream);
   launch_fetch_mapped_i32(pre.h_src_dev, pre.src, rows, stream);
   launch_fetch_mapped_i32(pre.h_slot_dev, pre.slot, rows, stream);
   launch_gather_rows_bf16(pre.xb, pre.src, pre.xp, static_cast<int>(rows), H, stream);
@@ -364,7 +370,9 @@ void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row) {
       issue_copies();  // group + R reuses buffer b
     }
   }
+  prefill_profile.mark(layer, 4, stream);
   launch_moe_reduce_rows(pre.partial, pre.slot, pre.route_w, n, K, H, pre.x, stream);
+  prefill_profile.mark(layer, 5, stream);
 }
 
 }  // namespace servedeck::worker::cuda
