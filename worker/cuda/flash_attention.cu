@@ -34,6 +34,7 @@
 #include <string>
 
 #include "worker/cuda/flash_mma.cuh"
+#include "worker/cuda/flash_wgmma.cuh"
 #include "worker/cuda/launch_check.cuh"
 
 namespace servedeck::worker::cuda {
@@ -262,9 +263,32 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
   detail::check_launch();
 }
 
+/// The wgmma kernel (flash_wgmma.cuh) for head_dim 128 and group 4 or 8.
+void launch_wgmma(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
+                  int group, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k_wg_smem)));
+  const dim3 grid(static_cast<unsigned>((n + k_wg_rows - 1) / k_wg_rows), static_cast<unsigned>(n_kv_heads));
+  const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_wg_hd)) * 1.4426950408889634);  // log2 e
+  flash_wgmma_prefill_kernel<<<grid, 32 * group, k_wg_smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, scale_log2);
+  detail::check_launch();
+}
+
+/// Runs flash_wgmma_probe_kernel once; -1 until then.
+std::atomic<int>& wgmma_probe_result() {
+  static std::atomic<int> v{-1};
+  return v;
+}
+
 template <int HD>
 void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
                     int pos0, int n_kv_heads, int group, cudaStream_t stream) {
+  if (variant == FlashVariant::wgmma) {
+    if (HD == k_wg_hd && (group == 4 || group == 8) && flash_wgmma_available()) {
+      launch_wgmma(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+      return;
+    }
+    variant = FlashVariant::two_blocks;  // shapes (or builds) the wgmma kernel does not handle
+  }
   if (variant == FlashVariant::baseline)
     launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
   else
@@ -282,7 +306,7 @@ FlashVariant variant_from_environment() {
   if (text == nullptr || *text == '\0') return k_default_flash_variant;
   FlashVariant v = k_default_flash_variant;
   if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline or two_blocks; using %s\n", text,
+  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, two_blocks or wgmma; using %s\n", text,
                to_string(k_default_flash_variant));
   return k_default_flash_variant;
 }
@@ -293,6 +317,7 @@ const char* to_string(FlashVariant variant) {
   switch (variant) {
     case FlashVariant::baseline: return "baseline";
     case FlashVariant::two_blocks: return "two_blocks";
+    case FlashVariant::wgmma: return "wgmma";
   }
   return "unknown";
 }
@@ -318,6 +343,23 @@ FlashVariant flash_variant() {
 }
 
 void set_flash_variant(FlashVariant variant) { selected_variant().store(static_cast<int>(variant)); }
+
+bool flash_wgmma_available() {
+  int v = wgmma_probe_result().load(std::memory_order_relaxed);
+  if (v >= 0) return v == 1;
+  int* flag = nullptr;
+  int host = 0;
+  bool ok = cudaMalloc(&flag, sizeof(int)) == cudaSuccess;
+  if (ok) {
+    flash_wgmma_probe_kernel<<<1, 1>>>(flag);
+    ok = cudaGetLastError() == cudaSuccess && cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  if (flag != nullptr) cudaFree(flag);
+  if (!ok) (void)cudaGetLastError();  // a failed probe (no kernel image for the device) reads as "not available"
+  v = ok && host == 1 ? 1 : 0;
+  wgmma_probe_result().store(v);
+  return v == 1;
+}
 
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim) {
   return (head_dim == 32 || head_dim == 64 || head_dim == 128) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&

@@ -45,29 +45,47 @@ enum class FlashVariant {
   /// tokens 7.275 ms (302.3 TFLOP/s, 1.192x); the whole 16k-token resident prefill 0.680 s
   /// against 0.745 s with the baseline (session 7 run 2; transformers: 0.729 s).
   two_blocks,
+  /// Hopper warpgroup MMA (flash_wgmma.cuh): the baseline's blocks (16 queries × the group's
+  /// heads; warp w = head kv_head·G + w) as G / 4 warpgroups whose M = 64 tile is 4 heads × 16
+  /// queries, so every row's causal mask and softmax state are the baseline's. Per 64-key tile:
+  /// S by 8 wgmma.mma_async m64n64k16 (Q as bf16 register A fragments, K from a 128-byte
+  /// swizzled K-major shared tile), the baseline's softmax step on the accumulators, O += P·V by
+  /// 4 wgmma m64n128k16 (P from registers, V as an MN-major swizzled tile, transposed). Same
+  /// numerics contract; S and O add their k steps in the tensor core's own order, so outputs
+  /// agree with the baseline to fp32 rounding, not bitwise. Runs only for head_dim 128 with
+  /// n_heads / n_kv_heads 4 or 8 and only when flash_attention.cu was compiled for sm_90a
+  /// (flash_wgmma_available()); any other shape or build runs two_blocks instead. Shared memory
+  /// 2·2·16 KB + 1 KB = 65 KB, __launch_bounds__(256, 1). Not measured yet (GPU-untested).
+  wgmma,
 };
 
 /// What flash_variant() returns when neither set_flash_variant nor SERVEDECK_FLASH_VARIANT chose.
 inline constexpr FlashVariant k_default_flash_variant = FlashVariant::two_blocks;
 
 /// Every variant, in declaration order (tests and benches loop over it; baseline first).
-inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks};
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks, FlashVariant::wgmma};
 
-/// "baseline" or "two_blocks" (the values of SERVEDECK_FLASH_VARIANT).
+/// "baseline", "two_blocks" or "wgmma" (the values of SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
 bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
-/// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline"
-/// or "two_blocks"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
+/// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
+/// "two_blocks" or "wgmma"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
 /// value means the default after one line on stderr naming the value read and the values
 /// accepted. Thread-safe.
 FlashVariant flash_variant();
 
 /// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
 void set_flash_variant(FlashVariant variant);
+
+/// True when the wgmma variant's kernel is in this build for the current device: flash_attention.cu
+/// compiled for sm_90a (its device code has __CUDA_ARCH_FEAT_SM90_ALL) and that code is what the
+/// runtime loads. Probed once per process by a one-thread kernel and a synchronous copy (not
+/// callable inside a stream capture the first time); a failed probe reads as false.
+bool flash_wgmma_available();
 
 /// True when launch_flash_attention_prefill handles this shape: head_dim 32, 64 or 128 and
 /// n_heads a multiple of n_kv_heads with n_heads / n_kv_heads <= 8 (one warp per query head of a group).

@@ -7,8 +7,10 @@
 // the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover
 // head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16-query tile, queries after
 // an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashVariant (baseline,
-// two_blocks) runs every case with the same tolerances, and two_blocks must equal baseline within
-// 1e-5.
+// two_blocks, wgmma) runs every case with the same tolerances, and two_blocks must equal baseline
+// within 1e-5. wgmma adds its products in the tensor core's order (not bitwise the baseline's);
+// its kernel runs at head_dim 128 with groups 4 and 8 when the build has sm_90a code
+// (flash_wgmma_available), and every other case exercises its fallback to two_blocks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -62,9 +64,11 @@ std::vector<float> reference(const Shape& s, const std::vector<float>& q, int ld
 TEST_CASE("flash prefill attention matches a double-precision reference") {
   gpu_test::skip_without_gpu();
   // The last shape: group 8 at head_dim 128 (the served model's), n = 97 not a multiple of 16 or
-  // 64, pos0 = 45 so the chunk's keys (142) end inside a third 64-key tile.
+  // 64, pos0 = 45 so the chunk's keys (142) end inside a third 64-key tile. Shape{8, 2, 128, 40, 20}:
+  // group 4 at head_dim 128 (wgmma with one warpgroup per block).
+  MESSAGE("wgmma kernel in this build for this device: " << (flash_wgmma_available() ? "yes" : "no (wgmma runs two_blocks)"));
   for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140},
-                        Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}}) {
+                        Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}, Shape{8, 2, 128, 40, 20}}) {
     CAPTURE(s.n_heads);
     CAPTURE(s.hd);
     CAPTURE(s.n);
@@ -100,6 +104,13 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
       // differ by at most what a different FMA contraction could leave.
       if (variant == FlashVariant::baseline) {
         baseline_out = got;
+      } else if (variant == FlashVariant::wgmma) {
+        // Different accumulation order: only the reference bounds above apply; the size is reported.
+        REQUIRE(baseline_out.size() == got.size());
+        double max_vs_baseline = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          max_vs_baseline = std::max(max_vs_baseline, static_cast<double>(std::fabs(got[i] - baseline_out[i])));
+        MESSAGE("wgmma vs baseline: max |difference| " << max_vs_baseline);
       } else {
         REQUIRE(baseline_out.size() == got.size());
         double max_vs_baseline = 0;
@@ -131,6 +142,11 @@ TEST_CASE("flash prefill attention variants: names round-trip, the selection is 
   CHECK(flash_variant() == FlashVariant::two_blocks);
   set_flash_variant(FlashVariant::baseline);
   CHECK(flash_variant() == FlashVariant::baseline);
+  FlashVariant w = FlashVariant::baseline;
+  CHECK(parse_flash_variant("wgmma", w));
+  CHECK(w == FlashVariant::wgmma);
+  set_flash_variant(FlashVariant::wgmma);
+  CHECK(flash_variant() == FlashVariant::wgmma);
   set_flash_variant(before);
 }
 
