@@ -80,7 +80,8 @@ void flash_attention_bench() {
   for (int vi = 1; vi < n_variants; ++vi) {
     std::printf("\nflash prefill attention kernel, variant %s (SERVEDECK_FLASH_VARIANT=%s)\n", cuda::to_string(cuda::k_flash_variants[vi]),
                 cuda::to_string(cuda::k_flash_variants[vi]));
-    if (cuda::k_flash_variants[vi] == cuda::FlashVariant::wgmma && !cuda::flash_wgmma_available())
+    const cuda::FlashVariant variant = cuda::k_flash_variants[vi];
+    if ((variant == cuda::FlashVariant::wgmma || variant == cuda::FlashVariant::wgmma_wide) && !cuda::flash_wgmma_available())
       std::printf("(no sm_90a code in this build: these are two_blocks' times, the fallback)\n");
     std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs baseline");
     for (int si = 0; si < n_sizes; ++si)

@@ -8,9 +8,9 @@ namespace servedeck::bench {
 /// TFLOP/s of the causal work (2 products × 2 FLOPs per multiply-add × head_dim × heads ×
 /// n(n+1)/2 query-key pairs), the median of 3 timed launches after a warm-up (CUDA events), for
 /// every cuda::FlashVariant: the baseline's table first (as before), then one table per other
-/// variant (two_blocks, the default kernel; wgmma) with its speed-up over the baseline (baseline
-/// ms / variant ms). The wgmma table says when the build has no sm_90a code (then it times the
-/// two_blocks fallback).
+/// variant (two_blocks, the default kernel; wgmma; wgmma_wide) with its speed-up over the baseline
+/// (baseline ms / variant ms). The wgmma tables say when the build has no sm_90a code (then they
+/// time the two_blocks fallback).
 /// Throws CudaError on a CUDA failure.
 void flash_attention_bench();
 

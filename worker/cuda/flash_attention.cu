@@ -264,12 +264,16 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
 }
 
 /// The wgmma kernel (flash_wgmma.cuh) for head_dim 128 and group 4 or 8.
+template <bool Wide>
 void launch_wgmma(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                   int group, cudaStream_t stream) {
-  CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k_wg_smem)));
-  const dim3 grid(static_cast<unsigned>((n + k_wg_rows - 1) / k_wg_rows), static_cast<unsigned>(n_kv_heads));
+  const std::size_t smem = wg_smem_bytes(Wide);
+  CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel<Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const int bq = wg_block_queries(Wide, group);
+  const dim3 grid(static_cast<unsigned>((n + bq - 1) / bq), static_cast<unsigned>(n_kv_heads));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_wg_hd)) * 1.4426950408889634);  // log2 e
-  flash_wgmma_prefill_kernel<<<grid, 32 * group, k_wg_smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, scale_log2);
+  flash_wgmma_prefill_kernel<Wide><<<grid, 32 * wg_warps(Wide, group), smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
+                                                                                     group, scale_log2);
   detail::check_launch();
 }
 
@@ -282,9 +286,12 @@ std::atomic<int>& wgmma_probe_result() {
 template <int HD>
 void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
                     int pos0, int n_kv_heads, int group, cudaStream_t stream) {
-  if (variant == FlashVariant::wgmma) {
+  if (variant == FlashVariant::wgmma || variant == FlashVariant::wgmma_wide) {
     if (HD == k_wg_hd && (group == 4 || group == 8) && flash_wgmma_available()) {
-      launch_wgmma(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+      if (variant == FlashVariant::wgmma)
+        launch_wgmma<false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+      else
+        launch_wgmma<true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
       return;
     }
     variant = FlashVariant::two_blocks;  // shapes (or builds) the wgmma kernel does not handle
@@ -306,7 +313,7 @@ FlashVariant variant_from_environment() {
   if (text == nullptr || *text == '\0') return k_default_flash_variant;
   FlashVariant v = k_default_flash_variant;
   if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, two_blocks or wgmma; using %s\n", text,
+  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, two_blocks, wgmma or wgmma_wide; using %s\n", text,
                to_string(k_default_flash_variant));
   return k_default_flash_variant;
 }
@@ -318,6 +325,7 @@ const char* to_string(FlashVariant variant) {
     case FlashVariant::baseline: return "baseline";
     case FlashVariant::two_blocks: return "two_blocks";
     case FlashVariant::wgmma: return "wgmma";
+    case FlashVariant::wgmma_wide: return "wgmma_wide";
   }
   return "unknown";
 }

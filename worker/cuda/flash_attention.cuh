@@ -57,15 +57,23 @@ enum class FlashVariant {
   /// (flash_wgmma_available()); any other shape or build runs two_blocks instead. Shared memory
   /// 2·2·16 KB + 1 KB = 65 KB, __launch_bounds__(256, 1). Not measured yet (GPU-untested).
   wgmma,
+  /// wgmma with 16 warps (four warpgroups) per block: 16·16 / G queries (32 at group 8) × the
+  /// group's heads, so each K/V tile in shared memory serves 256 query rows (half the L2 traffic
+  /// of wgmma); Q is written once into shared memory in the K tile's swizzled layout and S runs
+  /// as shared × shared wgmma (no Q registers), so a thread fits in 128 registers. Shared memory
+  /// 65 KB + 64 KB = 129 KB, __launch_bounds__(512, 1). Same shapes, fallback and numerics as
+  /// wgmma. Not measured yet (GPU-untested).
+  wgmma_wide,
 };
 
 /// What flash_variant() returns when neither set_flash_variant nor SERVEDECK_FLASH_VARIANT chose.
 inline constexpr FlashVariant k_default_flash_variant = FlashVariant::two_blocks;
 
 /// Every variant, in declaration order (tests and benches loop over it; baseline first).
-inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks, FlashVariant::wgmma};
+inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks, FlashVariant::wgmma,
+                                                    FlashVariant::wgmma_wide};
 
-/// "baseline", "two_blocks" or "wgmma" (the values of SERVEDECK_FLASH_VARIANT).
+/// "baseline", "two_blocks", "wgmma" or "wgmma_wide" (the values of SERVEDECK_FLASH_VARIANT).
 const char* to_string(FlashVariant variant);
 
 /// Sets out and returns true when text is a variant's to_string; false (out untouched) otherwise.
@@ -73,7 +81,7 @@ bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
 /// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "two_blocks" or "wgmma"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
+/// "two_blocks", "wgmma" or "wgmma_wide"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
 /// value means the default after one line on stderr naming the value read and the values
 /// accepted. Thread-safe.
 FlashVariant flash_variant();
@@ -81,7 +89,7 @@ FlashVariant flash_variant();
 /// Selects the variant for the whole process (overrides SERVEDECK_FLASH_VARIANT). Thread-safe.
 void set_flash_variant(FlashVariant variant);
 
-/// True when the wgmma variant's kernel is in this build for the current device: flash_attention.cu
+/// True when the wgmma variants' kernels are in this build for the current device: flash_attention.cu
 /// compiled for sm_90a (its device code has __CUDA_ARCH_FEAT_SM90_ALL) and that code is what the
 /// runtime loads. Probed once per process by a one-thread kernel and a synchronous copy (not
 /// callable inside a stream capture the first time); a failed probe reads as false.

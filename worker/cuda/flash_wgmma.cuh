@@ -124,6 +124,30 @@ __device__ __forceinline__ void wg_mma_s(float (&s)[8][4], const uint32_t (&a)[4
   }
 }
 
+/// As wg_mma_s with A (64 × 16 bf16) from shared memory too: the K-major tile of desc_a.
+template <bool Accumulate>
+__device__ __forceinline__ void wg_mma_s_ss(float (&s)[8][4], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (Accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : SD_WG_ACC32(s, "+f")
+        : "l"(desc_a), "l"(desc_b));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : SD_WG_ACC32(s, "=f")
+        : "l"(desc_a), "l"(desc_b));
+  }
+}
+
 /// o (64 × 128 per warpgroup, same thread layout as wg_mma_s over 16 column groups) += A · B, A
 /// (64 × 16 bf16: P of 16 keys) from registers a, B (16 keys × 128 dims) the MN-major tile of
 /// desc_b (imm-trans-b 1).
@@ -156,24 +180,41 @@ __global__ void flash_wgmma_probe_kernel(int* flag) {
 #endif
 }
 
-/// The wgmma kernel: head_dim 128, blockDim 32·G with G = n_heads / n_kv_heads in {4, 8};
-/// grid (ceil(n / 16), n_kv_heads), k_wg_smem bytes of dynamic shared memory. Same arguments and
-/// output as flash_attention_prefill_kernel (flash_attention.cu).
-__global__ void __launch_bounds__(256, 1) flash_wgmma_prefill_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc,
-                                                                     const bf16* __restrict__ vc, float* __restrict__ out, int ldo,
-                                                                     int n, int pos0, int n_kv_heads, float scale_log2) {
+/// Warps per block: G (one warpgroup per 4 heads, 16 queries) or, Wide, 16 (four warpgroups;
+/// warp w takes head w % G and queries 16·(w / G) .. of the block's 16·16 / G).
+__host__ __device__ constexpr int wg_warps(bool wide, int group) { return wide ? 16 : group; }
+/// Queries per block.
+__host__ __device__ constexpr int wg_block_queries(bool wide, int group) { return k_wg_rows * (wg_warps(wide, group) / group); }
+/// Dynamic shared memory of a block: the K/V buffers (k_wg_smem) and, Wide, Q as four
+/// warpgroup tiles of 64 rows × 256 bytes in the K tile's swizzled layout.
+constexpr std::size_t wg_smem_bytes(bool wide) { return k_wg_smem + (wide ? 4 * k_wg_tile_bytes : 0); }
+
+/// The wgmma kernel: head_dim 128, group G = n_heads / n_kv_heads in {4, 8}, blockDim
+/// 32·wg_warps(Wide, G), grid (ceil(n / wg_block_queries(Wide, G)), n_kv_heads),
+/// wg_smem_bytes(Wide) of dynamic shared memory. Same arguments and output as
+/// flash_attention_prefill_kernel (flash_attention.cu) plus the group. Wide false: Q as register
+/// A fragments (RS wgmma), <= 255 registers, one block of G / 4 warpgroups per SM. Wide true: Q
+/// in shared memory (SS wgmma for S), <= 128 registers so 16 warps fit, each K/V tile serving
+/// 256 query rows.
+template <bool Wide>
+__global__ void __launch_bounds__(Wide ? 512 : 256, 1)
+    flash_wgmma_prefill_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                               float* __restrict__ out, int ldo, int n, int pos0, int n_kv_heads, int G, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char wg_smem[];
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(wg_smem));
   const unsigned base = (raw + 1023u) & ~1023u;  // shared-state-space address of K buffer 0
   unsigned char* const tiles_ptr = wg_smem + (base - raw);
-  // K buffer b at base + b·16 KB, V buffer b at base + 32 KB + b·16 KB.
-  const int G = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // K buffer b at base + b·16 KB, V buffer b at base + 32 KB + b·16 KB; Wide: Q of warpgroup i
+  // at base + 64 KB + i·16 KB.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int kvh = blockIdx.y, h = kvh * G + warp, kv_dim = n_kv_heads * k_wg_hd;
+  const int kvh = blockIdx.y, h = kvh * G + warp % G, kv_dim = n_kv_heads * k_wg_hd;
+  const int bq = wg_block_queries(Wide, G);
   // Heaviest tiles (most keys) first, as the mma.sync kernels.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * k_wg_rows;
-  const int last_key = pos0 + (q0 + k_wg_rows - 1 < n ? q0 + k_wg_rows - 1 : n - 1);
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
+  const int wq0 = q0 + k_wg_rows * (warp / G);  // this warp's first query
+  const int last_key = pos0 + (q0 + bq - 1 < n ? q0 + bq - 1 : n - 1);
   const int tiles = last_key / k_wg_keys + 1;
 
   auto stage = [&](int t) {  // K and V rows of tile t into buffer t % 2; rows past last_key zero-filled
@@ -191,30 +232,49 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_prefill_kernel(const float
   };
   stage(0);
 
-  // The warp's Q rows q0 + g, q0 + g + 8 as bf16 A fragments (mma.m16n8k16 / wgmma m64nNk16 A
-  // layout of the warp's 16 rows): qa[kb][i] holds dims kb·16 + 2·t4 + 8·(i / 2) + {0, 1} of row
-  // g + 8·(i % 2). Rows past the chunk are zero (computed as the chunk's first query, never written).
-  uint32_t qa[k_wg_hd / 16][4];
-#pragma unroll
-  for (int kb = 0; kb < k_wg_hd / 16; ++kb)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = q0 + g + (i % 2) * 8, col = kb * 16 + t4 * 2 + (i / 2) * 8;
-      float2 x = make_float2(0.f, 0.f);
-      if (row < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * k_wg_hd + col);
-      qa[kb][i] = pack(x.x, x.y);
+  // Q in bf16, rows wq0 + r (r < 16; rows past the chunk are zero: computed as the chunk's first
+  // query, never written). Not Wide: qa[kb][i] holds dims kb·16 + 2·t4 + 8·(i / 2) + {0, 1} of
+  // row g + 8·(i % 2) (the mma.m16n8k16 / wgmma m64nNk16 A fragment of the warp's 16 rows).
+  // Wide: the warp writes its 16 rows as rows 16·(warp % 4) .. of its warpgroup's Q tile, 16-byte
+  // chunk c of row r at wg_chunk_offset(r, c) (K-major, 128-byte swizzle, as the K tile).
+  [[maybe_unused]] uint32_t qa[Wide ? 1 : k_wg_hd / 16][4];
+  [[maybe_unused]] const unsigned qt = base + 4 * k_wg_tile_bytes + (warp / 4) * k_wg_tile_bytes;  // Wide: this warpgroup's Q tile
+  if constexpr (Wide) {
+    unsigned char* const qd = tiles_ptr + 4 * k_wg_tile_bytes + (warp / 4) * k_wg_tile_bytes;
+    for (int e = lane; e < k_wg_rows * (k_wg_hd / 8); e += 32) {
+      const int r = e / (k_wg_hd / 8), c = e % (k_wg_hd / 8), row = wq0 + r;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (row < n) {
+        const float* src = q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * k_wg_hd + c * 8;
+        const float2 a = *reinterpret_cast<const float2*>(src), b = *reinterpret_cast<const float2*>(src + 2);
+        const float2 c2 = *reinterpret_cast<const float2*>(src + 4), d = *reinterpret_cast<const float2*>(src + 6);
+        v = make_uint4(pack(a.x, a.y), pack(b.x, b.y), pack(c2.x, c2.y), pack(d.x, d.y));
+      }
+      *reinterpret_cast<uint4*>(qd + wg_chunk_offset((warp % 4) * k_wg_rows + r, c)) = v;
     }
+    // Made visible to the async proxy by the fence.proxy.async before the first tile's barrier.
+  } else {
+#pragma unroll
+    for (int kb = 0; kb < k_wg_hd / 16; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = wq0 + g + (i % 2) * 8, col = kb * 16 + t4 * 2 + (i / 2) * 8;
+        float2 x = make_float2(0.f, 0.f);
+        if (row < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * k_wg_hd + col);
+        qa[kb][i] = pack(x.x, x.y);
+      }
+  }
   float o[k_wg_hd / 8][4];
 #pragma unroll
   for (int f = 0; f < k_wg_hd / 8; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
   SoftmaxRows rows;
-  rows.qpos0 = pos0 + (q0 + g < n ? q0 + g : 0);
-  rows.qpos1 = pos0 + (q0 + g + 8 < n ? q0 + g + 8 : 0);
-  const int first_pos = pos0 + q0;
+  rows.qpos0 = pos0 + (wq0 + g < n ? wq0 + g : 0);
+  rows.qpos1 = pos0 + (wq0 + g + 8 < n ? wq0 + g + 8 : 0);
+  const int first_pos = pos0 + wq0;  // tiles ending at or before the warp's first query need no mask
 
   for (int t = 0; t < tiles; ++t) {
     cp_async_wait<0>();   // this thread's part of tile t has landed
-    fence_proxy_async();  // ... and is visible to wgmma (async proxy)
+    fence_proxy_async();  // ... and (with the Wide Q rows it wrote) is visible to wgmma (async proxy)
     // Every thread's part of tile t is in place, and every warpgroup is done with tile t − 1
     // (its wgmma waited), whose buffer tile t + 1 takes: staged now, it lands while t is used.
     __syncthreads();
@@ -225,9 +285,18 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_prefill_kernel(const float
 
     float s[k_wg_keys / 8][4];  // S = Q · Kᵀ: this warp's 16 rows × 64 keys
     wg_fence();
-    wg_mma_s<false>(s, qa[0], wg_desc(kt, 16, 1024));
+    if constexpr (Wide) {
+      wg_mma_s_ss<false>(s, wg_desc(qt, 16, 1024), wg_desc(kt, 16, 1024));
 #pragma unroll
-    for (int kb = 1; kb < k_wg_hd / 16; ++kb) wg_mma_s<true>(s, qa[kb], wg_desc(kt + (kb / 4) * 8192 + (kb % 4) * 32, 16, 1024));
+      for (int kb = 1; kb < k_wg_hd / 16; ++kb) {
+        const unsigned step = (kb / 4) * 8192 + (kb % 4) * 32;
+        wg_mma_s_ss<true>(s, wg_desc(qt + step, 16, 1024), wg_desc(kt + step, 16, 1024));
+      }
+    } else {
+      wg_mma_s<false>(s, qa[0], wg_desc(kt, 16, 1024));
+#pragma unroll
+      for (int kb = 1; kb < k_wg_hd / 16; ++kb) wg_mma_s<true>(s, qa[kb], wg_desc(kt + (kb / 4) * 8192 + (kb % 4) * 32, 16, 1024));
+    }
     wg_commit();
     wg_wait_all();
     wg_pin(s);
@@ -256,13 +325,13 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_prefill_kernel(const float
 #pragma unroll
   for (int f = 0; f < k_wg_hd / 8; ++f) {
     const size_t col = static_cast<size_t>(h) * k_wg_hd + f * 8 + t4 * 2;
-    if (q0 + g < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(q0 + g) * ldo + col) = make_float2(o[f][0] * inv0, o[f][1] * inv0);
-    if (q0 + g + 8 < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(q0 + g + 8) * ldo + col) = make_float2(o[f][2] * inv1, o[f][3] * inv1);
+    if (wq0 + g < n)
+      *reinterpret_cast<float2*>(out + static_cast<size_t>(wq0 + g) * ldo + col) = make_float2(o[f][0] * inv0, o[f][1] * inv0);
+    if (wq0 + g + 8 < n)
+      *reinterpret_cast<float2*>(out + static_cast<size_t>(wq0 + g + 8) * ldo + col) = make_float2(o[f][2] * inv1, o[f][3] * inv1);
   }
 #else
-  (void)q, (void)ldq, (void)kc, (void)vc, (void)out, (void)ldo, (void)n, (void)pos0, (void)n_kv_heads, (void)scale_log2;
+  (void)q, (void)ldq, (void)kc, (void)vc, (void)out, (void)ldo, (void)n, (void)pos0, (void)n_kv_heads, (void)G, (void)scale_log2;
   __trap();  // built without sm_90a: the launcher checks flash_wgmma_probe_kernel first and never gets here
 #endif
 }

@@ -8,9 +8,9 @@
 // head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16-query tile, queries after
 // an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashVariant (baseline,
 // two_blocks, wgmma) runs every case with the same tolerances, and two_blocks must equal baseline
-// within 1e-5. wgmma adds its products in the tensor core's order (not bitwise the baseline's);
-// its kernel runs at head_dim 128 with groups 4 and 8 when the build has sm_90a code
-// (flash_wgmma_available), and every other case exercises its fallback to two_blocks.
+// within 1e-5. wgmma and wgmma_wide add their products in the tensor core's order (not bitwise
+// the baseline's); their kernels run at head_dim 128 with groups 4 and 8 when the build has sm_90a
+// code (flash_wgmma_available), and every other case exercises their fallback to two_blocks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -65,7 +65,7 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
   gpu_test::skip_without_gpu();
   // The last shape: group 8 at head_dim 128 (the served model's), n = 97 not a multiple of 16 or
   // 64, pos0 = 45 so the chunk's keys (142) end inside a third 64-key tile. Shape{8, 2, 128, 40, 20}:
-  // group 4 at head_dim 128 (wgmma with one warpgroup per block).
+  // group 4 at head_dim 128 (wgmma with one warpgroup per block, wgmma_wide with 64 queries per block).
   MESSAGE("wgmma kernel in this build for this device: " << (flash_wgmma_available() ? "yes" : "no (wgmma runs two_blocks)"));
   for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140},
                         Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}, Shape{8, 2, 128, 40, 20}}) {
@@ -104,13 +104,13 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
       // differ by at most what a different FMA contraction could leave.
       if (variant == FlashVariant::baseline) {
         baseline_out = got;
-      } else if (variant == FlashVariant::wgmma) {
+      } else if (variant == FlashVariant::wgmma || variant == FlashVariant::wgmma_wide) {
         // Different accumulation order: only the reference bounds above apply; the size is reported.
         REQUIRE(baseline_out.size() == got.size());
         double max_vs_baseline = 0;
         for (std::size_t i = 0; i < got.size(); ++i)
           max_vs_baseline = std::max(max_vs_baseline, static_cast<double>(std::fabs(got[i] - baseline_out[i])));
-        MESSAGE("wgmma vs baseline: max |difference| " << max_vs_baseline);
+        MESSAGE(to_string(variant) << " vs baseline: max |difference| " << max_vs_baseline);
       } else {
         REQUIRE(baseline_out.size() == got.size());
         double max_vs_baseline = 0;
@@ -147,6 +147,8 @@ TEST_CASE("flash prefill attention variants: names round-trip, the selection is 
   CHECK(w == FlashVariant::wgmma);
   set_flash_variant(FlashVariant::wgmma);
   CHECK(flash_variant() == FlashVariant::wgmma);
+  CHECK(parse_flash_variant("wgmma_wide", w));
+  CHECK(w == FlashVariant::wgmma_wide);
   set_flash_variant(before);
 }
 
