@@ -24,6 +24,11 @@
 // TFLOP/s). Variants measured slower at 16384 tokens and removed: one_barrier (the baseline with
 // one barrier per tile) 1.036x, wide_rows (32 query rows per warp as two m16 tiles) 1.091x,
 // wide_split (wide_rows over two blocks per KV head) 1.123x.
+//
+// wgmma and wgmma_wide (flash_wgmma.cuh) run the same loop on Hopper warpgroup MMAs
+// (wgmma.mma_async, sm_90a only): launch_variant sends them there for head_dim 128 with group 4
+// or 8 when flash_wgmma_available() (a one-time probe of which device code this file was built
+// with), and to two_blocks otherwise. GPU-untested.
 #include "worker/cuda/flash_attention.cuh"
 
 #include <atomic>

@@ -90,6 +90,14 @@ __device__ __forceinline__ void wg_pin(float (&d)[NJ][4]) {
   for (int j = 0; j < NJ; ++j) asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
+/// As wg_pin for A fragments held in registers (written before the wgmma.fence that precedes
+/// their wgmma, as the PTX ISA requires of registers a wgmma reads).
+template <int NK>
+__device__ __forceinline__ void wg_pin(uint32_t (&a)[NK][4]) {
+#pragma unroll
+  for (int k = 0; k < NK; ++k) asm volatile("" : "+r"(a[k][0]), "+r"(a[k][1]), "+r"(a[k][2]), "+r"(a[k][3])::"memory");
+}
+
 #define SD_WG_ACC4(d, j, c) c(d[j][0]), c(d[j][1]), c(d[j][2]), c(d[j][3])
 #define SD_WG_ACC32(d, c) \
   SD_WG_ACC4(d, 0, c), SD_WG_ACC4(d, 1, c), SD_WG_ACC4(d, 2, c), SD_WG_ACC4(d, 3, c), SD_WG_ACC4(d, 4, c), SD_WG_ACC4(d, 5, c), \
@@ -284,6 +292,7 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
     const int kb0 = t * k_wg_keys;
 
     float s[k_wg_keys / 8][4];  // S = Q · Kᵀ: this warp's 16 rows × 64 keys
+    if constexpr (!Wide) wg_pin(qa);
     wg_fence();
     if constexpr (Wide) {
       wg_mma_s_ss<false>(s, wg_desc(qt, 16, 1024), wg_desc(kt, 16, 1024));
@@ -313,6 +322,7 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
       o[f][3] *= c1;
     }
     wg_pin(o);
+    wg_pin(p);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < k_wg_keys / 16; ++kk) wg_mma_o(o, p[kk], wg_desc(vt + kk * 2048, 8192, 1024));
