@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -53,41 +54,57 @@ double tflops(int n, double ms) {
 void flash_attention_bench() {
   constexpr int n_variants = static_cast<int>(sizeof(cuda::k_flash_variants) / sizeof(cuda::k_flash_variants[0]));
   static_assert(cuda::k_flash_variants[0] == cuda::FlashVariant::baseline, "the first table and the speed-ups are the baseline's");
-  double ms[n_variants][n_sizes] = {};
-  for (int si = 0; si < n_sizes; ++si) {
-    const int n = token_counts[si];
-    const std::size_t nq = static_cast<std::size_t>(n) * ldq, nkv = static_cast<std::size_t>(n) * kv_dim;
-    float *q = nullptr, *out = nullptr;
-    __nv_bfloat16 *k = nullptr, *v = nullptr;
-    CUDA_CHECK(cudaMalloc(&q, nq * 4));
-    CUDA_CHECK(cudaMalloc(&k, nkv * 2));
-    CUDA_CHECK(cudaMalloc(&v, nkv * 2));
-    CUDA_CHECK(cudaMalloc(&out, static_cast<std::size_t>(n) * q_dim * 4));
-    CUDA_CHECK(cudaMemset(q, 0x3c, nq * 4));  // fp32 ≈ 0.0115 everywhere: finite
-    CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 2));  // bf16 0x3c3c ≈ 0.0115
-    CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 2));
-    for (int vi = 0; vi < n_variants; ++vi) ms[vi][si] = time_variant(cuda::k_flash_variants[vi], n, q, k, v, out);
-    CUDA_CHECK(cudaFree(q));
-    CUDA_CHECK(cudaFree(out));
-    CUDA_CHECK(cudaFree(k));
-    CUDA_CHECK(cudaFree(v));
-  }
-  // The baseline's table as before, then each other variant's (k_flash_variants: baseline first) with its speed-up.
-  std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
-  std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
-  for (int si = 0; si < n_sizes; ++si)
-    std::printf("%7d %10.3f %10.1f\n", token_counts[si], ms[0][si], tflops(token_counts[si], ms[0][si]));
-  for (int vi = 1; vi < n_variants; ++vi) {
-    std::printf("\nflash prefill attention kernel, variant %s (SERVEDECK_FLASH_VARIANT=%s)\n", cuda::to_string(cuda::k_flash_variants[vi]),
-                cuda::to_string(cuda::k_flash_variants[vi]));
+  const char* skip_env = std::getenv("SERVEDECK_FLASH_BENCH_SKIP_WGMMA");
+  const bool skip_wgmma = skip_env != nullptr && *skip_env != '\0' && *skip_env != '0';
+  // One set of buffers for the largest size: a smaller n uses its first n rows (q, k, v, out).
+  constexpr int n_max = token_counts[n_sizes - 1];
+  const std::size_t nq = static_cast<std::size_t>(n_max) * ldq, nkv = static_cast<std::size_t>(n_max) * kv_dim;
+  float *q = nullptr, *out = nullptr;
+  __nv_bfloat16 *k = nullptr, *v = nullptr;
+  CUDA_CHECK(cudaMalloc(&q, nq * 4));
+  CUDA_CHECK(cudaMalloc(&k, nkv * 2));
+  CUDA_CHECK(cudaMalloc(&v, nkv * 2));
+  CUDA_CHECK(cudaMalloc(&out, static_cast<std::size_t>(n_max) * q_dim * 4));
+  CUDA_CHECK(cudaMemset(q, 0x3c, nq * 4));  // fp32 ≈ 0.0115 everywhere: finite
+  CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 2));  // bf16 0x3c3c ≈ 0.0115
+  CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 2));
+  // Each variant's table is printed (and flushed) as soon as it is timed, the baseline's first as
+  // before, so a later variant's failure leaves the earlier tables on stdout.
+  double base_ms[n_sizes] = {};
+  for (int vi = 0; vi < n_variants; ++vi) {
     const cuda::FlashVariant variant = cuda::k_flash_variants[vi];
-    if ((variant == cuda::FlashVariant::wgmma || variant == cuda::FlashVariant::wgmma_wide) && !cuda::flash_wgmma_available())
-      std::printf("(no sm_90a code in this build: these are two_blocks' times, the fallback)\n");
-    std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs baseline");
-    for (int si = 0; si < n_sizes; ++si)
-      std::printf("%7d %10.3f %10.1f %11.3fx\n", token_counts[si], ms[vi][si], tflops(token_counts[si], ms[vi][si]),
-                  ms[0][si] / ms[vi][si]);
+    const bool is_wgmma = variant == cuda::FlashVariant::wgmma || variant == cuda::FlashVariant::wgmma_wide;
+    if (vi == 0) {
+      std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
+      std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
+    } else {
+      std::printf("\nflash prefill attention kernel, variant %s (SERVEDECK_FLASH_VARIANT=%s)\n", cuda::to_string(variant),
+                  cuda::to_string(variant));
+      if (is_wgmma && skip_wgmma) {
+        std::printf("(skipped: SERVEDECK_FLASH_BENCH_SKIP_WGMMA is set)\n");
+        continue;
+      }
+      if (is_wgmma && !cuda::flash_wgmma_available())
+        std::printf("(no sm_90a code in this build: these are two_blocks' times, the fallback)\n");
+      std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs baseline");
+    }
+    std::fflush(stdout);
+    for (int si = 0; si < n_sizes; ++si) {
+      const int n = token_counts[si];
+      const double ms = time_variant(variant, n, q, k, v, out);
+      if (vi == 0) {
+        base_ms[si] = ms;
+        std::printf("%7d %10.3f %10.1f\n", n, ms, tflops(n, ms));
+      } else {
+        std::printf("%7d %10.3f %10.1f %11.3fx\n", n, ms, tflops(n, ms), base_ms[si] / ms);
+      }
+      std::fflush(stdout);
+    }
   }
+  CUDA_CHECK(cudaFree(q));
+  CUDA_CHECK(cudaFree(out));
+  CUDA_CHECK(cudaFree(k));
+  CUDA_CHECK(cudaFree(v));
 }
 
 }  // namespace servedeck::bench

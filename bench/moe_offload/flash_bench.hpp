@@ -9,8 +9,10 @@ namespace servedeck::bench {
 /// n(n+1)/2 query-key pairs), the median of 3 timed launches after a warm-up (CUDA events), for
 /// every cuda::FlashVariant: the baseline's table first (as before), then one table per other
 /// variant (two_blocks, the default kernel; wgmma; wgmma_wide) with its speed-up over the baseline
-/// (baseline ms / variant ms). The wgmma tables say when the build has no sm_90a code (then they
-/// time the two_blocks fallback).
+/// (baseline ms / variant ms), each table printed and flushed as soon as its variant is timed.
+/// The wgmma tables say when the build has no sm_90a code (then they time the two_blocks
+/// fallback); SERVEDECK_FLASH_BENCH_SKIP_WGMMA=1 skips them (e.g. after test_worker_cuda_flash
+/// failed on them).
 /// Throws CudaError on a CUDA failure.
 void flash_attention_bench();
 
