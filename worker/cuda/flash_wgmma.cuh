@@ -1,5 +1,5 @@
-// The wgmma variant of the flash prefill attention kernel (FlashVariant::wgmma, flash_attention.cuh;
-// internal to worker/cuda, included by flash_attention.cu only): the two products of each key
+// The wgmma variants of the flash prefill attention kernel (FlashVariant::wgmma and wgmma_wide,
+// flash_attention.cuh; internal to worker/cuda, included by flash_attention.cu only): the two products of each key
 // tile run as Hopper warpgroup MMAs, wgmma.mma_async m64nNk16 (PTX ISA 8.0+, "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate Instructions"), which exist only on the sm_90a
 // target. Everything wgmma-specific compiles only where __CUDA_ARCH_FEAT_SM90_ALL is defined (a
@@ -32,6 +32,10 @@
 //   V, key step kk (keys 16kk .. 16kk + 15): start = tile + kk·2048, leading byte offset 8192
 //     (between the two 64-dim halves along N), stride byte offset 1024 (between the two 8-key
 //     groups along K).
+// wgmma_wide (Wide = true) runs 16 warps per block: warp w takes head w % G and the 16 queries
+// 16·(w / G) .. of the block's 16·16 / G, so each K/V tile serves four warpgroups (256 rows); Q
+// is written once by each warp into its warpgroup's 16 KB shared tile (rows 16·(w % 4) ..) in
+// the K tile's layout, and S runs as shared × shared wgmma with Q's descriptor built like K's.
 // Tiles land by cp.async (generic proxy) in one of two buffers; each thread waits for its copies,
 // fences them to the async proxy (fence.proxy.async.shared::cta) and the block barriers before
 // any wgmma reads the tile; the barrier also proves that the other buffer's wgmmas (waited by
