@@ -7,7 +7,7 @@
 // the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover
 // head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16-query tile, queries after
 // an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashVariant (baseline,
-// two_blocks, wgmma) runs every case with the same tolerances, and two_blocks must equal baseline
+// two_blocks, wgmma, wgmma_wide) runs every case with the same tolerances, and two_blocks must equal baseline
 // within 1e-5. wgmma and wgmma_wide add their products in the tensor core's order (not bitwise
 // the baseline's); their kernels run at head_dim 128 with groups 4 and 8 when the build has sm_90a
 // code (flash_wgmma_available), and every other case exercises their fallback to two_blocks.
@@ -66,7 +66,7 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
   // The last shape: group 8 at head_dim 128 (the served model's), n = 97 not a multiple of 16 or
   // 64, pos0 = 45 so the chunk's keys (142) end inside a third 64-key tile. Shape{8, 2, 128, 40, 20}:
   // group 4 at head_dim 128 (wgmma with one warpgroup per block, wgmma_wide with 64 queries per block).
-  MESSAGE("wgmma kernel in this build for this device: " << (flash_wgmma_available() ? "yes" : "no (wgmma runs two_blocks)"));
+  MESSAGE("wgmma kernel in this build for this device: " << (flash_wgmma_available() ? "yes" : "no (wgmma and wgmma_wide run two_blocks)"));
   for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140},
                         Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}, Shape{8, 2, 128, 40, 20}}) {
     CAPTURE(s.n_heads);
