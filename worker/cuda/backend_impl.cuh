@@ -80,10 +80,11 @@ struct PrefillBuffers {
   int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
   std::vector<bf16*> stage;  // staging buffers, stage_group experts each
   int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
-  // Pinned and mapped (chunk × top_k each): the MoE row order the host computes, fetched by a
-  // kernel (launch_fetch_mapped_i32) so that it does not wait behind the staging copies.
-  int32_t *h_src = nullptr, *h_slot = nullptr;
-  int32_t *h_src_dev = nullptr, *h_slot_dev = nullptr;
+  // Pinned and mapped: each MoE row's rank among its expert's rows (chunk × top_k) and each
+  // expert's first sorted row (n_experts), written by the host and read by the scatter kernel
+  // (launch_moe_scatter_rows) through UVA, so they do not wait behind the staging copies.
+  int32_t *h_rank = nullptr, *h_offset = nullptr;
+  int32_t *h_rank_dev = nullptr, *h_offset_dev = nullptr;
   PrefillBuffers() = default;
   PrefillBuffers(const PrefillBuffers&) = delete;
   PrefillBuffers& operator=(const PrefillBuffers&) = delete;

@@ -279,15 +279,28 @@ void launch_causal_softmax_rows(float* scores, int rows, int queries, int len, i
   detail::check_launch();
 }
 
-__global__ void fetch_mapped_i32_kernel(const int32_t* __restrict__ src, int32_t* __restrict__ dst, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
+__global__ void moe_scatter_rows_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ rank,
+                                        const int32_t* __restrict__ offset, int rows, int k, int n_experts, int32_t* __restrict__ slot,
+                                        int32_t* __restrict__ src) {
+  extern __shared__ int32_t off_s[];
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) off_s[e] = offset[e];
+  __syncthreads();
+  for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < rows; p += gridDim.x * blockDim.x) {
+    const int at = off_s[ids[p]] + rank[p];
+    slot[p] = at;
+    src[at] = p / k;
+  }
 }
 
-void launch_fetch_mapped_i32(const int32_t* src, int32_t* dst, std::size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  const std::size_t blocks = std::min<std::size_t>((n + 255) / 256, 1024);
-  fetch_mapped_i32_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, dst, n);
+void launch_moe_scatter_rows(const int32_t* ids, const int32_t* rank, const int32_t* offset, int rows, int k, int n_experts,
+                             int32_t* slot, int32_t* src, cudaStream_t stream) {
+  detail::require(rows >= 0 && k > 0 && n_experts > 0 && n_experts <= 4096, "launch_moe_scatter_rows",
+                  "rows must be >= 0, k positive and n_experts in (0, 4096], got " + std::to_string(rows) + ", " + std::to_string(k) +
+                      ", " + std::to_string(n_experts));
+  if (rows == 0) return;
+  const int blocks = std::min((rows + 255) / 256, 512);
+  moe_scatter_rows_kernel<<<blocks, 256, static_cast<std::size_t>(n_experts) * sizeof(int32_t), stream>>>(ids, rank, offset, rows, k,
+                                                                                                          n_experts, slot, src);
   detail::check_launch();
 }
 

@@ -51,11 +51,12 @@ void launch_router_topk_rows(const float* logits, int rows, int n, int k, bool r
                              const uint8_t* hot_flags, unsigned long long* counters, unsigned long long* layer_counts,
                              cudaStream_t stream);
 
-/// dst[i] = src[i], i < n, read by the multiprocessors from mapped pinned host memory (src is a
-/// device pointer of a cudaHostAllocMapped buffer). For small host→device transfers that must not
-/// queue behind bulk copies on the copy engines (the prefill's expert staging): a
-/// cudaMemcpyAsync of the same bytes waits for every staging copy issued before it.
-void launch_fetch_mapped_i32(const int32_t* src, int32_t* dst, std::size_t n, cudaStream_t stream);
+/// The MoE rows in expert order: for p < rows (p = t·k + j), at = offset[ids[p]] + rank[p],
+/// slot[p] = at and src[at] = t. ids: device; rank (rows) and offset (n_experts) may be mapped
+/// host memory (read once per row / once per block). n_experts <= 4096; ids in [0, n_experts)
+/// and every `at` in [0, rows) (a permutation: the caller's ranks and offsets).
+void launch_moe_scatter_rows(const int32_t* ids, const int32_t* rank, const int32_t* offset, int rows, int k, int n_experts,
+                             int32_t* slot, int32_t* src, cudaStream_t stream);
 
 /// xp[p, :] = x[src[p], :], p < rows; bf16 rows of `dim`.
 void launch_gather_rows_bf16(const __nv_bfloat16* x, const int32_t* src, __nv_bfloat16* xp, int rows, int dim,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cuda/kernels.cuh"
@@ -222,4 +223,45 @@ TEST_CASE("router logits for rows (tiled and per-row) match the CPU reference") 
     }
     CHECK(gpu_test::compare(want, out.get(), "router logits rows", 1e-4) < 1e-5);
   }
+}
+
+// The prefill's MoE row scatter against the host's stable counting sort, with rank and offset in
+// mapped pinned memory (as the prefill path passes them) and experts in a non-identity order.
+TEST_CASE("moe scatter rows: the stable expert order from host ranks and offsets in mapped memory") {
+  gpu_test::skip_without_gpu();
+  constexpr int E = 37, K = 3, T = 500, rows = T * K;
+  std::vector<int32_t> ids(rows);
+  for (int p = 0; p < rows; ++p) ids[static_cast<std::size_t>(p)] = (p * 7919 + p / 5) % E;
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::reverse(order.begin(), order.end());  // compute order: highest id first
+  int32_t *rank = nullptr, *offset = nullptr, *rank_dev = nullptr, *offset_dev = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&rank, rows * sizeof(int32_t), cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostAlloc(&offset, E * sizeof(int32_t), cudaHostAllocMapped));
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rank_dev), rank, 0));
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&offset_dev), offset, 0));
+  std::vector<int> count(E, 0);
+  for (int p = 0; p < rows; ++p) rank[p] = count[static_cast<std::size_t>(ids[static_cast<std::size_t>(p)])]++;
+  int at = 0;
+  for (const int e : order) {
+    offset[e] = at;
+    at += count[static_cast<std::size_t>(e)];
+  }
+  // Reference: the host's stable sort (what the prefill path computed before the kernel).
+  std::vector<int32_t> want_src(rows), want_slot(rows);
+  std::vector<int> fill(offset, offset + E);
+  for (int p = 0; p < rows; ++p) {
+    const int a = fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(p)])]++;
+    want_src[static_cast<std::size_t>(a)] = p / K;
+    want_slot[static_cast<std::size_t>(p)] = a;
+  }
+  DeviceBuffer<int32_t> dids(ids), slot(static_cast<std::size_t>(rows)), src(static_cast<std::size_t>(rows));
+  slot.poison();
+  src.poison();
+  launch_moe_scatter_rows(dids.ptr, rank_dev, offset_dev, rows, K, E, slot.ptr, src.ptr, nullptr);
+  CHECK(slot.get() == want_slot);
+  CHECK(src.get() == want_src);
+  CHECK_THROWS_AS(launch_moe_scatter_rows(dids.ptr, rank_dev, offset_dev, rows, K, 5000, slot.ptr, src.ptr, nullptr), std::invalid_argument);
+  CUDA_CHECK(cudaFreeHost(rank));
+  CUDA_CHECK(cudaFreeHost(offset));
 }
