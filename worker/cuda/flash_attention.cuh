@@ -31,7 +31,8 @@ enum class FlashVariant {
   /// at head_dim 128, 158 at 64, 102 at 32, no spills. Measured: 512 tokens 0.028 ms (75.6
   /// TFLOP/s), 4096 tokens 0.587 ms (234.2 TFLOP/s), 16384 tokens 8.669 ms (253.7 TFLOP/s).
   baseline,
-  /// The default. The baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd,
+  /// The default where wgmma_wide cannot run (a build without sm_90a code, other shapes). The
+  /// baseline's blocks, tiles and loop, but the block's Q (group · 16 rows × hd,
   /// bf16, row stride hd + 8) is written once into shared memory after the K/V buffers and each
   /// warp reads its A fragment by one ldmatrix.x4 per k step (1 per 8 mma of S = Q·Kᵀ), so no
   /// registers hold Q: __launch_bounds__(256, 2) caps a thread at 128 registers and two blocks
@@ -51,23 +52,29 @@ enum class FlashVariant {
   /// S by 8 wgmma.mma_async m64n64k16 (Q as bf16 register A fragments, K from a 128-byte
   /// swizzled K-major shared tile), the baseline's softmax step on the accumulators, O += P·V by
   /// 4 wgmma m64n128k16 (P from registers, V as an MN-major swizzled tile, transposed). Same
-  /// numerics contract; S and O add their k steps in the tensor core's own order, so outputs
-  /// agree with the baseline to fp32 rounding, not bitwise. Runs only for head_dim 128 with
-  /// n_heads / n_kv_heads 4 or 8 and only when flash_attention.cu was compiled for sm_90a
-  /// (flash_wgmma_available()); any other shape or build runs two_blocks instead. Shared memory
-  /// 2·2·16 KB + 1 KB = 65 KB, __launch_bounds__(256, 1). Not measured yet (GPU-untested).
+  /// numerics contract; S and O add their k steps in the tensor core's own order (on the H200
+  /// the outputs matched the baseline's bitwise on every test shape, session 7 run 7; the test
+  /// allows 1e-5). Runs only for head_dim 128 with n_heads / n_kv_heads 4 or 8 and only when
+  /// flash_attention.cu was compiled for sm_90a (flash_wgmma_available(); the default
+  /// CMAKE_CUDA_ARCHITECTURES is 90a); any other shape or build runs two_blocks instead. Shared
+  /// memory 2·2·16 KB + 1 KB = 65 KB, __launch_bounds__(256, 1), 162 registers. Measured (H200,
+  /// session 7 run 8, sm_90a build): 512 tokens 0.024 ms (90.5 TFLOP/s, 1.163x the baseline),
+  /// 4096 tokens 0.474 ms (290.1, 1.240x), 16384 tokens 6.915 ms (318.0, 1.254x).
   wgmma,
   /// wgmma with 16 warps (four warpgroups) per block: 16·16 / G queries (32 at group 8) × the
   /// group's heads, so each K/V tile in shared memory serves 256 query rows (half the L2 traffic
   /// of wgmma); Q is written once into shared memory in the K tile's swizzled layout and S runs
   /// as shared × shared wgmma (no Q registers), so a thread fits in 128 registers. Shared memory
-  /// 65 KB + 64 KB = 129 KB, __launch_bounds__(512, 1). Same shapes, fallback and numerics as
-  /// wgmma. Not measured yet (GPU-untested).
+  /// 65 KB + 64 KB = 129 KB, __launch_bounds__(512, 1), 128 registers. Same shapes, fallback and
+  /// numerics as wgmma. The default. Measured (H200, session 7 run 8, sm_90a build): 512 tokens
+  /// 0.035 ms (60.9 TFLOP/s, 0.782x the baseline), 4096 tokens 0.395 ms (347.6, 1.485x), 16384
+  /// tokens 5.630 ms (390.6, 1.540x); the whole resident prefill 0.057 / 0.139 / 0.564 s at 512 /
+  /// 4096 / 16384 tokens against 0.060 / 0.146 / 0.653 s with two_blocks (runs 8 and 7).
   wgmma_wide,
 };
 
 /// What flash_variant() returns when neither set_flash_variant nor SERVEDECK_FLASH_VARIANT chose.
-inline constexpr FlashVariant k_default_flash_variant = FlashVariant::two_blocks;
+inline constexpr FlashVariant k_default_flash_variant = FlashVariant::wgmma_wide;
 
 /// Every variant, in declaration order (tests and benches loop over it; baseline first).
 inline constexpr FlashVariant k_flash_variants[] = {FlashVariant::baseline, FlashVariant::two_blocks, FlashVariant::wgmma,
