@@ -155,6 +155,45 @@ __device__ __forceinline__ float4 load_act(const float4* p) {
   return v;
 }
 
+// One group of RG rows of routed slot j in the down kernels: s[r] = this lane's CH column blocks
+// of row g + r dotted with act_j, in column order (weight(r, c): the 16-byte block of row g + r
+// at column block lane + 32 c, zero past the rows or columns), then the warp's shuffle tree; lane
+// 0 stores part[j][g + r]. Shared by the row kernel (weights in registers) and the staged one
+// (weights in shared memory), so that their results stay bit-identical.
+template <int CH, int RG, class Weight>
+__device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, int nrows, int lane, int j, Weight weight,
+                                               float (*part)[k_down_rows]) {
+  float s[RG];
+#pragma unroll
+  for (int r = 0; r < RG; ++r) s[r] = 0.f;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) {
+    const int i = lane + 32 * c;
+    const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < RG; ++r) s[r] += detail::dot8(weight(r, c), a, b);
+  }
+#pragma unroll
+  for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+      if (g + r < nrows) part[j][g + r] = s[r];
+}
+
+// The block's rows after every slot's part: out[h0 + r] = out_old + sum_j weights[j] · part[j][r],
+// the slots in order. Contains the __syncthreads that makes part visible.
+__device__ __forceinline__ void down_finish(const float (*part)[k_down_rows], const float* __restrict__ weights, int k, int nrows,
+                                            int h0, float out_old, float* __restrict__ out) {
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < nrows) {
+    float tot = 0.f;
+    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
+    out[h0 + threadIdx.x] = out_old + tot;
+  }
+}
+
 template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
                                                                            const int32_t* __restrict__ ids,
@@ -194,31 +233,10 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     for (int g = 0; g < nrows; g += RG) {
       if (g > 0) load(g);
-      float s[RG];
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = 0.f;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const int i = lane + 32 * c;
-        const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) s[r] += detail::dot8(w[r][c], a, b);
-      }
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < RG; ++r)
-          if (g + r < nrows) part[j][g + r] = s[r];
+      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part);
     }
   }
-  __syncthreads();
-  if (threadIdx.x < nrows) {
-    float tot = 0.f;
-    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
-    out[h0 + threadIdx.x] = out_old + tot;
-  }
+  down_finish(part, weights, k, nrows, h0, out_old, out);
 }
 
 // down with every row of the block staged in shared memory before the wait: block b owns the
@@ -260,34 +278,14 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     const uint4* wj = ws + static_cast<size_t>(j) * k_down_rows * n8;
     for (int g = 0; g < nrows; g += RG) {
-      float s[RG];
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = 0.f;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
+      const auto weight = [&](int r, int c) {
         const int i = lane + 32 * c;
-        const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < RG; ++r) {
-          const uint4 w = g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
-          s[r] += detail::dot8(w, a, b);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < RG; ++r)
-          if (g + r < nrows) part[j][g + r] = s[r];
+        return g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
+      };
+      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, weight, part);
     }
   }
-  __syncthreads();
-  if (threadIdx.x < nrows) {
-    float tot = 0.f;
-    for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
-    out[h0 + threadIdx.x] = out_old + tot;
-  }
+  down_finish(part, weights, k, nrows, h0, out_old, out);
 }
 
 /// Shared memory of moe_down_staged_kernel: k slots of k_down_rows rows of inter bf16.
