@@ -222,13 +222,7 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefil
     // O = O · corr + P · V over head_dim / 8 column groups (n) × 4 key blocks of 16 (k); one
     // ldmatrix.x4.trans gives the B fragments of two column groups (matrices: keys +0, +8 of
     // dims f·8, then of dims f·8 + 8).
-#pragma unroll
-    for (int f = 0; f < HD / 8; ++f) {
-      o[f][0] *= c0;
-      o[f][1] *= c0;
-      o[f][2] *= c1;
-      o[f][3] *= c1;
-    }
+    rescale_rows(o, c0, c1);
 #pragma unroll
     for (int kk = 0; kk < k_keys / 16; ++kk)
 #pragma unroll

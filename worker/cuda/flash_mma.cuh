@@ -125,4 +125,17 @@ struct SoftmaxRows {
   }
 };
 
+/// O's rows g and g + 8 (this thread's accumulators of NF column groups of 8) times the online
+/// softmax's rescale factors c0 and c1 (SoftmaxRows::tile), before O += P·V.
+template <int NF>
+__device__ __forceinline__ void rescale_rows(float (&o)[NF][4], float c0, float c1) {
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    o[f][0] *= c0;
+    o[f][1] *= c0;
+    o[f][2] *= c1;
+    o[f][3] *= c1;
+  }
+}
+
 }  // namespace servedeck::worker::cuda::flash

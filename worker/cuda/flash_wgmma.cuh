@@ -318,13 +318,7 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
     uint32_t p[k_wg_keys / 16][4];  // A fragments of P (bf16): keys 16kk .. 16kk + 15
     float c0, c1;
     rows.tile(s, kb0, masked, t4, scale_log2, p, c0, c1);
-#pragma unroll
-    for (int f = 0; f < k_wg_hd / 8; ++f) {
-      o[f][0] *= c0;
-      o[f][1] *= c0;
-      o[f][2] *= c1;
-      o[f][3] *= c1;
-    }
+    rescale_rows(o, c0, c1);
     wg_pin(o);
     wg_pin(p);
     wg_fence();
