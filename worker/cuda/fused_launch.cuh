@@ -2,6 +2,7 @@
 // the launch with the programmatic-serialization attribute, grid sizing.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdlib>
 
@@ -79,15 +80,16 @@ inline void launch(void (*kernel)(KArgs...), int grid, int block, std::size_t sm
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-/// The integer in environment variable `name`, or `def` when it is unset or not a number: the
-/// decode step's A/B switches for the benchmark (docs/cuda-backend.md lists them). Read at each
-/// call, so a graph captured after setenv uses the new value.
+/// The integer in environment variable `name`, or `def` when it is unset, not a whole decimal
+/// number ("16abc") or outside int's range: the decode step's A/B switches for the benchmark
+/// (docs/cuda-backend.md lists them). Read at each call, so a graph captured after setenv uses
+/// the new value.
 inline int env_knob(const char* name, int def) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return def;
   char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return *end == '\0' ? static_cast<int>(n) : def;
+  const long n = std::strtol(v, &end, 10);  // LONG_MIN / LONG_MAX on overflow: out of int's range below
+  return *end == '\0' && n >= INT_MIN && n <= INT_MAX ? static_cast<int>(n) : def;
 }
 
 /// Blocks for `rows` rows at `warps` warps per block and one row per warp, capped at what the
