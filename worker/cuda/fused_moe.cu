@@ -311,8 +311,9 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
   const int units = k * table.inter, n8 = table.hidden / 8;
   // Two blocks per SM; SERVEDECK_GATE_UP_BLOCKS_PER_SM overrides (A/B switch: one block per SM
   // would leave the staged down's block room beside it, but measured slower, session 7 run 1).
-  const int per_sm = detail::env_knob("SERVEDECK_GATE_UP_BLOCKS_PER_SM", 2);
-  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, std::max(1, per_sm) * detail::sm_count());
+  // Clamped to [1, 32] (an SM holds at most 32 blocks), so per_sm · SMs cannot overflow.
+  const int per_sm = std::clamp(detail::env_knob("SERVEDECK_GATE_UP_BLOCKS_PER_SM", 2), 1, 32);
+  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, per_sm * detail::sm_count());
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
   if (n8 <= 32 * 4) return detail::prefer_max_shared(moe_gate_up_wide_kernel<4>), launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
   if (n8 <= 32 * 8) return detail::prefer_max_shared(moe_gate_up_wide_kernel<8>), launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
