@@ -23,7 +23,11 @@ void PrefillProfile::mark(int layer, int point, cudaStream_t s) const {
 
 void PrefillProfile::report(int n, int layers) const {
   if (!on) return;
-  CUDA_CHECK(cudaEventSynchronize(ev[static_cast<std::size_t>(layers) * k_points - 1]));
+  // Every MoE layer's last point (a dense layer's events are never recorded: cudaEventSynchronize
+  // returns at once), so that a model whose last layer is dense does not read MoE layers' events
+  // before they complete (cudaEventElapsedTime: not ready, and the layer silently dropped).
+  for (int l = 0; l < layers; ++l)
+    CUDA_CHECK(cudaEventSynchronize(ev[static_cast<std::size_t>(l) * k_points + (k_points - 1)]));
   double sum[k_points - 1] = {};
   int counted = 0;
   for (int l = 0; l < layers; ++l) {
