@@ -85,6 +85,10 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   CUDA_CHECK(cudaStreamSynchronize(copy_stream));
   chunk = std::max(chunk, pre.chunk);
   capacity = std::max(capacity, pre.capacity);
+  // Sized again only at the end: an allocation that throws below leaves "no buffers", so that a
+  // later call reallocates instead of taking the early return above with the freed pointers.
+  pre.chunk = 0;
+  pre.capacity = 0;
   for (void* p : pre.owned) CUDA_CHECK(cudaFree(p));
   pre.owned.clear();
   pre.k_b = pre.v_b = nullptr;
