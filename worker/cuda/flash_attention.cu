@@ -15,7 +15,7 @@
 // are masked.
 //
 // The two variants (FlashVariant, flash_attention.cuh) share flash_attention_prefill_kernel:
-// baseline keeps Q in registers and takes two barriers per tile; two_blocks (the default) keeps
+// baseline keeps Q in registers and takes two barriers per tile; two_blocks (the default where the wgmma kernels cannot run) keeps
 // Q in the block's shared memory, read by ldmatrix per k step, so that a thread fits in 128
 // registers and two blocks share an SM, and takes one barrier per tile. Measured on an H200
 // (session 7 run 3, bench/moe_offload/results-2026-11-30-h200-session7.txt; one layer, 32/4

@@ -88,7 +88,7 @@ bool parse_flash_variant(std::string_view text, FlashVariant& out);
 
 /// The variant the launcher without a variant argument runs: set_flash_variant's last value, or
 /// else the environment variable SERVEDECK_FLASH_VARIANT read once at the first call ("baseline",
-/// "two_blocks", "wgmma" or "wgmma_wide"); unset or empty means k_default_flash_variant (two_blocks), and an unknown
+/// "two_blocks", "wgmma" or "wgmma_wide"); unset or empty means k_default_flash_variant (wgmma_wide), and an unknown
 /// value means the default after one line on stderr naming the value read and the values
 /// accepted. Thread-safe.
 FlashVariant flash_variant();
