@@ -29,16 +29,27 @@ std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) 
   return gpu_test::to_bf16(gpu_test::random_floats(n, seed, scale));
 }
 
+// E random experts of shape (H, I) in VRAM, each a gate | up | down block (3·I·H bf16), and the
+// device table of their pointers.
+struct DeviceExperts {
+  DeviceBuffer<__nv_bfloat16> blocks;
+  DeviceBuffer<const __nv_bfloat16*> ptrs;
+  ExpertTable t;
+  DeviceExperts(int E, int H, int I, unsigned seed)
+      : blocks(rand_bf16(3ull * I * H * static_cast<std::size_t>(E), seed, 0.1f)), ptrs(pointers(blocks.ptr, E, 3ull * I * H)), t{ptrs.ptr, H, I} {}
+  static std::vector<const __nv_bfloat16*> pointers(const __nv_bfloat16* base, int E, std::size_t block) {
+    std::vector<const __nv_bfloat16*> v(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) v[static_cast<std::size_t>(e)] = base + block * static_cast<std::size_t>(e);
+    return v;
+  }
+};
+
 // E experts of shape (H, I) in VRAM: the unfused MoE from (xn, ids1, w1) against fused gate/up +
 // down from (xn2, ids2, w2), on the same residual.
 void check_fused_moe(int E, int K, int H, int I, unsigned seed, const float* xn, const int32_t* ids1, const float* w1, const float* xn2,
                      const int32_t* ids2, const float* w2) {
-  const std::size_t block = 3ull * I * H;
-  DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, seed, 0.1f));
-  std::vector<const __nv_bfloat16*> table(E);
-  for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
-  DeviceBuffer<const __nv_bfloat16*> dtable(table);
-  const ExpertTable t{dtable.ptr, H, I};
+  const DeviceExperts experts(E, H, I, seed);
+  const ExpertTable& t = experts.t;
   auto out_h = gpu_test::random_floats(static_cast<std::size_t>(H), seed + 1, 1.f);
   DeviceBuffer<float> out1(out_h), out2(out_h), scratch(static_cast<std::size_t>(K) * 2 * I), partial(static_cast<std::size_t>(K) * H),
       act(static_cast<std::size_t>(K) * I);
@@ -90,12 +101,8 @@ TEST_CASE("fused MoE down equals the unfused MoE for inter 768, 512, 1024 and k 
   gpu_test::skip_without_gpu();
   const int E = 16, H = 256;
   for (auto [I, K] : {std::pair{768, 8}, std::pair{512, 12}, std::pair{1024, 8}, std::pair{96, 3}}) {
-    const std::size_t block = 3ull * I * H;
-    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 41 + I, 0.1f));
-    std::vector<const __nv_bfloat16*> table(E);
-    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
-    DeviceBuffer<const __nv_bfloat16*> dtable(table);
-    const ExpertTable t{dtable.ptr, H, I};
+    const DeviceExperts experts(E, H, I, 41 + I);
+    const ExpertTable& t = experts.t;
     std::vector<int32_t> ids_h(static_cast<std::size_t>(K));
     for (int j = 0; j < K; ++j) ids_h[static_cast<std::size_t>(j)] = (j * 7 + 3) % E;
     DeviceBuffer<int32_t> ids(ids_h);
@@ -228,12 +235,8 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
   // and 12 × 512 staged, 8 × 1024 not) against the row kernel; one gate/up block per SM.
   const int E = 16;
   for (auto [H, I, K] : {std::tuple{2048, 768, 8}, std::tuple{256, 512, 12}, std::tuple{256, 1024, 8}, std::tuple{200, 96, 3}}) {
-    const std::size_t block = 3ull * I * H;
-    DeviceBuffer<__nv_bfloat16> blocks(rand_bf16(block * E, 51 + I, 0.1f));
-    std::vector<const __nv_bfloat16*> table(E);
-    for (int e = 0; e < E; ++e) table[static_cast<std::size_t>(e)] = blocks.ptr + block * static_cast<std::size_t>(e);
-    DeviceBuffer<const __nv_bfloat16*> dtable(table);
-    const ExpertTable t{dtable.ptr, H, I};
+    const DeviceExperts experts(E, H, I, 51 + I);
+    const ExpertTable& t = experts.t;
     std::vector<int32_t> ids_h(static_cast<std::size_t>(K));
     for (int j = 0; j < K; ++j) ids_h[static_cast<std::size_t>(j)] = (j * 5 + 1) % E;
     DeviceBuffer<int32_t> ids(ids_h);
