@@ -234,16 +234,7 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefil
       }
     if constexpr (!TwoBlocks) __syncthreads();  // every warp is done with this buffer before tile t + 2 is staged into it
   }
-  // out = O / l: this thread holds columns f·8 + 2·t4 + {0, 1} of rows g and g + 8.
-  const float inv0 = 1.f / rows.l0, inv1 = 1.f / rows.l1;
-#pragma unroll
-  for (int f = 0; f < HD / 8; ++f) {
-    const size_t col = static_cast<size_t>(h) * HD + f * 8 + t4 * 2;
-    if (q0 + g < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(q0 + g) * ldo + col) = make_float2(o[f][0] * inv0, o[f][1] * inv0);
-    if (q0 + g + 8 < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(q0 + g + 8) * ldo + col) = make_float2(o[f][2] * inv1, o[f][3] * inv1);
-  }
+  store_rows(out, ldo, o, rows.l0, rows.l1, q0, n, static_cast<size_t>(h) * HD, g, t4);
 }
 
 template <int HD, bool TwoBlocks>

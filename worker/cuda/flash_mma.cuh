@@ -138,4 +138,21 @@ __device__ __forceinline__ void rescale_rows(float (&o)[NF][4], float c0, float 
   }
 }
 
+/// out = O / l for this thread's rows g and g + 8 of the 16 query rows starting at row0 (rows at
+/// or past n are skipped): columns col0 + f·8 + 2·t4 + {0, 1} of the fp32 output (row stride ldo),
+/// NF column groups of 8; l0 and l1 are the rows' softmax sums.
+template <int NF>
+__device__ __forceinline__ void store_rows(float* __restrict__ out, int ldo, const float (&o)[NF][4], float l0, float l1, int row0, int n,
+                                           size_t col0, int g, int t4) {
+  const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    const size_t col = col0 + f * 8 + t4 * 2;
+    if (row0 + g < n)
+      *reinterpret_cast<float2*>(out + static_cast<size_t>(row0 + g) * ldo + col) = make_float2(o[f][0] * inv0, o[f][1] * inv0);
+    if (row0 + g + 8 < n)
+      *reinterpret_cast<float2*>(out + static_cast<size_t>(row0 + g + 8) * ldo + col) = make_float2(o[f][2] * inv1, o[f][3] * inv1);
+  }
+}
+
 }  // namespace servedeck::worker::cuda::flash

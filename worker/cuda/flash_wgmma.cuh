@@ -328,16 +328,7 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
     wg_wait_all();
     wg_pin(o);
   }
-  // out = O / l: this thread holds columns f·8 + 2·t4 + {0, 1} of rows g and g + 8.
-  const float inv0 = 1.f / rows.l0, inv1 = 1.f / rows.l1;
-#pragma unroll
-  for (int f = 0; f < k_wg_hd / 8; ++f) {
-    const size_t col = static_cast<size_t>(h) * k_wg_hd + f * 8 + t4 * 2;
-    if (wq0 + g < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(wq0 + g) * ldo + col) = make_float2(o[f][0] * inv0, o[f][1] * inv0);
-    if (wq0 + g + 8 < n)
-      *reinterpret_cast<float2*>(out + static_cast<size_t>(wq0 + g + 8) * ldo + col) = make_float2(o[f][2] * inv1, o[f][3] * inv1);
-  }
+  store_rows(out, ldo, o, rows.l0, rows.l1, wq0, n, static_cast<size_t>(h) * k_wg_hd, g, t4);
 #else
   (void)q, (void)ldq, (void)kc, (void)vc, (void)out, (void)ldo, (void)n, (void)pos0, (void)n_kv_heads, (void)G, (void)scale_log2;
   __trap();  // built without sm_90a: the launcher checks flash_wgmma_probe_kernel first and never gets here

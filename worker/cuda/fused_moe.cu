@@ -242,8 +242,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
 // down with every row of the block staged in shared memory before the wait: block b owns the
 // hidden rows [16 b, 16 b + 16) and copies, for each routed slot j, down_j's rows of the block
 // (one contiguous range of 16·inter bf16; k·16·inter·2 bytes, 192 KB at k 8 and inter 768) by
-// every thread's cp.async, so the down weights stream while gate/up runs beside it (the gate/up
-// grid is then one block per SM, leaving half of the registers for this block). ids and the
+// every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and the
 // expert pointers are read before the wait (the router wrote them two launches back), act only
 // after. The arithmetic is moe_down_rows_kernel's, step for step (per lane its CH column blocks
 // in order, the shuffle tree per (j, row), then the slots in order), so out is bit-identical.
