@@ -30,6 +30,7 @@ struct LayerDev {
   const bf16 *input_norm, *qkv, *o, *q_norm, *k_norm, *post_norm;
   const bf16 *router, *mlp_gate, *mlp_up, *mlp_down;
   bool moe;
+  const float* router_folded = nullptr;  // (n_experts, hidden + q_dim) fp32, fold_router_weights; null: not folded
 };
 
 class CudaKvCache : public KvCache {
@@ -143,6 +144,9 @@ struct CudaBackend::Impl {
   float* inv_freq = nullptr;  // RoPE table (rotary_dim / 2)
   float* attn_scratch = nullptr;            // fused decode attention partials
   unsigned int* attn_counters = nullptr;    // (n_heads), zero between launches
+  float* x_alt = nullptr;                   // the residual stream's second buffer (decode with the folded router)
+  float* router_folded = nullptr;           // every MoE layer's folded router (fold_router_weights), or null
+  std::size_t router_folded_bytes = 0;
   unsigned long long *counters, *layer_counts;
   int32_t* h_scalars = nullptr;  // pinned: token, pos
   float* h_logits = nullptr;     // pinned: vocab floats

@@ -47,9 +47,9 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
 /// x 16-byte aligned: one round of loads of x (V float4 per thread, held in registers), the
 /// block reduction through red[NT / 32], then the products from registers. Bit-identical to
 /// block_rmsnorm_to_shared<NT / 32> (the same thread count; another count sums the squares in
-/// another order). Ends with __syncthreads.
+/// another order). Returns 1 / rms(x). Ends with __syncthreads.
 template <int NT, int V>
-__device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
+__device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
                                                          int in, float* xs, float* red) {
   float4 xv[V];
 #pragma unroll
@@ -74,6 +74,7 @@ __device__ __forceinline__ void block_rmsnorm_prefetched(const float* __restrict
     }
   }
   __syncthreads();
+  return inv;
 }
 
 /// The same for any `in` (in % 4 == 0): strided loops over x, reading x twice and nw after the

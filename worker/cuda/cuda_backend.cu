@@ -12,6 +12,7 @@
 #include "worker/cuda/backend_impl.cuh"
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
+#include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/offload/expert_store.hpp"
 
@@ -60,7 +61,7 @@ void CudaBackend::Impl::allocate_activations() {
   const std::size_t inter = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
   const std::size_t dense = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
   auto f = [](float** p, std::size_t n) { CUDA_CHECK(cudaMalloc(p, n * sizeof(float))); };
-  f(&x, H); f(&xn, H); f(&qkv, static_cast<std::size_t>(qkv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
+  f(&x, H); f(&x_alt, H); f(&xn, H); f(&qkv, static_cast<std::size_t>(qkv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
   f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
   f(&route_w, topk); f(&act, topk * inter);
   f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
@@ -92,32 +93,48 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   const float eps = static_cast<float>(d.rms_norm_eps);
   const AttentionShape shape = attention_shape(c.capacity_);
   const bool pdl = opt.use_pdl;
+  // The folded router (launch_router_folded) unless SERVEDECK_ROUTER_FOLDED=0 (A/B): its layers
+  // write the o-proj's sum into the residual stream's other buffer, so the router can read the
+  // residual before it.
+  const bool folded = router_folded != nullptr && detail::env_knob("SERVEDECK_ROUTER_FOLDED", 1) != 0;
   launch_embed(embed, d_token, x, H, stream);
+  float* xin = x;  // the residual stream entering the layer
   for (std::size_t li = 0; li < layers.size(); ++li) {
     const LayerDev& L = layers[li];
     const int l = static_cast<int>(li);
-    launch_norm_gemv_bf16(L.qkv, x, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
+    launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
     launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl);
-    launch_gemv_bf16_pdl(L.o, attn, x, H, q_dim(), true, stream, pdl);
     if (L.moe) {
       const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
       const int si = moe_index[li];
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                              layer_counts + static_cast<std::size_t>(si) * E};
-      launch_router_fused(L.router, x, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+      if (folded && L.router_folded != nullptr) {
+        float* xout = xin == x ? x_alt : x;
+        launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, xin);
+        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl);
+        launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, router_logits, E, d.moe.norm_topk_prob, route_w,
+                                  route_ids, K, act, stream, pdl);
+        launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
+        xin = xout;
+        continue;
+      }
+      launch_gemv_bf16_pdl(L.o, attn, xin, H, q_dim(), true, stream, pdl);
+      launch_router_fused(L.router, xin, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
       launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, x, stream, pdl);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xin, stream, pdl);
     } else {
+      launch_gemv_bf16_pdl(L.o, attn, xin, H, q_dim(), true, stream, pdl);
       const int I = static_cast<int>(d.intermediate_size);
-      launch_norm_gemv_bf16(L.mlp_gate, x, L.post_norm, eps, g, I, H, false, nullptr, stream);
-      launch_norm_gemv_bf16(L.mlp_up, x, L.post_norm, eps, u, I, H, false, nullptr, stream);
+      launch_norm_gemv_bf16(L.mlp_gate, xin, L.post_norm, eps, g, I, H, false, nullptr, stream);
+      launch_norm_gemv_bf16(L.mlp_up, xin, L.post_norm, eps, u, I, H, false, nullptr, stream);
       launch_swiglu(g, u, h, I, stream);
-      launch_gemv_bf16(L.mlp_down, h, x, H, I, true, stream);
+      launch_gemv_bf16(L.mlp_down, h, xin, H, I, true, stream);
     }
   }
   // Final norm + lm_head inside the step (and its graph): logits of the token just decoded.
-  launch_norm_gemv_bf16(lm_head, x, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
+  launch_norm_gemv_bf16(lm_head, xin, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
 }
 
 void CudaBackend::Impl::logits_row(const float* x_row, std::vector<float>& out) {
@@ -149,7 +166,7 @@ CudaBackend::~CudaBackend() {
     }
   }
   m.store.reset();
-  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
+  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.x_alt), static_cast<void*>(m.router_folded), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
                   static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),

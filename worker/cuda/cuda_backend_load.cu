@@ -100,6 +100,29 @@ namespace {
 
 using Source = std::function<void(const std::string& what, uint16_t* dst, std::size_t count, float fan_in)>;
 
+// Every MoE layer's router folded through its post-attention norm and o-proj (fold_router_weights),
+// for the decode step's launch_router_folded, when the shapes allow it (the preconditions of
+// launch_router_folded and launch_moe_gate_up_normed):
+// 4 · n_experts · (hidden + q_dim) bytes per MoE layer (3 MiB at the benchmark shape).
+void fold_routers(CudaBackend::Impl& m) {
+  const ModelDescription& d = m.d;
+  const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = m.hidden(), Q = m.q_dim();
+  std::size_t n_moe = 0;
+  for (const auto& L : m.layers) n_moe += L.moe ? 1 : 0;
+  if (n_moe == 0 || E < K || E > 1024 || K < 1 || K > 32 || H % 8 != 0 || H > 2048 || Q % 4 != 0) return;
+  const std::size_t row = static_cast<std::size_t>(H) + static_cast<std::size_t>(Q), per = static_cast<std::size_t>(E) * row;
+  m.router_folded_bytes = n_moe * per * sizeof(float);
+  CUDA_CHECK(cudaMalloc(&m.router_folded, m.router_folded_bytes));
+  std::size_t i = 0;
+  for (auto& L : m.layers) {
+    if (!L.moe) continue;
+    float* dst = m.router_folded + i++ * per;
+    fold_router_weights(L.router, L.post_norm, L.o, dst, E, H, Q, m.stream);
+    L.router_folded = dst;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
 std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
                                          const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
   if (opt.stage_buffers < 0 || opt.stage_buffers == 1 || opt.stage_group < 1)
@@ -169,6 +192,7 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     m->layers.push_back(L);
   }
+  fold_routers(*m);
   if (moe_layers > 0) {
     const int E = static_cast<int>(d.moe.num_experts);
     m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, static_cast<int>(H), static_cast<int>(d.moe.intermediate_size));
@@ -195,7 +219,8 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     if (opt.vram_budget_gib > 0) {
       // The prefill staging ring (stage_buffers × stage_group experts) comes out of the budget too.
       const double staging = static_cast<double>(opt.stage_buffers) * opt.stage_group * static_cast<double>(m->store->block_bytes());
-      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) - staging - 2.0 * 1073741824.0;
+      const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) -
+                            static_cast<double>(m->router_folded_bytes) - staging - 2.0 * 1073741824.0;
       const int fit = budget <= 0 ? 0 : static_cast<int>(budget / (static_cast<double>(m->store->block_bytes()) * moe_layers));
       if (fit < slots) {
         m->warnings.push_back("--vram-budget-gib " + std::to_string(opt.vram_budget_gib) + " leaves room for " +

@@ -92,6 +92,40 @@ void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bflo
                          int n_experts, int hidden, int k, bool renormalise, const RouterOutputs& o, cudaStream_t stream,
                          bool pdl = false);
 
+/// The router folded through the post-attention norm and the o-proj, for launch_router_folded:
+/// out (n_experts, hidden + q_dim) fp32, row e = [R[e, :] ⊙ post_norm | (R[e, :] ⊙ post_norm) · Wo].
+/// Then R·(x ⊙ post_norm) = out[:, :hidden]·h + out[:, hidden:]·a for x = h + Wo·a: the router's
+/// logits before the norm's factor 1/rms(x), from the residual h before the o-proj and the
+/// attention's output a. R: (n_experts, hidden) bf16; post_norm: (hidden); Wo: (hidden, q_dim)
+/// bf16. The first part is exact (a product of two bf16 in fp32); the second is an fp32 sum in
+/// h order. Run once at load (~0.5 ms per layer at the benchmark shape).
+void fold_router_weights(const __nv_bfloat16* router, const __nv_bfloat16* post_norm, const __nv_bfloat16* o_proj, float* out,
+                         int n_experts, int hidden, int q_dim, cudaStream_t stream);
+
+/// The decode step's routing without waiting for the o-proj: o.logits[e] = folded[e, :]·[h | a]
+/// (the router's logits times rms(h + Wo·a), see fold_router_weights), then the top-k of those
+/// by rank (the experts and order of ranking the router's probabilities — the positive factor
+/// changes no order — up to fp32 rounding; ties → lower id), o.ids and the hit/miss and
+/// per-layer counters as launch_router_fused; o.weights is NOT written (launch_moe_gate_up_normed
+/// writes it once the norm's factor is known). h: the residual before the o-proj (hidden), a:
+/// the attention's output (q_dim). Launched with pdl right after the o-proj, it reads h and a
+/// before its wait — they must be complete when the o-proj passes its own wait (h written three
+/// launches back or earlier and not by the o-proj, which must write its sum elsewhere:
+/// launch_gemv_bf16_pdl's `res`) — lets its successor launch at once, and waits for the o-proj
+/// at its end. n_experts <= 1024, k <= 32, hidden and q_dim multiples of 4, pointers 16-byte
+/// aligned.
+void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
+                          const RouterOutputs& o, cudaStream_t stream, bool pdl = false);
+
+/// launch_moe_gate_up_fused on xn = rmsnorm(x) ⊙ norm_w computed by every block (x: the residual
+/// after the o-proj; its squares summed over the block's 256 threads), for the experts `ids`
+/// (launch_router_folded's). Block 0 also writes weights[j] = softmax(logits / rms(x))[ids[j]]
+/// from launch_router_folded's logits, divided by their sum over the k picks when `renormalise`.
+/// hidden <= 2048 and a multiple of 8, k <= 32, n_experts in [k, 1024].
+void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps,
+                               const float* logits, int n_experts, bool renormalise, float* weights, const int32_t* ids, int k,
+                               float* act, cudaStream_t stream, bool pdl = false);
+
 /// act[j, r] = silu(gate_j[r]·xn) * (up_j[r]·xn), j < k, r < inter. act: (k, inter) fp32.
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
                               cudaStream_t stream, bool pdl = false);
@@ -117,7 +151,9 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
 /// With pdl and accumulate, the staged kernel reads y BEFORE waiting for the predecessor: y must
 /// not be written by the immediate predecessor (in the decode step the o-proj accumulates into
 /// the residual stream, last written by the previous layer's down, before q|k|v).
+/// With accumulate and `res` set, y = res + W x instead (res read where y would be; y's old value
+/// unused): the o-proj writing the residual stream's next buffer (launch_router_folded).
 void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
-                          cudaStream_t stream, bool pdl = false);
+                          cudaStream_t stream, bool pdl = false, const float* res = nullptr);
 
 }  // namespace servedeck::worker::cuda

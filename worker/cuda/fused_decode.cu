@@ -61,7 +61,7 @@ constexpr std::size_t k_staged_smem_max = 200 * 1024;
 template <int NV>
 __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
-    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces) {
+    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int WARPS = k_staged_warps, RG = 8;
   extern __shared__ float4 dyn4[];
@@ -75,8 +75,9 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
                             WARPS * 32, pieces);
   detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
   if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<WARPS * 32, NV>(nw, in);
-  // y, when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
-  const float y_old = accumulate && static_cast<int>(threadIdx.x) < nrows ? y[r0 + threadIdx.x] : 0.f;
+  // y (or res), when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
+  const float* base = res != nullptr ? res : y;
+  const float y_old = accumulate && static_cast<int>(threadIdx.x) < nrows ? base[r0 + threadIdx.x] : 0.f;
   wait_for_predecessor();
   if constexpr (NV != 0) {
     if constexpr (NV > 0) detail::block_rmsnorm_prefetched<WARPS * 32, NV>(x, nwp, eps, in, xs, red);
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) s += part[w * R + r];
-    y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : y[r0 + r]) + s : s;
+    y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : base[r0 + r]) + s : s;
   }
 }
 
@@ -136,10 +137,10 @@ StagedPlan staged_plan(int out, int in) {
 
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
-                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces) {
+                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr) {
   allow_dynamic_smem(staged_gemv_kernel<NV>, k_staged_smem_max);
   launch(staged_gemv_kernel<NV>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-         accumulate ? 1 : 0, xn_out, pieces);
+         accumulate ? 1 : 0, xn_out, pieces, res);
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
@@ -275,7 +276,8 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
 
 // y (+)= W x with x from global memory (o-proj + residual).
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
-                                                       float* __restrict__ y, int out, int in, int accumulate) {
+                                                       float* __restrict__ y, int out, int in, int accumulate,
+                                                       const float* __restrict__ res) {
   SERVEDECK_TRACE_BLOCK();
   const int lane = threadIdx.x % 32, row0 = blockIdx.x * 8 + threadIdx.x / 32;
   const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ 
   for (int row = row0; row < out; row += gridDim.x * 8) {
     const bf16* wr = W + static_cast<size_t>(row) * in;
     const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, x, in, lane) : lane_dot(wr, x, in, lane));
-    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+    if (lane == 0) y[row] = accumulate ? (res != nullptr ? res[row] : y[row]) + acc : acc;
   }
 }
 
@@ -337,7 +339,7 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
 }
 
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
-                          bool pdl) {
+                          bool pdl, const float* res) {
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
@@ -348,8 +350,8 @@ void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int 
   // down: 8: 2.753, 16: 2.713-2.715, 32: 2.805). SERVEDECK_OPROJ_STAGE_PIECES overrides (A/B).
   if (p.smem != 0)
     return launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr,
-                            detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16));
-  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0);
+                            detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16), res);
+  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0, res);
 }
 
 }  // namespace servedeck::worker::cuda
@@ -360,7 +362,9 @@ SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_decode)
 namespace servedeck::worker::cuda {
 void set_decode_trace_buffer_fused_moe(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router(DecodeTraceRecord* buf);
+void set_decode_trace_buffer_fused_router_folded(DecodeTraceRecord* buf);
 void set_decode_trace_buffer(DecodeTraceRecord* buf) {
+  set_decode_trace_buffer_fused_router_folded(buf);
   set_decode_trace_buffer_fused_decode(buf);
   set_decode_trace_buffer_fused_moe(buf);
   set_decode_trace_buffer_fused_router(buf);

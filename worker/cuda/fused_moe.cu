@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "worker/cuda/block_norm.cuh"
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/fused_launch.cuh"
@@ -17,6 +18,7 @@ using detail::grid_for;
 using detail::lane_dot;
 using detail::launch;
 using detail::wait_for_predecessor;
+using detail::warp_max;
 using detail::warp_sum;
 
 constexpr int k_moe_warps = 8;
@@ -43,6 +45,36 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(Exp
   }
 }
 
+// gate/up's NORM mode (launch_moe_gate_up_normed): the norm weights and the folded router's
+// outputs.
+struct GateUpNorm {
+  const bf16* norm_w = nullptr;
+  float eps = 0.f;
+  const float* logits = nullptr;  // (n_experts) unscaled: the router's logits times rms(x)
+  int n_experts = 0;
+  int renormalise = 0;
+  float* weights = nullptr;       // (k)
+};
+constexpr int k_norm_vecs = 2;  // float4 of x per thread: hidden <= 4 · 256 · 2 = 2048 (the wide kernel's C = 8)
+
+// One warp: the routing weights from the folded router's unscaled logits and 1 / rms(x):
+// p = softmax(logits · inv) (max subtracted; the sums by the shuffle tree), weights[j] = p[ids[j]]
+// (divided by the sum over the k picks when renormalising). k <= 32.
+__device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, const int32_t* __restrict__ ids, int k, int lane) {
+  float m = -INFINITY;
+  for (int e = lane; e < g.n_experts; e += 32) m = fmaxf(m, g.logits[e] * inv);
+  m = warp_max(m);
+  const float mine = lane < k ? expf(g.logits[ids[lane]] * inv - m) : 0.f;
+  float den = 0.f;
+  if (g.renormalise) {
+    den = warp_sum(mine);
+  } else {
+    for (int e = lane; e < g.n_experts; e += 32) den += expf(g.logits[e] * inv - m);
+    den = warp_sum(den);
+  }
+  if (lane < k) g.weights[lane] = mine / den;
+}
+
 // The same for hidden <= 8 * 32 * C, one (j, r) unit per warp at a time with all of its loads in
 // flight (C 16-byte column blocks of the gate row and C of the up row per lane, for hidden 2048
 // C = 8: 64 registers of weights), xn staged in shared memory. The grid is two blocks per SM,
@@ -51,18 +83,31 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_gate_up_fused_kernel(Exp
 // one-unit-per-warp grid of 768 blocks did not fit beside the router and its last blocks passed
 // the wait ~12 µs after the first. Per lane the terms are summed in lane_dot's order, so act is
 // bit-identical to moe_gate_up_fused_kernel's.
-template <int C>
+//
+// NORM (launch_moe_gate_up_normed): xn is the residual x, and every block computes
+// xs = x / rms(x) ⊙ g.norm_w itself (block_rmsnorm_prefetched, the norm weights loaded before the
+// wait); block 0's warp 0 also writes the routing weights (routing_weights).
+template <int C, bool NORM = false>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                                const int32_t* __restrict__ ids, int k,
-                                                                               float* __restrict__ act) {
+                                                                               float* __restrict__ act, GateUpNorm g) {
   SERVEDECK_TRACE_BLOCK();
   extern __shared__ float4 xs4[];
   __shared__ const bf16* blocks[32];
+  __shared__ float red[k_moe_warps];
   const int lane = threadIdx.x % 32;
   const int total = k * t.inter, n8 = t.hidden / 8;
+  detail::NormWeights<k_norm_vecs> nwp;
+  if constexpr (NORM) nwp = detail::prefetch_norm_weights<k_moe_warps * 32, k_norm_vecs>(g.norm_w, t.hidden);
   wait_for_predecessor();
   if (threadIdx.x < k) blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
-  for (int i = threadIdx.x; i < t.hidden / 4; i += k_moe_warps * 32) xs4[i] = reinterpret_cast<const float4*>(xn)[i];
+  if constexpr (NORM) {
+    float* xs = reinterpret_cast<float*>(xs4);
+    const float inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
+    if (blockIdx.x == 0 && threadIdx.x < 32) routing_weights(g, inv, ids, k, lane);
+  } else {
+    for (int i = threadIdx.x; i < t.hidden / 4; i += k_moe_warps * 32) xs4[i] = reinterpret_cast<const float4*>(xn)[i];
+  }
   __syncthreads();
   for (int gw = blockIdx.x * k_moe_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_moe_warps) {
     const int j = gw / t.inter, r = gw % t.inter;
@@ -299,6 +344,16 @@ bool down_staged(const ExpertTable& table, int k) {
          detail::env_knob("SERVEDECK_DOWN_STAGED", 1) != 0;
 }
 
+// The wide gate/up kernels' grid: two blocks per SM; SERVEDECK_GATE_UP_BLOCKS_PER_SM overrides
+// (A/B switch: one block per SM would leave the staged down's block room beside it, but measured
+// slower, session 7 run 1). Clamped to [1, 32] (an SM holds at most 32 blocks), so per_sm · SMs
+// cannot overflow.
+int gate_up_grid(const ExpertTable& table, int k) {
+  const int units = k * table.inter;
+  const int per_sm = std::clamp(detail::env_knob("SERVEDECK_GATE_UP_BLOCKS_PER_SM", 2), 1, 32);
+  return std::min((units + k_moe_warps - 1) / k_moe_warps, per_sm * detail::sm_count());
+}
+
 }  // namespace
 
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
@@ -307,16 +362,33 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
   detail::require(detail::aligned16(xn), "launch_moe_gate_up_fused", "xn must be 16-byte aligned");
-  const int units = k * table.inter, n8 = table.hidden / 8;
-  // Two blocks per SM; SERVEDECK_GATE_UP_BLOCKS_PER_SM overrides (A/B switch: one block per SM
-  // would leave the staged down's block room beside it, but measured slower, session 7 run 1).
-  // Clamped to [1, 32] (an SM holds at most 32 blocks), so per_sm · SMs cannot overflow.
-  const int per_sm = std::clamp(detail::env_knob("SERVEDECK_GATE_UP_BLOCKS_PER_SM", 2), 1, 32);
-  const int grid = std::min((units + k_moe_warps - 1) / k_moe_warps, per_sm * detail::sm_count());
+  const int n8 = table.hidden / 8, grid = gate_up_grid(table, k);
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
-  if (n8 <= 32 * 4) return detail::prefer_max_shared(moe_gate_up_wide_kernel<4>), launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
-  if (n8 <= 32 * 8) return detail::prefer_max_shared(moe_gate_up_wide_kernel<8>), launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
+  if (n8 <= 32 * 4) return detail::prefer_max_shared(moe_gate_up_wide_kernel<4>), launch(moe_gate_up_wide_kernel<4>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act, GateUpNorm{});
+  if (n8 <= 32 * 8) return detail::prefer_max_shared(moe_gate_up_wide_kernel<8>), launch(moe_gate_up_wide_kernel<8>, grid, k_moe_warps * 32, smem, stream, pdl, table, xn, ids, k, act, GateUpNorm{});
   launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
+}
+
+void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, const float* logits,
+                               int n_experts, bool renormalise, float* weights, const int32_t* ids, int k, float* act,
+                               cudaStream_t stream, bool pdl) {
+  detail::require(table.hidden % 8 == 0 && table.hidden <= 4 * k_moe_warps * 32 * k_norm_vecs && table.inter % 8 == 0 && k > 0 &&
+                      k <= 32 && n_experts >= k && n_experts <= 1024,
+                  "launch_moe_gate_up_normed",
+                  "hidden must be a multiple of 8 and <= 2048, inter a multiple of 8, k in (0, 32] and n_experts in [k, 1024], got " +
+                      std::to_string(table.hidden) + ", " + std::to_string(table.inter) + ", " + std::to_string(k) + ", " +
+                      std::to_string(n_experts));
+  detail::require(detail::aligned16(x) && detail::aligned8(norm_w), "launch_moe_gate_up_normed",
+                  "x must be 16-byte aligned and norm_w 8-byte aligned");
+  const int n8 = table.hidden / 8, grid = gate_up_grid(table, k);
+  const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
+  const GateUpNorm g{norm_w, eps, logits, n_experts, renormalise ? 1 : 0, weights};
+  auto go = [&](auto kernel) {
+    detail::prefer_max_shared(kernel);
+    launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, ids, k, act, g);
+  };
+  if (n8 <= 32 * 4) return go(moe_gate_up_wide_kernel<4, true>);
+  go(moe_gate_up_wide_kernel<8, true>);  // n8 <= 256 by the precondition
 }
 
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,

@@ -52,13 +52,14 @@ __device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, flo
 /// The k largest of p[0..n) over a whole block (thread t of nthreads takes e = t, t + nthreads,
 /// ...), in the order and with the ties of k rounds of warp_argmax: e is pick r when
 /// r = #{j : p[j] > p[e]} + #{j < e : p[j] == p[e]} < k. Writes ids[r] and vals[r] (shared
-/// memory) for r < k; every pick is written by exactly one thread. No barrier inside.
-__device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals) {
-  // A NaN probability ranks as -1 (below every real one), so the ranks stay a total order and
-  // every pick r < k is written even from a poisoned residual stream.
-  auto at = [p](int j) {
+/// memory) for r < k; every pick is written by exactly one thread. No barrier inside. A NaN
+/// ranks as `nan_as` (default -1: below every probability; pass -INFINITY for raw logits), so the
+/// ranks stay a total order and every pick r < k is written even from a poisoned residual stream.
+__device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals,
+                                                   float nan_as = -1.f) {
+  auto at = [p, nan_as](int j) {
     const float x = p[j];
-    return x == x ? x : -1.f;
+    return x == x ? x : nan_as;
   };
   for (int e = t; e < n; e += nthreads) {
     const float v = at(e);

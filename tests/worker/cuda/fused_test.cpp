@@ -273,3 +273,61 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
   ScopedEnv qp("SERVEDECK_QKV_STAGE_PIECES", "4"), op("SERVEDECK_OPROJ_STAGE_PIECES", "1");
   CHECK(staged() == base);
 }
+
+TEST_CASE("the folded router and gate/up with its own norm equal o-proj + router + gate/up") {
+  gpu_test::skip_without_gpu();
+  // The benchmark's shapes and a small one; renormalised top-k and plain softmax weights. The
+  // folded logits are the router's times rms(x) (compared after dividing by it, on the host);
+  // the ids must be the same experts in the same order.
+  for (auto [E, K, H, Q, I] : {std::tuple{128, 8, 2048, 4096, 768}, std::tuple{16, 4, 256, 512, 96}}) {
+    for (const bool renorm : {true, false}) {
+      CAPTURE(E);
+      CAPTURE(renorm);
+      const unsigned s = static_cast<unsigned>(71 + H + (renorm ? 1 : 0));
+      DeviceBuffer<__nv_bfloat16> Wo(rand_bf16(static_cast<std::size_t>(H) * Q, s, 0.02f)), R(rand_bf16(static_cast<std::size_t>(E) * H, s + 1, 0.2f)),
+          nw(rand_bf16(static_cast<std::size_t>(H), s + 2, 1.f));
+      const auto h_host = gpu_test::random_floats(static_cast<std::size_t>(H), s + 3, 1.f);
+      DeviceBuffer<float> h(h_host), a(gpu_test::random_floats(static_cast<std::size_t>(Q), s + 4, 1.f));
+      const DeviceExperts experts(E, H, I, s + 5);
+      DeviceBuffer<uint8_t> flags(std::vector<uint8_t>(static_cast<std::size_t>(E), 1));
+      DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(static_cast<std::size_t>(E), 0));
+      DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0});
+      // Reference: the residual updated in place, the fused router on it, gate/up on its xn.
+      DeviceBuffer<float> x1(h_host), xn(static_cast<std::size_t>(H)), logits1(static_cast<std::size_t>(E)), w1(static_cast<std::size_t>(K)),
+          act1(static_cast<std::size_t>(K) * I);
+      DeviceBuffer<int32_t> ids1(static_cast<std::size_t>(K));
+      launch_gemv_bf16_pdl(Wo.ptr, a.ptr, x1.ptr, H, Q, true, nullptr);
+      launch_router_fused(R.ptr, x1.ptr, nw.ptr, 1e-6f, xn.ptr, E, H, K, renorm,
+                          RouterOutputs{logits1.ptr, ids1.ptr, w1.ptr, done.ptr, flags.ptr, counters.ptr, lc.ptr}, nullptr);
+      launch_moe_gate_up_fused(experts.t, xn.ptr, ids1.ptr, K, act1.ptr, nullptr);
+      // Folded: the o-proj into another buffer, the router from h and a, gate/up normalising itself.
+      DeviceBuffer<float> folded(static_cast<std::size_t>(E) * (H + Q)), x2(static_cast<std::size_t>(H)), logits2(static_cast<std::size_t>(E)),
+          w2(static_cast<std::size_t>(K)), act2(static_cast<std::size_t>(K) * I);
+      DeviceBuffer<int32_t> ids2(static_cast<std::size_t>(K));
+      fold_router_weights(R.ptr, nw.ptr, Wo.ptr, folded.ptr, E, H, Q, nullptr);
+      x2.poison();
+      w2.poison();
+      act2.poison();
+      launch_gemv_bf16_pdl(Wo.ptr, a.ptr, x2.ptr, H, Q, true, nullptr, false, h.ptr);
+      ids2.poison();
+      launch_router_folded(folded.ptr, h.ptr, a.ptr, E, H, Q, K, RouterOutputs{logits2.ptr, ids2.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr},
+                           nullptr);
+      launch_moe_gate_up_normed(experts.t, x2.ptr, nw.ptr, 1e-6f, logits2.ptr, E, renorm, w2.ptr, ids2.ptr, K, act2.ptr, nullptr);
+      const auto xv = x2.get();
+      CHECK(xv == x1.get());  // the o-proj into another buffer: the same sums
+      CHECK(ids2.get() == ids1.get());
+      CHECK(done.get()[0] == 0u);
+      CHECK(counters.get()[0] == 2ull * K);  // every expert hot here: both routings counted
+      const auto lcv = lc.get();
+      for (int32_t e : ids1.get()) CHECK(lcv[static_cast<std::size_t>(e)] == 2ull);
+      double ss = 0;
+      for (float v : xv) ss += static_cast<double>(v) * v;
+      const double rms = std::sqrt(ss / H + 1e-6);
+      std::vector<float> scaled = logits2.get();
+      for (float& v : scaled) v = static_cast<float>(v / rms);
+      CHECK(gpu_test::compare(logits1.get(), scaled, "folded logits / rms") < 1e-5);
+      CHECK(gpu_test::compare(w1.get(), w2.get(), "routing weights") < 1e-5);
+      CHECK(gpu_test::compare(act1.get(), act2.get(), "act") < 1e-5);
+    }
+  }
+}

@@ -1,0 +1,140 @@
+// The decode step's router folded through the o-proj (see fused.cuh, fold_router_weights and
+// launch_router_folded): the routing of a MoE layer from the attention's output and the residual
+// before the o-proj, so that it runs beside the o-proj instead of after it.
+#include <cmath>
+#include <string>
+
+#include "worker/cuda/dot.cuh"
+#include "worker/cuda/fused.cuh"
+#include "worker/cuda/fused_launch.cuh"
+#include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/router_select.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using detail::warp_sum;
+
+// One thread per column c of row e (grid: ceil((H + Q) / 256) × E): c < H the router row times
+// the norm weights (exact in fp32: both factors are bf16), c = H + q the sum over h, in h order,
+// of that product times Wo[h, q] (fp32).
+__global__ void fold_router_kernel(const bf16* __restrict__ R, const bf16* __restrict__ w, const bf16* __restrict__ Wo,
+                                   float* __restrict__ out, int H, int Q) {
+  const int e = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+  const bf16* r = R + static_cast<size_t>(e) * H;
+  float* row = out + static_cast<size_t>(e) * (H + Q);
+  if (c < H) {
+    row[c] = __bfloat162float(r[c]) * __bfloat162float(w[c]);
+  } else if (c < H + Q) {
+    const int q = c - H;
+    float acc = 0.f;
+    for (int h = 0; h < H; ++h)
+      acc += __bfloat162float(r[h]) * __bfloat162float(w[h]) * __bfloat162float(Wo[static_cast<size_t>(h) * Q + q]);
+    row[c] = acc;
+  }
+}
+
+constexpr int k_folded_warps = 8;
+constexpr int k_folded_threads = k_folded_warps * 32;
+constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (and as many of the input)
+
+// Block e: the unscaled logit l_e = Rf[e, :] · [h | a]; warp w takes the w-th contiguous slice
+// of the row's float4 columns, a lane its columns lane, lane + 32, ... in rounds of
+// k_folded_loads loads in flight; the lanes' sums by the shuffle tree, the warps in order. Then
+// the last block of the grid ranks the raw logits (the top-k does not depend on the positive
+// factor 1/rms that separates them from the router's), writes the ids in rank order and folds
+// the counters. All of it before the wait: h (the previous layer's residual, written by its
+// down) and a (the attention, two launches back) are complete when this kernel is launched (by
+// the o-proj's trigger, after the o-proj's own wait). It lets gate/up launch at once and waits
+// for the o-proj at its end, so that gate/up's wait covers the o-proj's output too. Measured on
+// the H200 (session 8, runs 6, 8, 9): triggering gate/up after the logit instead (2.669 against
+// 2.549 ms per step) and ranking the logits in gate/up's and down's blocks instead of a last
+// block (2.616) were slower.
+__global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const float* __restrict__ Rf, const float* __restrict__ h,
+                                                                        const float* __restrict__ a, int H, int Q, int k,
+                                                                        RouterOutputs o) {
+  SERVEDECK_TRACE_BLOCK();
+  __shared__ float red[k_folded_warps];
+  __shared__ float p[1024];
+  __shared__ int pick_id[32];
+  __shared__ float pick_v[32];
+  __shared__ int is_last;
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = gridDim.x;
+  const int n4 = (H + Q) / 4, h4 = H / 4, per = (n4 + k_folded_warps - 1) / k_folded_warps;
+  const int c0 = warp * per, c1 = min(n4, c0 + per);
+  const float4* row = reinterpret_cast<const float4*>(Rf + static_cast<size_t>(blockIdx.x) * (H + Q));
+  const float4* h4p = reinterpret_cast<const float4*>(h);
+  const float4* a4p = reinterpret_cast<const float4*>(a);
+  float acc = 0.f;
+  for (int base = c0 + lane; base < c1; base += 32 * k_folded_loads) {
+    float4 w[k_folded_loads], v[k_folded_loads];
+#pragma unroll
+    for (int m = 0; m < k_folded_loads; ++m) {
+      const int c = base + 32 * m;
+      w[m] = c < c1 ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[m] = c < c1 ? (c < h4 ? h4p[c] : a4p[c - h4]) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int m = 0; m < k_folded_loads; ++m) acc += w[m].x * v[m].x + w[m].y * v[m].y + w[m].z * v[m].z + w[m].w * v[m].w;
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) red[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < k_folded_warps; ++w) l += red[w];
+    o.logits[blockIdx.x] = l;
+  }
+  // Last-block pattern, as the fused router.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == static_cast<unsigned>(n) - 1u;
+  __syncthreads();
+  if (is_last) {
+    __threadfence();
+    for (int e = threadIdx.x; e < n; e += k_folded_threads) p[e] = __ldcg(o.logits + e);
+    __syncthreads();
+    detail::block_topk_by_rank(p, n, k, threadIdx.x, k_folded_threads, pick_id, pick_v, -INFINITY);
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < k) {
+      const int e = pick_id[threadIdx.x];
+      o.ids[threadIdx.x] = e;
+      atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
+      atomicAdd(&o.layer_counts[e], 1ull);
+    }
+    if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch
+  }
+  detail::wait_for_predecessor();
+}
+
+}  // namespace
+
+void fold_router_weights(const bf16* router, const bf16* post_norm, const bf16* o_proj, float* out, int n_experts, int hidden,
+                         int q_dim, cudaStream_t stream) {
+  detail::require(n_experts > 0 && n_experts <= 65535 && hidden > 0 && q_dim > 0, "fold_router_weights",
+                  "n_experts in (0, 65535], hidden and q_dim positive, got " + std::to_string(n_experts) + ", " +
+                      std::to_string(hidden) + ", " + std::to_string(q_dim));
+  const dim3 grid(static_cast<unsigned>((hidden + q_dim + 255) / 256), static_cast<unsigned>(n_experts));
+  fold_router_kernel<<<grid, 256, 0, stream>>>(router, post_norm, o_proj, out, hidden, q_dim);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
+                          const RouterOutputs& o, cudaStream_t stream, bool pdl) {
+  using detail::require;
+  require(n_experts > 0 && n_experts <= 1024, "launch_router_folded", "n_experts must be in (0, 1024], got " + std::to_string(n_experts));
+  require(k > 0 && k <= n_experts && k <= 32, "launch_router_folded", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
+  require(hidden > 0 && hidden % 4 == 0 && q_dim > 0 && q_dim % 4 == 0, "launch_router_folded",
+          "hidden and q_dim must be positive multiples of 4, got " + std::to_string(hidden) + ", " + std::to_string(q_dim));
+  require(detail::aligned16(folded) && detail::aligned16(h) && detail::aligned16(a), "launch_router_folded",
+          "folded, h and a must be 16-byte aligned");
+  detail::launch(router_folded_kernel, n_experts, k_folded_threads, 0, stream, pdl, folded, h, a, hidden, q_dim, k, o);
+}
+
+}  // namespace servedeck::worker::cuda
+
+SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_router_folded)
