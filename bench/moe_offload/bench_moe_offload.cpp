@@ -310,7 +310,8 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %.1f GiB\n", prop.name, prop.totalGlobalMem / 1073741824.0);
+  std::printf("device: %s, %.1f GiB; L2 %.1f MiB, of it settable aside for evict_last lines %.1f MiB\n", prop.name,
+              prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize / 1048576.0, prop.persistingL2CacheMaxSize / 1048576.0);
   const Ceilings c = measure_ceilings();
   std::printf("measured ceilings: pinned H2D copy %.1f GB/s, UVA reads (our GEMV) %.1f GB/s, HBM reads (our GEMV) %.1f GB/s\n",
               c.h2d_gbs, c.uva_gbs, c.hbm_gbs);
