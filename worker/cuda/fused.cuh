@@ -5,10 +5,14 @@
 //      they are copied there (cp.async by every thread) before griddepcontrol.wait, so they stream during the
 //      previous kernel; larger matrices (lm_head) use one warp per row.
 //   2. launch_attention_decode_fused: q/k-norm + RoPE + KV append + single-query attention.
-//   3. launch_gemv_bf16_pdl, accumulate: o-proj + residual (staged in shared memory as 1.).
-//   4. launch_router_fused: post-attention norm + router GEMV; the last block to finish computes
-//      softmax/top-k (by rank, over the block) and folds the routing hit counters.
-//   5. launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
+//   3. launch_gemv_bf16_pdl, accumulate: o-proj + residual (staged in shared memory as 1.), into
+//      the residual stream's other buffer when the router is folded (`res`).
+//   4. launch_router_folded (default): the router's logits times rms from the residual before the
+//      o-proj and the attention's output (fold_router_weights), beside the o-proj; the last block
+//      ranks them and folds the routing hit counters. Or launch_router_fused after the o-proj:
+//      post-attention norm + router GEMV, the last block's softmax/top-k (by rank).
+//   5. launch_moe_gate_up_normed (with 4. folded: every block normalises x, block 0 writes the
+//      routing weights) or launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
 //      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
 //      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).
