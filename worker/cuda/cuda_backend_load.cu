@@ -113,6 +113,9 @@ void fold_routers(CudaBackend::Impl& m) {
   const std::size_t row = static_cast<std::size_t>(H) + static_cast<std::size_t>(Q), per = static_cast<std::size_t>(E) * row;
   m.router_folded_bytes = n_moe * per * sizeof(float);
   CUDA_CHECK(cudaMalloc(&m.router_folded, m.router_folded_bytes));
+  // place() copies from pageable memory with cudaMemcpy, which may return before the copy has
+  // landed; m.stream does not wait for the legacy stream. The folds read those weights.
+  CUDA_CHECK(cudaDeviceSynchronize());
   std::size_t i = 0;
   for (auto& L : m.layers) {
     if (!L.moe) continue;

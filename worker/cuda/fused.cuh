@@ -102,7 +102,8 @@ void launch_router_fused(const __nv_bfloat16* R, const float* x, const __nv_bflo
 /// logits before the norm's factor 1/rms(x), from the residual h before the o-proj and the
 /// attention's output a. R: (n_experts, hidden) bf16; post_norm: (hidden); Wo: (hidden, q_dim)
 /// bf16. The first part is exact (a product of two bf16 in fp32); the second is an fp32 sum in
-/// h order. Run once at load (~0.5 ms per layer at the benchmark shape).
+/// h order. Run once at load (E · (hidden + q_dim) threads; at the benchmark shape a ~1 GFLOP
+/// naive fp32 loop per layer, not timed apart from the load).
 void fold_router_weights(const __nv_bfloat16* router, const __nv_bfloat16* post_norm, const __nv_bfloat16* o_proj, float* out,
                          int n_experts, int hidden, int q_dim, cudaStream_t stream);
 
@@ -125,7 +126,9 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 /// after the o-proj; its squares summed over the block's 256 threads), for the experts `ids`
 /// (launch_router_folded's). Block 0 also writes weights[j] = softmax(logits / rms(x))[ids[j]]
 /// from launch_router_folded's logits, divided by their sum over the k picks when `renormalise`.
-/// hidden <= 2048 and a multiple of 8, k <= 32, n_experts in [k, 1024].
+/// With pdl it reads nothing but weights before its wait: the folded router launches it while the
+/// o-proj may still run (fused_launch.cuh). hidden <= 2048 and a multiple of 8, k <= 32,
+/// n_experts in [k, 1024].
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps,
                                const float* logits, int n_experts, bool renormalise, float* weights, const int32_t* ids, int k,
                                float* act, cudaStream_t stream, bool pdl = false);

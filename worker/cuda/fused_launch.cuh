@@ -33,6 +33,10 @@ inline int sm_count() {
 // launches back) and the residual (three back) before its own wait, the staged o-proj the
 // residual (three back), the attention the position (copied by the host before the step).
 // Weights, never written, may be read before it.
+// One exception to "only after its wait": the folded router (launch_router_folded) lets gate/up
+// launch at its start, so gate/up may start while the o-proj, two launches back, still runs;
+// gate/up therefore reads nothing but weights before its own wait (which returns only once the
+// router, and through the router's own wait the o-proj, have completed).
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
 #ifdef SERVEDECK_DECODE_TRACE

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
@@ -56,6 +57,26 @@ TinyModelOptions small_moe() {
 
 std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
 
+/// Logits of every position of `ids` from both backends: the largest |difference| and the
+/// positions whose top-1 agree.
+std::pair<double, int> compare_to_cpu(Backend& cpu, Backend& gpu, const std::vector<int32_t>& ids, std::size_t vocab) {
+  auto c1 = cpu.new_cache(ids.size() + 8);
+  auto c2 = gpu.new_cache(ids.size() + 8);
+  const auto want = cpu.forward(*c1, ids, true);
+  const auto got = gpu.forward(*c2, ids, true);
+  REQUIRE(want.size() == got.size());
+  REQUIRE(want.size() == ids.size() * vocab);
+  double max_abs = 0;
+  int top1_same = 0;
+  for (std::size_t p = 0; p < ids.size(); ++p) {
+    const float* a = want.data() + p * vocab;
+    const float* b = got.data() + p * vocab;
+    for (std::size_t i = 0; i < vocab; ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(a[i] - b[i])));
+    top1_same += argmax(a, vocab) == argmax(b, vocab);
+  }
+  return {max_abs, top1_same};
+}
+
 }  // namespace
 
 TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a MoE checkpoint") {
@@ -94,6 +115,33 @@ TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a 
   CHECK(stats.hot_hits > 0);
   CHECK(stats.misses > 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense and MoE layers mixed") {
+  // The decode step's two routers (launch_router_folded by default, launch_router_fused with
+  // SERVEDECK_ROUTER_FOLDED=0), and a dense layer between MoE layers: the folded layers write the
+  // residual stream's other buffer, the dense one updates it in place.
+  gpu_test::skip_without_gpu();
+  for (const bool mixed : {false, true}) {
+    CAPTURE(mixed);
+    const std::string dir = temp_dir();
+    TinyModelOptions o = small_moe();
+    if (mixed) o.mlp_only_layers = {1};
+    write_model(dir, o);
+    Checkpoint ck = Checkpoint::open(dir);
+    auto cpu = make_cpu_backend(ck);
+    cuda::CudaBackendOptions opt;
+    opt.staged_prefill = false;  // every position through the decode step
+    std::optional<gpu_test::ScopedEnv> unfolded;
+    if (!mixed) unfolded.emplace("SERVEDECK_ROUTER_FOLDED", "0");
+    auto gpu = cuda::make_cuda_backend(ck, opt);
+    const auto [max_abs, top1_same] = compare_to_cpu(*cpu, *gpu, prompt(24, 4096), 4096);
+    const std::string what = mixed ? "dense + MoE layers, folded router" : "unfolded router";
+    MESSAGE(what << ": max |dlogit| = " << max_abs << ", top-1 " << top1_same << "/24");
+    CHECK(max_abs < 2e-3);
+    CHECK(top1_same == 24);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with both numbers") {

@@ -17,13 +17,7 @@ using namespace servedeck::worker::cuda;
 using gpu_test::DeviceBuffer;
 
 namespace {
-// Sets environment variable `name` to `value` for the scope (the decode step's A/B switches are
-// read at launch, fused_launch.cuh env_knob).
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-};
+using gpu_test::ScopedEnv;
 
 std::vector<__nv_bfloat16> rand_bf16(std::size_t n, unsigned seed, float scale) {
   return gpu_test::to_bf16(gpu_test::random_floats(n, seed, scale));
