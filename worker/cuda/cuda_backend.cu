@@ -104,34 +104,34 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
     const int l = static_cast<int>(li);
     launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
     launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl);
+    // The o-proj adds into the residual stream: in place, or into the other buffer when the
+    // folded router reads the residual before it (xin then stays as the layer found it).
+    const bool fold = L.moe && folded && L.router_folded != nullptr;
+    float* xout = fold ? (xin == x ? x_alt : x) : xin;
+    launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr);
     if (L.moe) {
       const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
       const int si = moe_index[li];
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                              layer_counts + static_cast<std::size_t>(si) * E};
-      if (folded && L.router_folded != nullptr) {
-        float* xout = xin == x ? x_alt : x;
-        launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, xin);
+      if (fold) {
         launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl);
         launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, router_logits, E, d.moe.norm_topk_prob, route_w,
                                   route_ids, K, act, stream, pdl);
-        launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
-        xin = xout;
-        continue;
+      } else {
+        launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+        launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
       }
-      launch_gemv_bf16_pdl(L.o, attn, xin, H, q_dim(), true, stream, pdl);
-      launch_router_fused(L.router, xin, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
-      launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xin, stream, pdl);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
     } else {
-      launch_gemv_bf16_pdl(L.o, attn, xin, H, q_dim(), true, stream, pdl);
       const int I = static_cast<int>(d.intermediate_size);
-      launch_norm_gemv_bf16(L.mlp_gate, xin, L.post_norm, eps, g, I, H, false, nullptr, stream);
-      launch_norm_gemv_bf16(L.mlp_up, xin, L.post_norm, eps, u, I, H, false, nullptr, stream);
+      launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);
+      launch_norm_gemv_bf16(L.mlp_up, xout, L.post_norm, eps, u, I, H, false, nullptr, stream);
       launch_swiglu(g, u, h, I, stream);
-      launch_gemv_bf16(L.mlp_down, h, xin, H, I, true, stream);
+      launch_gemv_bf16(L.mlp_down, h, xout, H, I, true, stream);
     }
+    xin = xout;
   }
   // Final norm + lm_head inside the step (and its graph): logits of the token just decoded.
   launch_norm_gemv_bf16(lm_head, xin, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
