@@ -52,6 +52,12 @@ class Backend {
   /// cache.length() + n > cache.capacity().
   virtual std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens,
                                      bool all_logits) = 0;
+
+  /// Greedy decoding's step: runs `token` at position cache.length() as forward(cache, {token},
+  /// false) does and returns the index of the largest logit of its row, by worker::argmax's rule
+  /// (sampler.hpp: lowest index on ties, NaN never picked). A backend may pick on its device and
+  /// skip copying the row (the CUDA backend does). Default: forward + argmax. Throws as forward.
+  virtual int32_t forward_greedy(KvCache& cache, int32_t token);
 };
 
 }  // namespace servedeck::worker

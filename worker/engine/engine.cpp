@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "worker/engine/stop_matcher.hpp"
@@ -174,6 +175,10 @@ void Engine::generate(Job& job) {
   }
 
   Sampler sampler(req.sampling);
+  // Greedy without logprobs needs only the pick: the backend may make it on its device
+  // (Backend::forward_greedy) instead of returning the row. `picked` holds it between steps.
+  const bool backend_picks = sampler.greedy() && req.logprobs < 0;
+  std::optional<int32_t> picked;
   StopMatcher stops(req.stop);
   Utf8Holdback utf8;
   bool in_reasoning = prompt_opens_reasoning(req.prompt, options_.think_start_id, options_.think_end_id);
@@ -185,11 +190,11 @@ void Engine::generate(Job& job) {
       result.decode_s = result.completion_tokens ? seconds_between(first_token, clock_type::now()) : 0;
       return finish(FinishReason::cancelled);
     }
-    std::span<const float> row(logits.data(), vocab);
-    int32_t token;
     const bool force_end = in_reasoning && req.thinking_token_budget && options_.think_end_id &&
                            reasoning_count >= *req.thinking_token_budget;
-    token = force_end ? *options_.think_end_id : sampler.sample(row);
+    const int32_t token = force_end ? *options_.think_end_id
+                          : picked        ? *picked
+                                          : sampler.sample(std::span<const float>(logits.data(), vocab));
     if (result.completion_tokens == 0) {
       first_token = clock_type::now();
       result.ttft_s = seconds_between(job.submitted, first_token);
@@ -207,7 +212,7 @@ void Engine::generate(Job& job) {
 
     GenerationEvent ev;
     ev.token = token;
-    if (req.logprobs >= 0) ev.logprob = token_logprob(row, token, req.logprobs);
+    if (req.logprobs >= 0) ev.logprob = token_logprob(std::span<const float>(logits.data(), vocab), token, req.logprobs);
 
     const bool is_eos = !req.ignore_eos &&
                         std::find(options_.eos_ids.begin(), options_.eos_ids.end(), token) != options_.eos_ids.end();
@@ -238,9 +243,18 @@ void Engine::generate(Job& job) {
       return finish(FinishReason::length);
     }
     try {
+      ++forwards;
+      if (backend_picks) {
+        picked = backend_.forward_greedy(*cache, token);
+        if (*picked < 0 || static_cast<std::size_t>(*picked) >= vocab) {
+          result.decode_s = seconds_between(first_token, clock_type::now());
+          return finish(FinishReason::error, "backend picked token " + std::to_string(*picked) +
+                                                 " outside the vocabulary of " + std::to_string(vocab));
+        }
+        continue;
+      }
       const int32_t one[1] = {token};
       logits = backend_.forward(*cache, one, false);
-      ++forwards;
       if (logits.size() < vocab) {
         return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
                                                " logits for one token; expected " + std::to_string(vocab));

@@ -136,9 +136,11 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(at);
 }
 
+bool Sampler::greedy() const { return params_.temperature <= k_greedy_temperature || params_.top_k == 1; }
+
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) return 0;
-  if (params_.temperature <= k_greedy_temperature || params_.top_k == 1) return argmax(logits);
+  if (greedy()) return argmax(logits);
 
   const double inv_t = 1.0 / params_.temperature;
   scratch_.clear();

@@ -64,6 +64,9 @@ class Sampler {
   /// full sort at T 0.7-1.0; a flat row (T = 2, top_p 0.95: most of V in the nucleus) still sorts
   /// most of V, about as slow as before.
   int32_t sample(std::span<const float> logits);
+  /// True when sample() is argmax (temperature <= 1e-5 or top_k == 1): no draw, so a backend's
+  /// own greedy pick (Backend::forward_greedy) gives the same token.
+  bool greedy() const;
   const SamplingParams& params() const { return params_; }
 
  private:

@@ -86,6 +86,56 @@ TEST_CASE("greedy generation follows the logits and stops at EOS without emittin
   CHECK(backend.live_caches == 0);
 }
 
+// Greedy decoding without logprobs needs only the pick: the engine asks the backend for it
+// (Backend::forward_greedy, which the CUDA backend makes on its device) instead of the row. With
+// logprobs, or when sampling, it still takes the row.
+TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs and sampling take the row") {
+  FakeVocab vocab;
+  FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
+  Engine engine(backend, vocab, options());
+  const auto prompt = chat_prompt(vocab, "hello");
+  Collected a;
+  auto r = run(engine, greedy(prompt, 100), a);
+  CHECK(a.text == "Hi there");
+  CHECK(r.completion_tokens == 9);
+  CHECK(backend.greedy_calls == 8);  // every token after the prefill's
+  backend.greedy_calls = 0;
+  GenerationRequest top1 = greedy(prompt, 100);
+  top1.sampling = SamplingParams{0.9, 1, 1.0, 3};  // top_k 1 is greedy too
+  Collected b;
+  run(engine, top1, b);
+  CHECK(b.text == "Hi there");
+  CHECK(backend.greedy_calls == 8);
+  backend.greedy_calls = 0;
+  GenerationRequest lp = greedy(prompt, 100);
+  lp.logprobs = 2;
+  Collected c;
+  run(engine, lp, c);
+  CHECK(c.text == "Hi there");
+  CHECK(backend.greedy_calls == 0);
+  REQUIRE(c.events.size() == 9);
+  for (const auto& e : c.events) CHECK(e.logprob.has_value());
+  GenerationRequest sampled = greedy(prompt, 5);
+  sampled.sampling = SamplingParams{0.9, 50, 0.9, 11};
+  Collected d;
+  run(engine, sampled, d);
+  CHECK(backend.greedy_calls == 0);
+  CHECK(backend.live_caches == 0);
+}
+
+TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with an error naming it") {
+  FakeVocab vocab;
+  FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
+  backend.bad_pick = static_cast<int32_t>(k_fake_vocab) + 5;
+  Engine engine(backend, vocab, options());
+  Collected c;
+  const auto r = run(engine, greedy(chat_prompt(vocab, "hello"), 100), c);
+  CHECK(r.finish == FinishReason::error);
+  CHECK(r.error == "backend picked token " + std::to_string(k_fake_vocab + 5) + " outside the vocabulary of " + std::to_string(k_fake_vocab));
+  CHECK(c.text == "H");  // the prefill's token was delivered; nothing after the bad pick
+  CHECK(backend.live_caches == 0);
+}
+
 TEST_CASE("max_tokens ends with length; seeded sampling reproduces") {
   FakeVocab vocab;
   FakeBackend backend;

@@ -126,6 +126,14 @@ class FakeBackend final : public Backend {
     return out;
   }
 
+  /// Counts the engine's greedy steps; returns `bad_pick` when it is set (a backend's malformed
+  /// pick), else the default's forward + argmax.
+  int32_t forward_greedy(KvCache& cache, int32_t token) override {
+    ++greedy_calls;
+    const int32_t picked = Backend::forward_greedy(cache, token);
+    return bad_pick >= 0 ? bad_pick.load() : picked;
+  }
+
   /// Deterministic logits for a context: FNV-1a hash of the ids seeds a xorshift generator.
   std::vector<float> logits_for(const std::vector<int32_t>& ctx) const {
     uint64_t h = 1469598103934665603ull;
@@ -151,6 +159,8 @@ class FakeBackend final : public Backend {
   std::atomic<std::size_t> forward_calls{0};
   int delay_ms = 0;
   std::atomic<int> fail_after_calls{-1};  // >= 0: forward() throws once this many calls were made
+  std::atomic<std::size_t> greedy_calls{0};  // forward_greedy calls
+  std::atomic<int32_t> bad_pick{-1};         // >= 0: forward_greedy returns this id
 
  private:
   Script script_;
