@@ -56,7 +56,8 @@ int run_decode_variants(cuda::CudaBackend& backend, const std::string& spec, int
     for (int i = 0; i < prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
     auto logits = backend.forward(*cache, ids, false);
     const auto td = clk::now();
-    for (int i = 0; i < decode; ++i) logits = backend.forward(*cache, std::vector<int32_t>{servedeck::worker::argmax(logits)}, false);
+    int32_t next = servedeck::worker::argmax(logits);  // then the engine's greedy path (forward_greedy)
+    for (int i = 0; i < decode; ++i) next = backend.forward_greedy(*cache, next);
     const double decode_s = std::chrono::duration<double>(clk::now() - td).count();
     const double step_us = backend.decode_step_us(*cache, 32);
     std::printf("%-60s %10.2f %10.3f\n", set.empty() ? "baseline" : set.c_str(), decode / decode_s, step_us / 1000);

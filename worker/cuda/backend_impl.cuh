@@ -148,7 +148,9 @@ struct CudaBackend::Impl {
   float* router_folded = nullptr;           // every MoE layer's folded router (fold_router_weights), or null
   std::size_t router_folded_bytes = 0;
   unsigned long long *counters, *layer_counts;
-  int32_t* h_scalars = nullptr;  // pinned: token, pos
+  int32_t* h_scalars = nullptr;  // pinned: token, pos, the greedy pick
+  int32_t* d_pick = nullptr;     // the decode step's argmax of the logits (launch_argmax_row)
+  ArgmaxScratch argmax_scratch{};
   float* h_logits = nullptr;     // pinned: vocab floats
   detail::PrefillBuffers pre;
   uint64_t staged_bytes = 0;     // host→device bytes copied by the prefill path
@@ -164,8 +166,12 @@ struct CudaBackend::Impl {
   const bf16* place(const std::vector<uint16_t>& host);
   std::size_t resident_elems() const;
   void allocate_activations();
-  /// The body of one decode step (everything before lm_head), graph-capturable.
+  /// One decode step, graph-capturable: every layer, final norm + lm_head into `logits`, and
+  /// the greedy pick into d_pick.
   void step(detail::CudaKvCache& c);
+  /// Runs one token through the step (its graph, captured on the cache's first step, when
+  /// opt.use_graphs) and advances the cache; copies nothing back and does not synchronise.
+  void run_token(detail::CudaKvCache& c, int32_t token);
   /// lm_head (with the final norm) on x, copied to the host and appended to `out`.
   void logits_row(const float* x_row, std::vector<float>& out);
   /// Runs tokens (> 1) through the chunked prefill path; appends logits of every row when

@@ -82,7 +82,12 @@ void CudaBackend::Impl::allocate_activations() {
   const std::vector<float> freq = rope_inv_freq(static_cast<float>(d.rope_theta), rotary_dim());
   CUDA_CHECK(cudaMalloc(&inv_freq, freq.size() * sizeof(float)));
   CUDA_CHECK(cudaMemcpy(inv_freq, freq.data(), freq.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMallocHost(&h_scalars, 2 * sizeof(int32_t)));
+  CUDA_CHECK(cudaMallocHost(&h_scalars, 3 * sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&d_pick, sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&argmax_scratch.values, k_argmax_blocks * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&argmax_scratch.indices, k_argmax_blocks * sizeof(int32_t)));
+  CUDA_CHECK(cudaMalloc(&argmax_scratch.counter, sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(argmax_scratch.counter, 0, sizeof(unsigned int)));
   CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
 }
 
@@ -135,6 +140,28 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   }
   // Final norm + lm_head inside the step (and its graph): logits of the token just decoded.
   launch_norm_gemv_bf16(lm_head, xin, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
+  // The greedy pick too (~3 µs): forward_greedy copies back only it.
+  launch_argmax_row(logits, static_cast<int>(d.vocab_size), argmax_scratch, d_pick, stream, pdl);
+}
+
+void CudaBackend::Impl::run_token(CudaKvCache& c, int32_t token) {
+  h_scalars[0] = c.last_token_ = token;
+  h_scalars[1] = c.last_pos_ = static_cast<int32_t>(c.length_);
+  CUDA_CHECK(cudaMemcpyAsync(d_token, h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  if (opt.use_graphs) {
+    if (!c.graph_) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      step(c);
+      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&c.graph_, graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    CUDA_CHECK(cudaGraphLaunch(c.graph_, stream));
+  } else {
+    step(c);
+  }
+  ++c.length_;
 }
 
 void CudaBackend::Impl::logits_row(const float* x_row, std::vector<float>& out) {
@@ -168,7 +195,9 @@ CudaBackend::~CudaBackend() {
   m.store.reset();
   for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.x_alt), static_cast<void*>(m.router_folded), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
-                  static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
+                  static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.d_pick),
+                  static_cast<void*>(m.argmax_scratch.values), static_cast<void*>(m.argmax_scratch.indices),
+                  static_cast<void*>(m.argmax_scratch.counter), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),
                   static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
     if (p) cudaFree(p);
@@ -280,6 +309,21 @@ std::unique_ptr<KvCache> CudaBackend::new_cache(std::size_t max_tokens) {
   return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim());
 }
 
+int32_t CudaBackend::forward_greedy(KvCache& cache_base, int32_t token) {
+  Impl& m = *impl_;
+  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
+  if (c.length_ + 1 > c.capacity_)
+    throw KvCacheFull("KV cache full: " + std::to_string(c.length_) + " cached + 1 new token exceed the capacity of " +
+                      std::to_string(c.capacity_) + " tokens");
+  const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
+  if (token < 0 || static_cast<std::size_t>(token) >= V)
+    throw std::out_of_range("token id " + std::to_string(token) + " outside the vocabulary of " + std::to_string(V));
+  m.run_token(c, token);
+  CUDA_CHECK(cudaMemcpyAsync(m.h_scalars + 2, m.d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return m.h_scalars[2];
+}
+
 std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
   Impl& m = *impl_;
   auto& c = dynamic_cast<CudaKvCache&>(cache_base);
@@ -298,23 +342,7 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
     return out;
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    m.h_scalars[0] = c.last_token_ = tokens[i];
-    m.h_scalars[1] = c.last_pos_ = static_cast<int32_t>(c.length_);
-    CUDA_CHECK(cudaMemcpyAsync(m.d_token, m.h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
-    if (m.opt.use_graphs) {
-      if (!c.graph_) {
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-        m.step(c);
-        CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
-        CUDA_CHECK(cudaGraphInstantiate(&c.graph_, graph, 0));
-        CUDA_CHECK(cudaGraphDestroy(graph));
-      }
-      CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
-    } else {
-      m.step(c);
-    }
-    ++c.length_;
+    m.run_token(c, tokens[i]);
     const bool want = all_logits || i + 1 == tokens.size();
     if (want) {
       // The step computed this token's logits already (final norm + lm_head in the graph).

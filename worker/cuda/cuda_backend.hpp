@@ -89,6 +89,9 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
+  /// The decode step's graph, whose last kernel picks the argmax on the device
+  /// (launch_argmax_row): one int32 copied back instead of the logits row.
+  int32_t forward_greedy(KvCache& cache, int32_t token) override;
 
   /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm and
   /// lm_head), replayed `reps` times back to back, in µs per step (median of 5 timed runs, CUDA

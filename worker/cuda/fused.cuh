@@ -16,6 +16,7 @@
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
 //      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
 //      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).
+// After the layers: norm + lm_head (1.), then launch_argmax_row, the greedy pick on the device.
 // pdl: launch with programmatic dependent launch (Hopper): the kernel may be scheduled while
 // its predecessor finishes and waits (griddepcontrol.wait) before touching memory, hiding most
 // of the launch gap between consecutive graph nodes. Results are identical with or without it.
@@ -162,5 +163,22 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
 /// unused): the o-proj writing the residual stream's next buffer (launch_router_folded).
 void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
                           cudaStream_t stream, bool pdl = false, const float* res = nullptr);
+
+/// Blocks of launch_argmax_row at most (its scratch holds one pair per block).
+constexpr int k_argmax_blocks = 64;
+
+/// Device scratch of launch_argmax_row: k_argmax_blocks values and indices, and one counter
+/// zeroed once (each launch leaves it zero).
+struct ArgmaxScratch {
+  float* values;
+  int32_t* indices;
+  unsigned int* counter;
+};
+
+/// *out = the index of the largest of x[0, n) by worker::argmax's rule (sampler.hpp): the lowest
+/// index among equal maxima, NaN never picked, and 0 when x[0] is NaN or no value is a number.
+/// x 16-byte aligned, n > 0 (std::invalid_argument otherwise). With pdl it waits for the
+/// predecessor (lm_head) before reading x. The decode step's greedy pick (CudaBackend::forward_greedy).
+void launch_argmax_row(const float* x, int n, const ArgmaxScratch& s, int32_t* out, cudaStream_t stream, bool pdl = false);
 
 }  // namespace servedeck::worker::cuda

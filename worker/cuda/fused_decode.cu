@@ -147,8 +147,16 @@ void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf1
 // warp g of a head takes positions g, g + G, g + 2G, ... (G = splits × warps) with an online
 // softmax; warps merge in a fixed order inside the block, blocks publish partials, and the last
 // block of the head to finish merges them in split order (the same result whichever is last).
+// VPL: head dimensions per lane (lane l holds l, l + 32, ...): 4 for head_dim <= 128, else 8; the
+// smaller instance holds 64 registers instead of 88 (launch_attention_decode_fused picks it).
+// READ_AHEAD: before the wait, each warp asks L2 for the K and V rows of its first four positions
+// (rows of earlier steps: never written by the predecessor), so that its loads after the wait
+// hit L2. Measured on the H200 (session 9, all experts resident, GPU step at position ~190): VPL
+// 4 with the read-ahead 2.440 ms, without 2.474, against 2.554 for the session-8 kernel
+// (VPL 8, no read-ahead); loading those rows into registers instead (104 registers) 2.718.
 constexpr int k_attn_warps = 8;
 
+template <int VPL, bool READ_AHEAD>
 __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(const float* __restrict__ qkv,
                                                                            const bf16* __restrict__ qn,
                                                                            const bf16* __restrict__ kn, float* kc,
@@ -157,7 +165,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   SERVEDECK_TRACE_BLOCK();
   __shared__ float qs[256], ks[256], vs[256];
   __shared__ float wm[k_attn_warps], wl[k_attn_warps];
-  __shared__ float wacc[k_attn_warps][256];
+  __shared__ float wacc[k_attn_warps][32 * VPL];
   __shared__ int is_last;
   const int h = blockIdx.x / k_attention_splits, split = blockIdx.x % k_attention_splits;
   const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads, kvh = h / group;
@@ -169,6 +177,16 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   const int pos = *pos_p;
   detail::RopeHeadPrefetch rp{};
   if (warp < 2) rp = detail::prefetch_rope_head(warp == 0 ? qn : kn, s.inv_freq, hd, s.rotary_dim, lane);
+  const int tw = split * k_attn_warps + warp;  // this warp's first position
+  if constexpr (READ_AHEAD) {
+    // Lane l: position tw + (l / 8) G, K (l % 8 < 4) or V, the (l % 4)-th 128-byte line of the row
+    // (the first 512 bytes: all of it at head_dim 128).
+    const int t = tw + (lane / 8) * G, line = lane % 4;
+    if (t < pos && line * 32 < hd) {
+      const float* row = ((lane % 8) < 4 ? kc : vc) + static_cast<size_t>(t) * kv_dim + kvh * hd + line * 32;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
+    }
+  }
   wait_for_predecessor();
   if (warp == 0) detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(h) * hd, rp, qn != nullptr, qs, hd, s.rotary_dim, s.eps, pos, lane);
   if (warp == 1)
@@ -183,16 +201,16 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
       vc[row + i] = vs[i];
     }
   const float scale = rsqrtf(static_cast<float>(hd));
-  float q[8], acc[8];
+  float q[VPL], acc[VPL];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < VPL; ++i) {
     q[i] = lane + 32 * i < hd ? qs[lane + 32 * i] : 0.f;
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
   // Four positions at a time so that eight rows' loads are in flight before the first reduction.
-  for (int t0 = split * k_attn_warps + warp; t0 <= pos; t0 += 4 * G) {
-    float d[4], vv[4][8];
+  for (int t0 = tw; t0 <= pos; t0 += 4 * G) {
+    float d[4], vv[4][VPL];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int t = t0 + u * G;
@@ -201,7 +219,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
       const float* vt = t == pos ? vs : vc + static_cast<size_t>(ok ? t : 0) * kv_dim + kvh * hd;
       d[u] = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < VPL; ++i) {
         const bool in = ok && lane + 32 * i < hd;
         d[u] += in ? q[i] * kt[lane + 32 * i] : 0.f;
         vv[u][i] = in ? vt[lane + 32 * i] : 0.f;
@@ -216,7 +234,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
       const float corr = expf(m - mn), pe = expf(d[u] - mn);
       l = l * corr + pe;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = acc[i] * corr + pe * vv[u][i];
+      for (int i = 0; i < VPL; ++i) acc[i] = acc[i] * corr + pe * vv[u][i];
       m = mn;
     }
   }
@@ -225,7 +243,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     wl[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < VPL; ++i)
     if (lane + 32 * i < hd) wacc[warp][lane + 32 * i] = acc[i];
   __syncthreads();
   // Block partial: M, L and the unnormalised output, in warp order.
@@ -335,7 +353,12 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
           "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
   require((q_norm == nullptr) == (k_norm == nullptr), "launch_attention_decode_fused", "q_norm and k_norm must both be set or both null");
   require(s.scratch != nullptr && s.counters != nullptr, "launch_attention_decode_fused", "scratch and counters must be set");
-  launch(attention_fused_kernel, s.n_heads * k_attention_splits, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos);
+  // The K/V rows read ahead into L2 unless SERVEDECK_ATTN_READ_AHEAD=0 (A/B).
+  const bool ahead = detail::env_knob("SERVEDECK_ATTN_READ_AHEAD", 1) != 0;
+  const int grid = s.n_heads * k_attention_splits;
+  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos); };
+  if (s.head_dim <= 128) return ahead ? go(attention_fused_kernel<4, true>) : go(attention_fused_kernel<4, false>);
+  ahead ? go(attention_fused_kernel<8, true>) : go(attention_fused_kernel<8, false>);
 }
 
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,

@@ -97,29 +97,37 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   __shared__ float red[k_moe_warps];
   const int lane = threadIdx.x % 32;
   const int total = k * t.inter, n8 = t.hidden / 8;
+  const int gw0 = blockIdx.x * k_moe_warps + threadIdx.x / 32, stride = gridDim.x * k_moe_warps;
   detail::NormWeights<k_norm_vecs> nwp;
   if constexpr (NORM) nwp = detail::prefetch_norm_weights<k_moe_warps * 32, k_norm_vecs>(g.norm_w, t.hidden);
   wait_for_predecessor();
   if (threadIdx.x < k) blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
+  __syncthreads();
+  // Every warp's first unit's loads before the norm, so their round trip overlaps the norm's
+  // (measured on the H200, session 9 runs 4-5: GPU step 2.439 against 2.467 ms without).
+  uint4 wg[C], wu[C];
+  const auto load_unit = [&](int gw) {
+    const int j = gw / t.inter, r = gw % t.inter;
+    const uint4* gp = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(r) * t.hidden);
+    const uint4* up = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(t.inter + r) * t.hidden);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int i = lane + 32 * c;
+      wg[c] = i < n8 ? gp[i] : make_uint4(0, 0, 0, 0);
+      wu[c] = i < n8 ? up[i] : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (gw0 < total) load_unit(gw0);
   if constexpr (NORM) {
     float* xs = reinterpret_cast<float*>(xs4);
     const float inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
     if (blockIdx.x == 0 && threadIdx.x < 32) routing_weights(g, inv, ids, k, lane);
   } else {
     for (int i = threadIdx.x; i < t.hidden / 4; i += k_moe_warps * 32) xs4[i] = reinterpret_cast<const float4*>(xn)[i];
+    __syncthreads();
   }
-  __syncthreads();
-  for (int gw = blockIdx.x * k_moe_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_moe_warps) {
-    const int j = gw / t.inter, r = gw % t.inter;
-    const uint4* g = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(r) * t.hidden);
-    const uint4* u = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(t.inter + r) * t.hidden);
-    uint4 wg[C], wu[C];
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int i = lane + 32 * c;
-      wg[c] = i < n8 ? g[i] : make_uint4(0, 0, 0, 0);
-      wu[c] = i < n8 ? u[i] : make_uint4(0, 0, 0, 0);
-    }
+  for (int gw = gw0; gw < total; gw += stride) {
+    if (gw != gw0) load_unit(gw);
     float gs = 0.f, us = 0.f;
 #pragma unroll
     for (int c = 0; c < C; ++c) {

@@ -20,6 +20,7 @@
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cpu/cpu_backend.hpp"
 #include "worker/cuda/cuda_backend.hpp"
+#include "worker/engine/sampler.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/tiny_model.hpp"
 
@@ -202,6 +203,47 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   MESSAGE("decode step of the small MoE: " << us << " us");
   CHECK(us > 0);
   CHECK(a->forward(*ca, std::vector<int32_t>{11}, false) == b->forward(*cb, std::vector<int32_t>{11}, false));
+  std::filesystem::remove_all(dir);
+}
+
+// Reading the attention's K/V rows ahead into L2 changes when they arrive, not what is computed:
+// bit-identical logits (with PDL, where the kernels overlap). Then the greedy decode through the
+// device's pick against the host's argmax of forward()'s row.
+TEST_CASE("decode step: K/V read-ahead on or off bit-identical; forward_greedy is forward's argmax") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = temp_dir();
+  write_model(dir, small_moe());
+  Checkpoint ck = Checkpoint::open(dir);
+  cuda::CudaBackendOptions o;
+  o.hot_fraction = 0.5;
+  o.staged_prefill = false;  // every position through the decode step
+  auto be = cuda::make_cuda_backend(ck, o);
+  const auto ids = prompt(24, 4096);
+  auto run = [&](const char* value) {
+    gpu_test::ScopedEnv env("SERVEDECK_ATTN_READ_AHEAD", value);
+    auto c = be->new_cache(32);  // a new cache: its graph is captured under this setting
+    return be->forward(*c, ids, true);
+  };
+  const auto base = run("1");
+  REQUIRE(base.size() == 24u * 4096u);
+  CHECK(run("0") == base);
+  // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
+  // two caches fed the same tokens; 12 steps, each compared.
+  auto ca = be->new_cache(64), cb = be->new_cache(64);
+  auto row = be->forward(*ca, ids, false);
+  be->forward(*cb, ids, false);
+  int32_t next = servedeck::worker::argmax(row);
+  for (int i = 0; i < 12; ++i) {
+    row = be->forward(*ca, std::vector<int32_t>{next}, false);
+    const int32_t picked = be->forward_greedy(*cb, next);
+    CHECK(picked == servedeck::worker::argmax(row));
+    next = picked;
+  }
+  CHECK(ca->length() == cb->length());
+  CHECK_THROWS_AS(be->forward_greedy(*cb, -1), std::out_of_range);
+  auto full = be->new_cache(1);
+  be->forward_greedy(*full, 3);
+  CHECK_THROWS_AS(be->forward_greedy(*full, 3), servedeck::worker::KvCacheFull);
   std::filesystem::remove_all(dir);
 }
 

@@ -6,12 +6,15 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/engine/sampler.hpp"
 
 using namespace servedeck::worker::cuda;
 using gpu_test::DeviceBuffer;
@@ -115,7 +118,13 @@ TEST_CASE("fused MoE down equals the unfused MoE for inter 768, 512, 1024 and k 
 
 TEST_CASE("fused attention equals q/k-norm + RoPE + KV append + attention") {
   gpu_test::skip_without_gpu();
-  for (int hd : {32, 128, 48}) {
+  // head_dim <= 128 runs the 4-per-lane kernel, 160 and 256 the 8-per-lane one; each with the
+  // K/V read-ahead into L2 (the default) and without.
+  for (const char* ahead : {"1", "0"})
+  for (int hd : {32, 128, 48, 160, 256}) {
+    ScopedEnv env("SERVEDECK_ATTN_READ_AHEAD", ahead);
+    CAPTURE(ahead);
+    CAPTURE(hd);
     const int hq = 8, hk = 2, cap = 300, q_dim = hq * hd, kv_dim = hk * hd;
     for (int pos : {0, 1, 37, 299}) {
       auto qkv_h = gpu_test::random_floats(static_cast<std::size_t>(q_dim + 2 * kv_dim), 11 + pos + hd, 1.f);
@@ -324,4 +333,44 @@ TEST_CASE("the folded router and gate/up with its own norm equal o-proj + router
       CHECK(gpu_test::compare(act1.get(), act2.get(), "act") < 1e-5);
     }
   }
+}
+
+TEST_CASE("argmax on the device picks worker::argmax's token: ties, NaN, -inf, short and odd rows") {
+  gpu_test::skip_without_gpu();
+  DeviceBuffer<float> vals(std::vector<float>(k_argmax_blocks, 0.f));
+  DeviceBuffer<int32_t> idx(std::vector<int32_t>(k_argmax_blocks, 0)), out(std::vector<int32_t>{-1});
+  DeviceBuffer<unsigned int> counter(std::vector<unsigned int>{0u});
+  const ArgmaxScratch scratch{vals.ptr, idx.ptr, counter.ptr};
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::vector<std::pair<std::string, std::vector<float>>> rows;
+  auto big = gpu_test::random_floats(151936, 91, 10.f);
+  rows.emplace_back("vocab row", big);
+  big[151935] = 50.f;
+  rows.emplace_back("max at the last index", big);
+  big[777] = 50.f;
+  big[150000] = 50.f;
+  rows.emplace_back("three-way tie: the lowest index", big);
+  big[5] = nan;
+  big[6] = inf;
+  rows.emplace_back("NaN and +inf", big);
+  big[0] = nan;
+  rows.emplace_back("NaN at index 0", big);
+  rows.emplace_back("all NaN", std::vector<float>(4099, nan));
+  rows.emplace_back("all -inf", std::vector<float>(1000, -inf));
+  std::vector<float> neg(1001, -inf);
+  neg[1000] = -1e30f;
+  rows.emplace_back("one finite at the end", neg);
+  for (int n : {1, 2, 3, 5, 7, 255, 257}) rows.emplace_back("short row " + std::to_string(n), gpu_test::random_floats(static_cast<std::size_t>(n), 92 + n, 1.f));
+  std::vector<float> zeros(300, 0.f);
+  zeros[100] = -0.f;
+  rows.emplace_back("zeros of either sign tie", zeros);
+  for (const auto& [name, row] : rows) {
+    DeviceBuffer<float> x(row);
+    launch_argmax_row(x.ptr, static_cast<int>(row.size()), scratch, out.ptr, nullptr);
+    CHECK_MESSAGE(out.get()[0] == servedeck::worker::argmax(row), name);
+    CHECK(counter.get()[0] == 0u);
+  }
+  DeviceBuffer<float> x(std::vector<float>(8, 1.f));
+  CHECK_THROWS_AS(launch_argmax_row(x.ptr, 0, scratch, out.ptr, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(launch_argmax_row(x.ptr + 1, 7, scratch, out.ptr, nullptr), std::invalid_argument);
 }
