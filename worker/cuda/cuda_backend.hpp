@@ -93,10 +93,11 @@ class CudaBackend : public Backend {
   /// (launch_argmax_row): one int32 copied back instead of the logits row.
   int32_t forward_greedy(KvCache& cache, int32_t token) override;
 
-  /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm and
-  /// lm_head), replayed `reps` times back to back, in µs per step (median of 5 timed runs, CUDA
-  /// events). Replays the last decoded token at its position, rewriting that KV row with the same
-  /// values. For the benchmark: forward()'s time per token minus this is the host's share. The
+  /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm,
+  /// lm_head and the greedy pick), replayed `reps` times back to back, in µs per step (median of 5
+  /// timed runs, CUDA events). Replays the last decoded token at its position, rewriting that KV
+  /// row with the same values. For the benchmark: forward_greedy()'s time per token minus this is
+  /// the host's share. The
   /// routing counters (stats(), the captured profile) are restored afterwards.
   /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
   double decode_step_us(KvCache& cache, int reps);

@@ -168,7 +168,8 @@ void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int 
 constexpr int k_argmax_blocks = 64;
 
 /// Device scratch of launch_argmax_row: k_argmax_blocks values and indices, and one counter
-/// zeroed once (each launch leaves it zero).
+/// zeroed once (each launch leaves it zero). One scratch must not serve launches that may run at
+/// the same time (the decode step's launches are ordered in one stream).
 struct ArgmaxScratch {
   float* values;
   int32_t* indices;

@@ -1,6 +1,7 @@
 #include "worker/engine/backend.hpp"
 
-#include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "worker/engine/sampler.hpp"
 
@@ -9,7 +10,10 @@ namespace servedeck::worker {
 int32_t Backend::forward_greedy(KvCache& cache, int32_t token) {
   const int32_t one[1] = {token};
   const std::vector<float> logits = forward(cache, one, false);
-  return argmax(std::span<const float>(logits.data(), std::min(logits.size(), vocab_size())));
+  if (logits.size() < vocab_size())
+    throw std::runtime_error("backend returned " + std::to_string(logits.size()) + " logits for one token; expected " +
+                             std::to_string(vocab_size()));
+  return argmax(std::span<const float>(logits.data(), vocab_size()));
 }
 
 }  // namespace servedeck::worker

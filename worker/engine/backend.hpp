@@ -53,10 +53,13 @@ class Backend {
   virtual std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens,
                                      bool all_logits) = 0;
 
-  /// Greedy decoding's step: runs `token` at position cache.length() as forward(cache, {token},
-  /// false) does and returns the index of the largest logit of its row, by worker::argmax's rule
-  /// (sampler.hpp: lowest index on ties, NaN never picked). A backend may pick on its device and
-  /// skip copying the row (the CUDA backend does). Default: forward + argmax. Throws as forward.
+  /// Greedy decoding's step: runs `token` (in [0, vocab_size())) at position cache.length() as
+  /// forward(cache, {token}, false) does, appending one position, and returns the index in
+  /// [0, vocab_size()) of the largest logit of its row by worker::argmax's rule (sampler.hpp:
+  /// lowest index on ties, NaN never picked). A backend may pick on its device and skip copying
+  /// the row (the CUDA backend does). Default: forward + argmax; std::runtime_error when forward
+  /// returns fewer than vocab_size() logits. Throws as forward: KvCacheFull (nothing appended)
+  /// when the cache is full; the CUDA backend std::out_of_range for a token outside the vocabulary.
   virtual int32_t forward_greedy(KvCache& cache, int32_t token);
 };
 

@@ -243,9 +243,11 @@ void Engine::generate(Job& job) {
       return finish(FinishReason::length);
     }
     try {
-      ++forwards;
       if (backend_picks) {
+        // The prefill's rows (prompt_logprobs may have kept all of them) are not needed again.
+        if (!picked) std::vector<float>().swap(logits);
         picked = backend_.forward_greedy(*cache, token);
+        ++forwards;
         if (*picked < 0 || static_cast<std::size_t>(*picked) >= vocab) {
           result.decode_s = seconds_between(first_token, clock_type::now());
           return finish(FinishReason::error, "backend picked token " + std::to_string(*picked) +
@@ -255,6 +257,7 @@ void Engine::generate(Job& job) {
       }
       const int32_t one[1] = {token};
       logits = backend_.forward(*cache, one, false);
+      ++forwards;
       if (logits.size() < vocab) {
         return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
                                                " logits for one token; expected " + std::to_string(vocab));

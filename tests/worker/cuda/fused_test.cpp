@@ -361,15 +361,33 @@ TEST_CASE("argmax on the device picks worker::argmax's token: ties, NaN, -inf, s
   neg[1000] = -1e30f;
   rows.emplace_back("one finite at the end", neg);
   for (int n : {1, 2, 3, 5, 7, 255, 257}) rows.emplace_back("short row " + std::to_string(n), gpu_test::random_floats(static_cast<std::size_t>(n), 92 + n, 1.f));
-  std::vector<float> zeros(300, 0.f);
+  std::vector<float> zeros(300, -1.f);
   zeros[100] = -0.f;
-  rows.emplace_back("zeros of either sign tie", zeros);
+  zeros[200] = 0.f;
+  rows.emplace_back("-0 then +0: they tie, the lower index wins", zeros);
+  zeros[100] = 0.f;
+  zeros[200] = -0.f;
+  rows.emplace_back("+0 then -0", zeros);
+  // Ties inside one block's slice (151936 / 64 blocks: 2376 floats each): in one float4 of one
+  // thread, and with the lower index in a higher thread (thread t reads the float4s at 4 t,
+  // 4 t + 1024, ...: index 5 is thread 1's, index 1025 thread 0's second).
+  std::vector<float> tie(151936, 0.f);
+  tie[2] = tie[3] = 7.f;
+  rows.emplace_back("tie inside one float4", tie);
+  std::vector<float> tie2(151936, 0.f);
+  tie2[1025] = tie2[5] = 7.f;
+  rows.emplace_back("tie across threads of one block, lower index in the higher thread", tie2);
   for (const auto& [name, row] : rows) {
-    DeviceBuffer<float> x(row);
-    launch_argmax_row(x.ptr, static_cast<int>(row.size()), scratch, out.ptr, nullptr);
-    CHECK_MESSAGE(out.get()[0] == servedeck::worker::argmax(row), name);
-    CHECK(counter.get()[0] == 0u);
+    for (const bool pdl : {false, true}) {
+      DeviceBuffer<float> x(row);
+      launch_argmax_row(x.ptr, static_cast<int>(row.size()), scratch, out.ptr, nullptr, pdl);
+      CHECK_MESSAGE(out.get()[0] == servedeck::worker::argmax(row), name, pdl ? " (pdl)" : "");
+      CHECK(counter.get()[0] == 0u);
+    }
   }
+  CHECK(servedeck::worker::argmax(rows[rows.size() - 1].second) == 5);  // the cases test what they say
+  CHECK(servedeck::worker::argmax(rows[rows.size() - 2].second) == 2);
+  CHECK(servedeck::worker::argmax(rows[rows.size() - 3].second) == 100);
   DeviceBuffer<float> x(std::vector<float>(8, 1.f));
   CHECK_THROWS_AS(launch_argmax_row(x.ptr, 0, scratch, out.ptr, nullptr), std::invalid_argument);
   CHECK_THROWS_AS(launch_argmax_row(x.ptr + 1, 7, scratch, out.ptr, nullptr), std::invalid_argument);

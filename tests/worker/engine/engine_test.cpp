@@ -108,7 +108,7 @@ TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs a
   CHECK(backend.greedy_calls == 8);
   backend.greedy_calls = 0;
   GenerationRequest lp = greedy(prompt, 100);
-  lp.logprobs = 2;
+  lp.logprobs = 0;  // the token's own logprob only: still the row
   Collected c;
   run(engine, lp, c);
   CHECK(c.text == "Hi there");
@@ -124,16 +124,33 @@ TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs a
 }
 
 TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with an error naming it") {
-  FakeVocab vocab;
-  FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
-  backend.bad_pick = static_cast<int32_t>(k_fake_vocab) + 5;
-  Engine engine(backend, vocab, options());
-  Collected c;
-  const auto r = run(engine, greedy(chat_prompt(vocab, "hello"), 100), c);
-  CHECK(r.finish == FinishReason::error);
-  CHECK(r.error == "backend picked token " + std::to_string(k_fake_vocab + 5) + " outside the vocabulary of " + std::to_string(k_fake_vocab));
-  CHECK(c.text == "H");  // the prefill's token was delivered; nothing after the bad pick
-  CHECK(backend.live_caches == 0);
+  for (const int32_t bad : {static_cast<int32_t>(k_fake_vocab) + 5, static_cast<int32_t>(k_fake_vocab), -1}) {
+    CAPTURE(bad);
+    FakeVocab vocab;
+    FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
+    backend.bad_pick = bad;
+    Engine engine(backend, vocab, options());
+    Collected c;
+    const auto r = run(engine, greedy(chat_prompt(vocab, "hello"), 100), c);
+    CHECK(r.finish == FinishReason::error);
+    CHECK(r.error == "backend picked token " + std::to_string(bad) + " outside the vocabulary of " + std::to_string(k_fake_vocab));
+    CHECK(c.text == "H");  // the prefill's token was delivered; nothing after the bad pick
+    CHECK(backend.live_caches == 0);
+  }
+}
+
+// The default forward_greedy (the CPU backend's) refuses a short row instead of picking from it.
+TEST_CASE("Backend::forward_greedy's default throws on a row shorter than the vocabulary") {
+  struct ShortRow final : Backend {
+    std::size_t vocab_size() const override { return 8; }
+    std::size_t kv_bytes_per_token() const override { return 1; }
+    std::string name() const override { return "short"; }
+    std::unique_ptr<KvCache> new_cache(std::size_t) override { return nullptr; }
+    std::vector<float> forward(KvCache&, std::span<const int32_t>, bool) override { return std::vector<float>(5, 1.f); }
+  } backend;
+  std::atomic<int> live{0};
+  FakeCache cache(4, live);
+  CHECK_THROWS_WITH_AS(backend.forward_greedy(cache, 1), "backend returned 5 logits for one token; expected 8", std::runtime_error);
 }
 
 TEST_CASE("max_tokens ends with length; seeded sampling reproduces") {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -131,7 +132,7 @@ class FakeBackend final : public Backend {
   int32_t forward_greedy(KvCache& cache, int32_t token) override {
     ++greedy_calls;
     const int32_t picked = Backend::forward_greedy(cache, token);
-    return bad_pick >= 0 ? bad_pick.load() : picked;
+    return bad_pick ? *bad_pick : picked;
   }
 
   /// Deterministic logits for a context: FNV-1a hash of the ids seeds a xorshift generator.
@@ -160,7 +161,7 @@ class FakeBackend final : public Backend {
   int delay_ms = 0;
   std::atomic<int> fail_after_calls{-1};  // >= 0: forward() throws once this many calls were made
   std::atomic<std::size_t> greedy_calls{0};  // forward_greedy calls
-  std::atomic<int32_t> bad_pick{-1};         // >= 0: forward_greedy returns this id
+  std::optional<int32_t> bad_pick;           // set before submitting: forward_greedy returns this id
 
  private:
   Script script_;
