@@ -74,7 +74,9 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// writes k and v into the caches' row *pos, then attends over rows [0, *pos]. out: (n_heads,
 /// head_dim). head_dim <= 256. With pdl, *pos, q_norm, k_norm and s.inv_freq are read BEFORE
 /// waiting for the predecessor: *pos must not be written by it (in the decode step the host
-/// copies it before the step).
+/// copies it before the step). With pdl it lets its successor (the o-proj) launch at its start
+/// unless SERVEDECK_ATTN_EARLY_TRIGGER=0 (fused_launch.cuh: the successor may then read only what
+/// was complete before this kernel's predecessor passed its wait).
 void launch_attention_decode_fused(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
                                    float* k_cache, float* v_cache, float* out, const AttentionShape& s,
                                    const int32_t* pos, cudaStream_t stream, bool pdl = false);

@@ -33,10 +33,16 @@ inline int sm_count() {
 // launches back) and the residual (three back) before its own wait, the staged o-proj the
 // residual (three back), the attention the position (copied by the host before the step).
 // Weights, never written, may be read before it.
-// One exception to "only after its wait": the folded router (launch_router_folded) lets gate/up
-// launch at its start, so gate/up may start while the o-proj, two launches back, still runs;
-// gate/up therefore reads nothing but weights before its own wait (which returns only once the
-// router, and through the router's own wait the o-proj, have completed).
+// Two exceptions to "only after its wait":
+// - the folded router (launch_router_folded) lets gate/up launch at its start, so gate/up may
+//   start while the o-proj, two launches back, still runs; gate/up therefore reads nothing but
+//   weights before its own wait (which returns only once the router, and through the router's
+//   own wait the o-proj, have completed);
+// - the attention (launch_attention_decode_fused, unless SERVEDECK_ATTN_EARLY_TRIGGER=0) lets the
+//   o-proj launch at its start, so the o-proj may start while q|k|v, two launches back, still
+//   runs; before its wait the o-proj reads its weights and the residual, last written by the
+//   down before q|k|v (complete once q|k|v passed its own wait, which precedes the attention's
+//   launch).
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
 #ifdef SERVEDECK_DECODE_TRACE

@@ -206,10 +206,11 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   std::filesystem::remove_all(dir);
 }
 
-// Reading the attention's K/V rows ahead into L2 changes when they arrive, not what is computed:
-// bit-identical logits (with PDL, where the kernels overlap). Then the greedy decode through the
+// Reading the attention's K/V rows ahead into L2, and launching the o-proj at the attention's
+// start, change when things happen, not what is computed: bit-identical logits (with PDL, where
+// the kernels overlap). Then the greedy decode through the
 // device's pick against the host's argmax of forward()'s row.
-TEST_CASE("decode step: K/V read-ahead on or off bit-identical; forward_greedy is forward's argmax") {
+TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off bit-identical; forward_greedy is forward's argmax") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
   write_model(dir, small_moe());
@@ -219,14 +220,15 @@ TEST_CASE("decode step: K/V read-ahead on or off bit-identical; forward_greedy i
   o.staged_prefill = false;  // every position through the decode step
   auto be = cuda::make_cuda_backend(ck, o);
   const auto ids = prompt(24, 4096);
-  auto run = [&](const char* value) {
-    gpu_test::ScopedEnv env("SERVEDECK_ATTN_READ_AHEAD", value);
+  auto run = [&](const char* knob, const char* value) {
+    gpu_test::ScopedEnv env(knob, value);
     auto c = be->new_cache(32);  // a new cache: its graph is captured under this setting
     return be->forward(*c, ids, true);
   };
-  const auto base = run("1");
+  const auto base = run("SERVEDECK_ATTN_READ_AHEAD", "1");
   REQUIRE(base.size() == 24u * 4096u);
-  CHECK(run("0") == base);
+  CHECK(run("SERVEDECK_ATTN_READ_AHEAD", "0") == base);
+  CHECK(run("SERVEDECK_ATTN_EARLY_TRIGGER", "0") == base);
   // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
   // two caches fed the same tokens; 12 steps, each compared.
   auto ca = be->new_cache(64), cb = be->new_cache(64);
