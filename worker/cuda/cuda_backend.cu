@@ -309,15 +309,27 @@ std::unique_ptr<KvCache> CudaBackend::new_cache(std::size_t max_tokens) {
   return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim());
 }
 
+namespace {
+
+// forward's and forward_greedy's preconditions: KvCacheFull when the tokens do not fit (nothing
+// appended), std::out_of_range for a token outside the vocabulary of V.
+void check_tokens(const CudaKvCache& c, std::span<const int32_t> tokens, std::size_t V) {
+  if (c.length() + tokens.size() > c.capacity()) {
+    throw KvCacheFull("KV cache full: " + std::to_string(c.length()) + " cached + " + std::to_string(tokens.size()) +
+                      " new tokens exceed the capacity of " + std::to_string(c.capacity()) + " tokens");
+  }
+  for (const int32_t t : tokens)
+    if (t < 0 || static_cast<std::size_t>(t) >= V)
+      throw std::out_of_range("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(V));
+}
+
+}  // namespace
+
 int32_t CudaBackend::forward_greedy(KvCache& cache_base, int32_t token) {
   Impl& m = *impl_;
   auto& c = dynamic_cast<CudaKvCache&>(cache_base);
-  if (c.length_ + 1 > c.capacity_)
-    throw KvCacheFull("KV cache full: " + std::to_string(c.length_) + " cached + 1 new token exceed the capacity of " +
-                      std::to_string(c.capacity_) + " tokens");
-  const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
-  if (token < 0 || static_cast<std::size_t>(token) >= V)
-    throw std::out_of_range("token id " + std::to_string(token) + " outside the vocabulary of " + std::to_string(V));
+  const int32_t one[1] = {token};
+  check_tokens(c, one, static_cast<std::size_t>(m.d.vocab_size));
   m.run_token(c, token);
   CUDA_CHECK(cudaMemcpyAsync(m.h_scalars + 2, m.d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -327,14 +339,8 @@ int32_t CudaBackend::forward_greedy(KvCache& cache_base, int32_t token) {
 std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
   Impl& m = *impl_;
   auto& c = dynamic_cast<CudaKvCache&>(cache_base);
-  if (c.length_ + tokens.size() > c.capacity_) {
-    throw KvCacheFull("KV cache full: " + std::to_string(c.length_) + " cached + " + std::to_string(tokens.size()) +
-                      " new tokens exceed the capacity of " + std::to_string(c.capacity_) + " tokens");
-  }
   const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
-  for (const int32_t t : tokens)
-    if (t < 0 || static_cast<std::size_t>(t) >= V)
-      throw std::out_of_range("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(V));
+  check_tokens(c, tokens, V);
   std::vector<float> out;
   out.reserve(all_logits ? V * tokens.size() : V);
   if (tokens.size() > 1 && m.opt.staged_prefill) {

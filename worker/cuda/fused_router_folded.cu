@@ -40,36 +40,6 @@ constexpr int k_folded_warps = 8;
 constexpr int k_folded_threads = k_folded_warps * 32;
 constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (and as many of the input)
 
-// The end of the folded router, after block blockIdx.x has written o.logits[blockIdx.x]: the
-// last block of the grid to finish (last-block pattern, as the fused router) ranks the raw
-// logits (the top-k does not depend on the positive factor 1/rms that separates them from the
-// router's; ties → lower id, NaN last), writes the ids in rank order and folds the counters.
-template <int NT>
-__device__ __forceinline__ void rank_last_block(const RouterOutputs& o, int k) {
-  __shared__ float p[1024];
-  __shared__ int pick_id[32];
-  __shared__ float pick_v[32];
-  __shared__ int is_last;
-  const int n = gridDim.x;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == static_cast<unsigned>(n) - 1u;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int e = threadIdx.x; e < n; e += NT) p[e] = __ldcg(o.logits + e);
-  __syncthreads();
-  detail::block_topk_by_rank(p, n, k, threadIdx.x, NT, pick_id, pick_v, -INFINITY);
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < k) {
-    const int e = pick_id[threadIdx.x];
-    o.ids[threadIdx.x] = e;
-    atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
-    atomicAdd(&o.layer_counts[e], 1ull);
-  }
-  if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch
-}
-
 // Block e: the unscaled logit l_e = Rf[e, :] · [h | a]; warp w takes the w-th contiguous slice
 // of the row's float4 columns, a lane its columns lane, lane + 32, ... in rounds of
 // k_folded_loads loads in flight; the lanes' sums by the shuffle tree, the warps in order. Then
@@ -87,8 +57,12 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
                                                                         RouterOutputs o) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ float red[k_folded_warps];
+  __shared__ float p[1024];
+  __shared__ int pick_id[32];
+  __shared__ float pick_v[32];
+  __shared__ int is_last;
   asm volatile("griddepcontrol.launch_dependents;" :::);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = gridDim.x;
   const int n4 = (H + Q) / 4, h4 = H / 4, per = (n4 + k_folded_warps - 1) / k_folded_warps;
   const int c0 = warp * per, c1 = min(n4, c0 + per);
   const float4* row = reinterpret_cast<const float4*>(Rf + static_cast<size_t>(blockIdx.x) * (H + Q));
@@ -115,7 +89,25 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     for (int w = 0; w < k_folded_warps; ++w) l += red[w];
     o.logits[blockIdx.x] = l;
   }
-  rank_last_block<k_folded_threads>(o, k);
+  // Last-block pattern, as the fused router.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == static_cast<unsigned>(n) - 1u;
+  __syncthreads();
+  if (is_last) {
+    __threadfence();
+    for (int e = threadIdx.x; e < n; e += k_folded_threads) p[e] = __ldcg(o.logits + e);
+    __syncthreads();
+    detail::block_topk_by_rank(p, n, k, threadIdx.x, k_folded_threads, pick_id, pick_v, -INFINITY);
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < k) {
+      const int e = pick_id[threadIdx.x];
+      o.ids[threadIdx.x] = e;
+      atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
+      atomicAdd(&o.layer_counts[e], 1ull);
+    }
+    if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch
+  }
   detail::wait_for_predecessor();
 }
 
