@@ -206,8 +206,8 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   std::filesystem::remove_all(dir);
 }
 
-// Reading the attention's K/V rows ahead into L2, and launching the o-proj at the attention's
-// start, change when things happen, not what is computed: bit-identical logits (with PDL, where
+// Reading the attention's K/V rows ahead into L2, launching the o-proj at the attention's start,
+// and gate/up's expert table in shared memory change when things happen, not what is computed: bit-identical logits (with PDL, where
 // the kernels overlap). Then the greedy decode through the
 // device's pick against the host's argmax of forward()'s row.
 TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off bit-identical; forward_greedy is forward's argmax") {
@@ -229,6 +229,7 @@ TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off b
   REQUIRE(base.size() == 24u * 4096u);
   CHECK(run("SERVEDECK_ATTN_READ_AHEAD", "0") == base);
   CHECK(run("SERVEDECK_ATTN_EARLY_TRIGGER", "0") == base);
+  CHECK(run("SERVEDECK_GATE_UP_TABLE", "0") == base);  // gate/up's expert table in shared memory
   // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
   // two caches fed the same tokens; 12 steps, each compared.
   auto ca = be->new_cache(64), cb = be->new_cache(64);
