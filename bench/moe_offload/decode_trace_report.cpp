@@ -20,6 +20,7 @@ struct Grid {
   unsigned long long id = 0;
   int blocks = 0;
   unsigned long long first_start = ~0ull, first_wait = ~0ull, first_waited = ~0ull, last_waited = 0, last_end = 0;
+  unsigned long long first_staged = ~0ull, last_staged = 0;  // staging kernels only
 };
 }  // namespace
 
@@ -49,6 +50,10 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
       g.last_waited = std::max(g.last_waited, r.t_waited);
     }
     g.last_end = std::max(g.last_end, r.t_end);
+    if (r.t_staged != 0) {
+      g.first_staged = std::min(g.first_staged, r.t_staged);
+      g.last_staged = std::max(g.last_staged, r.t_staged);
+    }
   }
   // The last replay's grids: the latest started (one step = 6 per MoE layer + lm_head).
   std::vector<Grid> all;
@@ -103,12 +108,15 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
   // One layer in full, relative to its qkv's first wait return, for reading by eye.
   const int l = L / 2;
   const unsigned long long t0 = step[static_cast<std::size_t>(6 * l)].first_waited;
-  std::printf("layer %d in full (us from its qkv's first wait return): kernel: first start / first wait / first waited / last waited / last end\n", l);
+  std::printf("layer %d in full (us from its qkv's first wait return): kernel: first start / first wait / first waited / last waited / last end"
+              " [/ first staged / last staged: rows all in shared memory]\n", l);
   auto rel = [&](unsigned long long t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1000.0; };
   for (int k = 0; k < 7; ++k) {
     const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
-    std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f\n", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
+    std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
                 rel(g.last_waited), rel(g.last_end));
+    if (g.last_staged != 0) std::printf(" %8.2f %8.2f", rel(g.first_staged), rel(g.last_staged));
+    std::printf("\n");
   }
 }
 #endif

@@ -31,14 +31,16 @@ struct NormWeights {
   uint2 w[V];
 };
 
-/// Loads thread t's NormWeights for a row of `in` floats (in % 4 == 0); zero past the row.
+/// Loads thread t's NormWeights for a row of `in` floats (in % 4 == 0); zero past the row and
+/// for threads t >= NT (a block larger than the norm's NT threads).
 template <int NT, int V>
 __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloat16* nw, int in) {
   NormWeights<V> p;
+  const bool active = threadIdx.x < NT;
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    p.w[v] = i < in ? *reinterpret_cast<const uint2*>(nw + i) : make_uint2(0, 0);
+    p.w[v] = active && i < in ? *reinterpret_cast<const uint2*>(nw + i) : make_uint2(0, 0);
   }
   return p;
 }
@@ -47,15 +49,18 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
 /// x 16-byte aligned: one round of loads of x (V float4 per thread, held in registers), the
 /// block reduction through red[NT / 32], then the products from registers. Bit-identical to
 /// block_rmsnorm_to_shared<NT / 32> (the same thread count; another count sums the squares in
-/// another order). Returns 1 / rms(x). Ends with __syncthreads.
+/// another order). Returns 1 / rms(x). Ends with __syncthreads. A block of more than NT threads
+/// may call it (all of them: it synchronises the block; red then holds one float per warp of the
+/// block): threads from NT on take no part in the sums, so the result is the NT-thread one.
 template <int NT, int V>
 __device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
                                                          int in, float* xs, float* red) {
   float4 xv[V];
+  const bool active = threadIdx.x < NT;
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    xv[v] = i < in ? *reinterpret_cast<const float4*>(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    xv[v] = active && i < in ? *reinterpret_cast<const float4*>(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float ss = 0.f;
 #pragma unroll
@@ -64,7 +69,7 @@ __device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restric
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    if (i < in) {
+    if (active && i < in) {
       const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&nw.w[v]);
       const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
       xs[i] = xv[v].x * inv * a.x;

@@ -58,8 +58,15 @@ struct TraceScope {
   }
 };
 
+/// Records when the block's staged rows are all in shared memory (after the stage's wait and
+/// the __syncthreads that publishes it).
+__device__ __forceinline__ void trace_staged() {
+  if (DecodeTraceRecord* r = trace_slot()) r->t_staged = trace_now();
+}
+
 }  // namespace servedeck::worker::cuda::detail
 #define SERVEDECK_TRACE_BLOCK() ::servedeck::worker::cuda::detail::TraceScope servedeck_trace_scope_
+#define SERVEDECK_TRACE_STAGED() ::servedeck::worker::cuda::detail::trace_staged()
 #define SERVEDECK_TRACE_TU_SETTER(name)                                                          \
   namespace servedeck::worker::cuda {                                                            \
   void name(DecodeTraceRecord* buf) {                                                            \
@@ -68,5 +75,6 @@ struct TraceScope {
   }
 #else
 #define SERVEDECK_TRACE_BLOCK() static_cast<void>(0)
+#define SERVEDECK_TRACE_STAGED() static_cast<void>(0)
 #define SERVEDECK_TRACE_TU_SETTER(name)
 #endif

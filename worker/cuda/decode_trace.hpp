@@ -13,6 +13,7 @@ struct DecodeTraceRecord {
   unsigned long long grid;  // %gridid of the launch
   unsigned block, sm;       // blockIdx.x, %smid
   unsigned long long t_start, t_wait, t_waited, t_end;
+  unsigned long long t_staged;  // a staging kernel's rows all in shared memory (0: no stage)
 };
 
 /// Slots of the device buffer given to set_decode_trace_buffer (192 MiB).

@@ -52,21 +52,29 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 // while the previous kernel still runs (R·in·2 bytes per SM). Then lane l of warp w takes the 16-byte
 // column blocks c = 32 w + l (+ 32 WARPS, ...) of 8 rows at a time; per row the lane sums its
 // blocks in order, the warp reduces with the shuffle tree, and the block adds the warps in order.
-// Shared memory: R·in bf16 weights | in fp32 x̂ | WARPS·R fp32 partials.
+// Shared memory: R·in bf16 weights | in fp32 x̂ | CW·R fp32 partials (CW = k_staged_warps column
+// slices).
 constexpr int k_staged_warps = 8;
 constexpr std::size_t k_staged_smem_max = 200 * 1024;
 
 // NV: the norm of x first — 0: none (x copied), > 0: block_rmsnorm_prefetched with NV float4
-// per thread (its weights loaded before the wait; in <= 4 * 256 * NV), -1: block_rmsnorm_to_shared.
-template <int NV>
-__global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
+// per thread of the first 256 (its weights loaded before the wait; in <= 4 * 256 * NV), -1:
+// block_rmsnorm_to_shared (WARPS 8 only).
+// WARPS: 8, or 16 (SERVEDECK_STAGED_WARPS): warp w takes column slice w % 8 and, at 16, every
+// other group of 8 rows (w / 8 picks which), so each row's partials are those of the 8-warp
+// kernel, summed in the same order (bit-identical), with twice the warps to hide the latencies
+// of the shared-memory loads and shuffles.
+template <int NV, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
-    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res) {
+    int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res,
+    int scatter) {
   SERVEDECK_TRACE_BLOCK();
-  constexpr int WARPS = k_staged_warps, RG = 8;
+  static_assert(WARPS == k_staged_warps || (WARPS == 2 * k_staged_warps && NV >= 0), "8 warps, or 16 without the strided norm");
+  constexpr int CW = k_staged_warps, RG = 8, NT = CW * 32;  // column slices; the norm's threads
   extern __shared__ float4 dyn4[];
   const int R = rows_per_block, r0 = blockIdx.x * R, nrows = min(R, out - r0), n8 = in / 8;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, cw = warp % CW, half = warp / CW;
   const uint4* ws = reinterpret_cast<const uint4*>(dyn4);
   float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
   float* part = xs + in;
@@ -74,14 +82,14 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
   detail::stage_async_paced(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, static_cast<int>(threadIdx.x),
                             WARPS * 32, pieces);
   detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
-  if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<WARPS * 32, NV>(nw, in);
+  if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<NT, NV>(nw, in);
   // y (or res), when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
   const float* base = res != nullptr ? res : y;
   const float y_old = accumulate && static_cast<int>(threadIdx.x) < nrows ? base[r0 + threadIdx.x] : 0.f;
   wait_for_predecessor();
   if constexpr (NV != 0) {
-    if constexpr (NV > 0) detail::block_rmsnorm_prefetched<WARPS * 32, NV>(x, nwp, eps, in, xs, red);
-    else block_rmsnorm_to_shared<WARPS>(x, nw, eps, in, xs, red);
+    if constexpr (NV > 0) detail::block_rmsnorm_prefetched<NT, NV>(x, nwp, eps, in, xs, red);
+    else block_rmsnorm_to_shared<CW>(x, nw, eps, in, xs, red);
     if (xn_out != nullptr && blockIdx.x == 0)
       for (int i = threadIdx.x; i < in; i += WARPS * 32) xn_out[i] = xs[i];
   } else {
@@ -91,29 +99,37 @@ __global__ void __launch_bounds__(k_staged_warps * 32, 2) staged_gemv_kernel(
   }
   detail::stage_wait_all();
   __syncthreads();  // every thread's copies are visible to the block
+  SERVEDECK_TRACE_STAGED();
   const float4* xs4 = reinterpret_cast<const float4*>(xs);
-  for (int g = 0; g < nrows; g += RG) {
+  for (int g = half * RG; g < nrows; g += (WARPS / CW) * RG) {
     float acc[RG];
 #pragma unroll
     for (int r = 0; r < RG; ++r) acc[r] = 0.f;
-    for (int c = warp * 32 + lane; c < n8; c += WARPS * 32) {
+    for (int c = cw * 32 + lane; c < n8; c += CW * 32) {
       const float4 a = xs4[2 * c], b = xs4[2 * c + 1];
 #pragma unroll
       for (int r = 0; r < RG; ++r)
         if (g + r < nrows) acc[r] += detail::dot8(ws[static_cast<size_t>(g + r) * n8 + c], a, b);
     }
+    if (scatter) {
+      // One reduce-scatter for the group's eight rows (9 shuffles, not 40).
+      const float s = detail::warp_sum8_scatter(acc, lane);
+      const int r = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && g + r < nrows) part[cw * R + g + r] = s;
+    } else {
 #pragma unroll
-    for (int r = 0; r < RG; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0)
+      for (int r = 0; r < RG; ++r) acc[r] = warp_sum(acc[r]);
+      if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < RG; ++r)
-        if (g + r < nrows) part[warp * R + g + r] = acc[r];
+        for (int r = 0; r < RG; ++r)
+          if (g + r < nrows) part[cw * R + g + r] = acc[r];
+    }
   }
   __syncthreads();
   for (int r = threadIdx.x; r < nrows; r += WARPS * 32) {
     float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += part[w * R + r];
+    for (int w = 0; w < CW; ++w) s += part[w * R + r];
     y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : base[r0 + r]) + s : s;
   }
 }
@@ -138,9 +154,17 @@ StagedPlan staged_plan(int out, int in) {
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
                    float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr) {
-  allow_dynamic_smem(staged_gemv_kernel<NV>, k_staged_smem_max);
-  launch(staged_gemv_kernel<NV>, p.grid, k_staged_warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-         accumulate ? 1 : 0, xn_out, pieces, res);
+  // The rows' warp sums by one reduce-scatter per group unless SERVEDECK_REDUCE_SCATTER=0 (A/B).
+  const int scatter = detail::env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0;
+  auto go = [&](auto kernel, int warps) {
+    allow_dynamic_smem(kernel, k_staged_smem_max);
+    launch(kernel, p.grid, warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block, accumulate ? 1 : 0, xn_out,
+           pieces, res, scatter);
+  };
+  // 16 warps per block unless SERVEDECK_STAGED_WARPS=8 (A/B); the strided norm (NV -1) has 8.
+  if constexpr (NV >= 0)
+    if (detail::env_knob("SERVEDECK_STAGED_WARPS", 16) == 16) return go(staged_gemv_kernel<NV, 2 * k_staged_warps>, 2 * k_staged_warps);
+  go(staged_gemv_kernel<NV, k_staged_warps>, k_staged_warps);
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global

@@ -230,12 +230,13 @@ __device__ __forceinline__ float4 load_act(const float4* p) {
 
 // One group of RG rows of routed slot j in the down kernels: s[r] = this lane's CH column blocks
 // of row g + r dotted with act_j, in column order (weight(r, c): the 16-byte block of row g + r
-// at column block lane + 32 c, zero past the rows or columns), then the warp's shuffle tree; lane
-// 0 stores part[j][g + r]. Shared by the row kernel (weights in registers) and the staged one
-// (weights in shared memory), so that their results stay bit-identical.
+// at column block lane + 32 c, zero past the rows or columns), then the warp's shuffle tree
+// (scatter, RG 8: one reduce-scatter, detail::warp_sum8_scatter); lane 0 (scatter: the first lane
+// of each row's four) stores part[j][g + r]. Shared by the row kernel (weights in registers) and
+// the staged one (weights in shared memory), so that their results stay bit-identical.
 template <int CH, int RG, class Weight>
 __device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, int nrows, int lane, int j, Weight weight,
-                                               float (*part)[k_down_rows]) {
+                                               float (*part)[k_down_rows], int scatter) {
   float s[RG];
 #pragma unroll
   for (int r = 0; r < RG; ++r) s[r] = 0.f;
@@ -246,6 +247,14 @@ __device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, 
     const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int r = 0; r < RG; ++r) s[r] += detail::dot8(weight(r, c), a, b);
+  }
+  if constexpr (RG == 8) {
+    if (scatter) {
+      const float v = detail::warp_sum8_scatter(s, lane);
+      const int r = (lane >> 2) & 7;
+      if ((lane & 3) == 0 && g + r < nrows) part[j][g + r] = v;
+      return;
+    }
   }
 #pragma unroll
   for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
@@ -271,7 +280,7 @@ template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
                                                                            const int32_t* __restrict__ ids,
                                                                            const float* __restrict__ weights, int k,
-                                                                           float* __restrict__ out) {
+                                                                           float* __restrict__ out, int scatter) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   __shared__ float part[32][k_down_rows];
@@ -306,7 +315,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     for (int g = 0; g < nrows; g += RG) {
       if (g > 0) load(g);
-      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part);
+      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part, scatter);
     }
   }
   down_finish(part, weights, k, nrows, h0, out_old, out);
@@ -326,7 +335,7 @@ template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(ExpertTable t, const float* __restrict__ act,
                                                                              const int32_t* __restrict__ ids,
                                                                              const float* __restrict__ weights, int k,
-                                                                             float* __restrict__ out) {
+                                                                             float* __restrict__ out, int scatter) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   extern __shared__ float4 dyn4[];
@@ -346,6 +355,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
   wait_for_predecessor();
   detail::stage_wait_all();
   __syncthreads();
+  SERVEDECK_TRACE_STAGED();
   for (int j = warp; j < k; j += k_moe_warps) {
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     const uint4* wj = ws + static_cast<size_t>(j) * k_down_rows * n8;
@@ -354,7 +364,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
         const int i = lane + 32 * c;
         return g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
       };
-      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, weight, part);
+      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, weight, part, scatter);
     }
   }
   down_finish(part, weights, k, nrows, h0, out_old, out);
@@ -430,19 +440,21 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   detail::require(detail::aligned16(act), "launch_moe_down_fused", "act must be 16-byte aligned");
   const int n8 = table.inter / 8;
   const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
+  // The rows' warp sums by one reduce-scatter per group unless SERVEDECK_REDUCE_SCATTER=0 (A/B).
+  const int scatter = detail::env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0;
   if (down_staged(table, k)) {
     const std::size_t smem = down_staged_smem(k, table.inter);
     auto go = [&](auto kernel) {
       detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
-      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out);
+      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter);
     };
     if (n8 <= 32) return go(moe_down_staged_kernel<1>);
     if (n8 <= 64) return go(moe_down_staged_kernel<2>);
     return go(moe_down_staged_kernel<3>);
   }
-  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
-  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
-  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
+  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
+  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
   launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
 }
 

@@ -260,6 +260,13 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
       CHECK_MESSAGE(got.first == base.first, knob, " act, H ", H, " I ", I, " K ", K);
       CHECK_MESSAGE(got.second == base.second, knob, " out, H ", H, " I ", I, " K ", K);
     }
+    // The down's warp sums by butterflies instead of one reduce-scatter: another fp32 order, so
+    // equal within rounding only; the staged and row kernels still agree bit for bit under it.
+    ScopedEnv rs("SERVEDECK_REDUCE_SCATTER", "0");
+    const auto tree = run();
+    CHECK_MESSAGE(gpu_test::compare(base.second, tree.second, "down, butterflies") < 1e-6, "H ", H, " I ", I, " K ", K);
+    ScopedEnv rows("SERVEDECK_DOWN_STAGED", "0");
+    CHECK_MESSAGE(run().second == tree.second, "rows vs staged with butterflies, H ", H, " I ", I, " K ", K);
   }
   // Staged GEMV rows copied in 4 paced pieces against one group (q|k|v 5120x2048 with its norm)
   // and in 16 (the o-proj's default) against one (o-proj 2048x4096 accumulating).
@@ -273,6 +280,18 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
     return std::pair{q.get(), o.get()};
   };
   const auto base = staged();
+  {
+    // The staged rows' warp sums by butterflies instead of one reduce-scatter per group of 8 rows.
+    ScopedEnv rs("SERVEDECK_REDUCE_SCATTER", "0");
+    const auto tree = staged();
+    CHECK(gpu_test::compare(base.first, tree.first, "q|k|v, butterflies") < 1e-6);
+    CHECK(gpu_test::compare(base.second, tree.second, "o-proj, butterflies") < 1e-6);
+  }
+  {
+    // 8 warps per block instead of 16: the same partials in the same order.
+    ScopedEnv sw("SERVEDECK_STAGED_WARPS", "8");
+    CHECK(staged() == base);
+  }
   ScopedEnv qp("SERVEDECK_QKV_STAGE_PIECES", "4"), op("SERVEDECK_OPROJ_STAGE_PIECES", "1");
   CHECK(staged() == base);
 }
