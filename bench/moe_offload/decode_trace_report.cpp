@@ -50,7 +50,9 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
       g.last_waited = std::max(g.last_waited, r.t_waited);
     }
     g.last_end = std::max(g.last_end, r.t_end);
-    if (r.t_staged != 0) {
+    // A slot reused by a grid that does not stage keeps an older record's t_staged: only a mark
+    // inside the block's own lifetime counts.
+    if (r.t_staged != 0 && r.t_staged >= r.t_start && r.t_staged <= r.t_end) {
       g.first_staged = std::min(g.first_staged, r.t_staged);
       g.last_staged = std::max(g.last_staged, r.t_staged);
     }

@@ -1,7 +1,8 @@
 // Decode-step timeline (internal to worker/cuda; built only with -DSERVEDECK_DECODE_TRACE=ON, a
 // benchmark build): every block of every fused decode kernel records, by its thread 0, when it
-// started, when it reached griddepcontrol.wait, when the wait returned and when it finished,
-// read from %globaltimer (ns, one clock for the whole device). From that the benchmark
+// started, when it reached griddepcontrol.wait, when the wait returned and when it finished (and,
+// in staging kernels, when its rows were all in shared memory: SERVEDECK_TRACE_STAGED), read from
+// %globaltimer (ns, one clock for the whole device). From that the benchmark
 // reconstructs, per kernel of the step, when its blocks were scheduled relative to their
 // predecessor's end (did the weights it stages before the wait have time to stream?) and how long
 // each phase held the critical path. Nothing is recorded in normal builds: the macros expand to

@@ -16,7 +16,7 @@ struct DecodeTraceRecord {
   unsigned long long t_staged;  // a staging kernel's rows all in shared memory (0: no stage)
 };
 
-/// Slots of the device buffer given to set_decode_trace_buffer (192 MiB).
+/// Slots of the device buffer given to set_decode_trace_buffer (224 MiB: 56-byte records).
 constexpr std::size_t k_decode_trace_slots = std::size_t{1} << 22;
 
 #ifdef SERVEDECK_DECODE_TRACE

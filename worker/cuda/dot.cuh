@@ -21,9 +21,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /// The warp sums of eight values per lane in 9 shuffles instead of 8 · 5 (a reduce-scatter):
-/// halving steps over lane bits 4, 3 and 2 each keep half of the values and add the partner's
-/// other half, so that lane l then holds a partial of value (l >> 2) & 7; two butterfly steps over
-/// bits 1 and 0 finish it. Returns the full sum of v[(lane >> 2) & 7] over the warp, in every lane
+/// in halving steps over lane bits 4, 3 and 2 each lane keeps half of its values (the half its
+/// bit names) and adds the partner's copy of that half, which the partner sends while keeping the
+/// other; lane l then holds a partial of value (l >> 2) & 7, and two butterfly steps over bits 1
+/// and 0 finish it. Returns the full sum of v[(lane >> 2) & 7] over the warp, in every lane
 /// whose bits 4..2 name that value. A fixed order (the same for every call), not warp_sum's.
 __device__ __forceinline__ float warp_sum8_scatter(const float (&v)[8], int lane) {
   const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;

@@ -141,8 +141,9 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
                               cudaStream_t stream, bool pdl = false);
 
 /// out[h] += sum_{j=0..k-1} weights[j] * (down_j[h, :] · act[j, :]), in an order fixed by the
-/// shapes alone (inter <= 768: per expert the lanes' column blocks in order and the warp's
-/// shuffle tree, then the experts in slot order).
+/// shapes alone (inter <= 768: per expert the lanes' column blocks in order, the warp's
+/// reduce-scatter per 8 rows — its shuffle tree per row with SERVEDECK_REDUCE_SCATTER=0 — then the
+/// experts in slot order).
 /// act 16-byte aligned (std::invalid_argument otherwise).
 /// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
 /// must have been written before the predecessor started, as in the decode step (o-proj writes

@@ -1,6 +1,7 @@
 // Fused decode kernels of attention and routing (see fused.cuh for the launch plan per layer);
 // the MoE expert kernels are in fused_moe.cu.
 #include <cmath>
+#include <type_traits>
 
 #include "worker/cuda/block_norm.cuh"
 #include "worker/cuda/dot.cuh"
@@ -159,15 +160,16 @@ void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf1
                    float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr) {
   // The rows' warp sums by one reduce-scatter per group unless SERVEDECK_REDUCE_SCATTER=0 (A/B).
   const int scatter = detail::env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0;
-  auto go = [&](auto kernel, int warps) {
-    allow_dynamic_smem(kernel, k_staged_smem_max);
-    launch(kernel, p.grid, warps * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block, accumulate ? 1 : 0, xn_out,
-           pieces, res, scatter);
+  // The block size follows from the instance's WARPS.
+  auto go = [&]<int WARPS>(std::integral_constant<int, WARPS>) {
+    allow_dynamic_smem(staged_gemv_kernel<NV, WARPS>, k_staged_smem_max);
+    launch(staged_gemv_kernel<NV, WARPS>, p.grid, WARPS * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
+           accumulate ? 1 : 0, xn_out, pieces, res, scatter);
   };
   // 16 warps per block unless SERVEDECK_STAGED_WARPS=8 (A/B); the strided norm (NV -1) has 8.
   if constexpr (NV >= 0)
-    if (detail::env_knob("SERVEDECK_STAGED_WARPS", 16) == 16) return go(staged_gemv_kernel<NV, 2 * k_staged_warps>, 2 * k_staged_warps);
-  go(staged_gemv_kernel<NV, k_staged_warps>, k_staged_warps);
+    if (detail::env_knob("SERVEDECK_STAGED_WARPS", 16) != 8) return go(std::integral_constant<int, 2 * k_staged_warps>{});
+  go(std::integral_constant<int, k_staged_warps>{});
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
 // block, 8 rows' loads in flight at once (a lane holds its CH column blocks of each row). The
 // router wrote ids two launches back (router → gate/up → down), so ids, the expert pointer and
 // the first 8 rows are read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
-// sums its blocks in order and the warp reduces with the shuffle tree; then out[h] +=
+// sums its blocks in order and the warp reduces (down_row_group); then out[h] +=
 // sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
 // one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
 // At CH = 3 (inter 768) ptxas spills 32 bytes since the residual is read before the wait (4
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
 // every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and the
 // expert pointers are read before the wait (the router wrote them two launches back), act only
 // after. The arithmetic is moe_down_rows_kernel's, step for step (per lane its CH column blocks
-// in order, the shuffle tree per (j, row), then the slots in order), so out is bit-identical.
+// in order, down_row_group's warp reduction, then the slots in order), so out is bit-identical.
 // Its blocks are placed only as gate/up's blocks exit (gate/up's two blocks per SM hold 48K of
 // the 64K registers). A 4-warp block of <= 128 registers fits beside them and stages during
 // gate/up, but measured slower: GPU step 2.874 against 2.714 ms (session 7 run 6).

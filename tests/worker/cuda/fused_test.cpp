@@ -288,9 +288,20 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
     CHECK(gpu_test::compare(base.second, tree.second, "o-proj, butterflies") < 1e-6);
   }
   {
-    // 8 warps per block instead of 16: the same partials in the same order.
+    // 8 warps per block instead of 16: the same partials in the same order. Also a 3072-wide
+    // normed GEMV (4 float4 of x per norm thread) of 1100 rows: 9 rows per block, so the second
+    // group of 8 rows (the 16-warp kernel's other half) has one row.
+    DeviceBuffer<__nv_bfloat16> W3(rand_bf16(1100ull * 3072, 60, 0.05f)), nw3(rand_bf16(3072, 61, 1.f));
+    DeviceBuffer<float> x3(gpu_test::random_floats(3072, 62, 1.f));
+    auto wide = [&] {
+      DeviceBuffer<float> y3(1100);
+      launch_norm_gemv_bf16(W3.ptr, x3.ptr, nw3.ptr, 1e-6f, y3.ptr, 1100, 3072, false, nullptr, nullptr);
+      return y3.get();
+    };
+    const auto wide16 = wide();
     ScopedEnv sw("SERVEDECK_STAGED_WARPS", "8");
     CHECK(staged() == base);
+    CHECK(wide() == wide16);
   }
   ScopedEnv qp("SERVEDECK_QKV_STAGE_PIECES", "4"), op("SERVEDECK_OPROJ_STAGE_PIECES", "1");
   CHECK(staged() == base);
