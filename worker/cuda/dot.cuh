@@ -39,6 +39,24 @@ __device__ __forceinline__ float warp_sum8_scatter(const float (&v)[8], int lane
   return s;
 }
 
+/// The warp sums of eight row partials per lane stored to rows[g .. g + 8) (rows past nrows
+/// skipped): by one reduce-scatter (warp_sum8_scatter) when `scatter`, else by warp_sum per row
+/// from lane 0. The two orders differ in fp32 rounding; each is fixed.
+__device__ __forceinline__ void store_row_sums8(float (&v)[8], int lane, int g, int nrows, float* rows, int scatter) {
+  if (scatter) {
+    const float s = warp_sum8_scatter(v, lane);
+    const int r = (lane >> 2) & 7;
+    if ((lane & 3) == 0 && g + r < nrows) rows[g + r] = s;
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 8; ++r) v[r] = warp_sum(v[r]);
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      if (g + r < nrows) rows[g + r] = v[r];
+}
+
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;

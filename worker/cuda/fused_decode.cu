@@ -115,19 +115,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
       for (int r = 0; r < RG; ++r)
         if (g + r < nrows) acc[r] += detail::dot8(ws[static_cast<size_t>(g + r) * n8 + c], a, b);
     }
-    if (scatter) {
-      // One reduce-scatter for the group's eight rows (9 shuffles, not 40).
-      const float s = detail::warp_sum8_scatter(acc, lane);
-      const int r = (lane >> 2) & 7;
-      if ((lane & 3) == 0 && g + r < nrows) part[cw * R + g + r] = s;
-    } else {
-#pragma unroll
-      for (int r = 0; r < RG; ++r) acc[r] = warp_sum(acc[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < RG; ++r)
-          if (g + r < nrows) part[cw * R + g + r] = acc[r];
-    }
+    detail::store_row_sums8(acc, lane, g, nrows, part + cw * R, scatter);  // reduce-scatter: 9 shuffles, not 40
   }
   __syncthreads();
   for (int r = threadIdx.x; r < nrows; r += WARPS * 32) {

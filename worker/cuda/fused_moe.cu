@@ -230,13 +230,14 @@ __device__ __forceinline__ float4 load_act(const float4* p) {
 
 // One group of RG rows of routed slot j in the down kernels: s[r] = this lane's CH column blocks
 // of row g + r dotted with act_j, in column order (weight(r, c): the 16-byte block of row g + r
-// at column block lane + 32 c, zero past the rows or columns), then the warp's shuffle tree
-// (scatter, RG 8: one reduce-scatter, detail::warp_sum8_scatter); lane 0 (scatter: the first lane
-// of each row's four) stores part[j][g + r]. Shared by the row kernel (weights in registers) and
-// the staged one (weights in shared memory), so that their results stay bit-identical.
+// at column block lane + 32 c, zero past the rows or columns), then the warp's sums of the 8 rows
+// into part[j][g + r] (detail::store_row_sums8: one reduce-scatter when `scatter`). Shared by the
+// row kernel (weights in registers) and the staged one (weights in shared memory), so that their
+// results stay bit-identical.
 template <int CH, int RG, class Weight>
 __device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, int nrows, int lane, int j, Weight weight,
                                                float (*part)[k_down_rows], int scatter) {
+  static_assert(RG == 8, "the row sums are stored eight at a time");
   float s[RG];
 #pragma unroll
   for (int r = 0; r < RG; ++r) s[r] = 0.f;
@@ -248,20 +249,7 @@ __device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, 
 #pragma unroll
     for (int r = 0; r < RG; ++r) s[r] += detail::dot8(weight(r, c), a, b);
   }
-  if constexpr (RG == 8) {
-    if (scatter) {
-      const float v = detail::warp_sum8_scatter(s, lane);
-      const int r = (lane >> 2) & 7;
-      if ((lane & 3) == 0 && g + r < nrows) part[j][g + r] = v;
-      return;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < RG; ++r) s[r] = warp_sum(s[r]);
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-      if (g + r < nrows) part[j][g + r] = s[r];
+  detail::store_row_sums8(s, lane, g, nrows, part[j], scatter);
 }
 
 // The block's rows after every slot's part: out[h0 + r] = out_old + sum_j weights[j] · part[j][r],
