@@ -146,8 +146,7 @@ StagedPlan staged_plan(int out, int in) {
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
                    float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr) {
-  // The rows' warp sums by one reduce-scatter per group unless SERVEDECK_REDUCE_SCATTER=0 (A/B).
-  const int scatter = detail::env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0;
+  const int scatter = detail::reduce_scatter_knob();
   // The block size follows from the instance's WARPS.
   auto go = [&]<int WARPS>(std::integral_constant<int, WARPS>) {
     allow_dynamic_smem(staged_gemv_kernel<NV, WARPS>, k_staged_smem_max);

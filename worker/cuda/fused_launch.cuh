@@ -102,6 +102,10 @@ inline int env_knob(const char* name, int def) {
   return *end == '\0' && n >= INT_MIN && n <= INT_MAX ? static_cast<int>(n) : def;
 }
 
+/// 1 unless SERVEDECK_REDUCE_SCATTER=0: the staged GEMVs and the down reduce each group of 8
+/// rows with one reduce-scatter (detail::store_row_sums8) instead of a shuffle tree per row (A/B).
+inline int reduce_scatter_knob() { return env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0; }
+
 /// Blocks for `rows` rows at `warps` warps per block and one row per warp, capped at what the
 /// device holds at full occupancy (the kernels loop over rows beyond it).
 inline int grid_for(int rows, int warps) {

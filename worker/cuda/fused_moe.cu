@@ -428,8 +428,7 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   detail::require(detail::aligned16(act), "launch_moe_down_fused", "act must be 16-byte aligned");
   const int n8 = table.inter / 8;
   const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
-  // The rows' warp sums by one reduce-scatter per group unless SERVEDECK_REDUCE_SCATTER=0 (A/B).
-  const int scatter = detail::env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0;
+  const int scatter = detail::reduce_scatter_knob();
   if (down_staged(table, k)) {
     const std::size_t smem = down_staged_smem(k, table.inter);
     auto go = [&](auto kernel) {

@@ -207,9 +207,9 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
 }
 
 // Reading the attention's K/V rows ahead into L2, launching the o-proj at the attention's start,
-// and gate/up's expert table in shared memory change when things happen, not what is computed: bit-identical logits (with PDL, where
-// the kernels overlap). Then the greedy decode through the
-// device's pick against the host's argmax of forward()'s row.
+// gate/up's expert table in shared memory and the staged GEMVs' 16 warps change when things
+// happen, not what is computed: bit-identical logits (with PDL, where the kernels overlap). Then
+// the greedy decode through the device's pick against the host's argmax of forward()'s row.
 TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off bit-identical; forward_greedy is forward's argmax") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
