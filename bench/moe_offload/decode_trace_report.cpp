@@ -21,6 +21,7 @@ struct Grid {
   int blocks = 0;
   unsigned long long first_start = ~0ull, first_wait = ~0ull, first_waited = ~0ull, last_waited = 0, last_end = 0;
   unsigned long long first_staged = ~0ull, last_staged = 0;  // staging kernels only
+  unsigned long long first_summed = ~0ull, last_summed = 0;  // staging kernels only
 };
 }  // namespace
 
@@ -56,6 +57,10 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
       g.first_staged = std::min(g.first_staged, r.t_staged);
       g.last_staged = std::max(g.last_staged, r.t_staged);
     }
+    if (r.t_summed != 0 && r.t_summed >= r.t_start && r.t_summed <= r.t_end) {
+      g.first_summed = std::min(g.first_summed, r.t_summed);
+      g.last_summed = std::max(g.last_summed, r.t_summed);
+    }
   }
   // The last replay's grids: the latest started (one step = 6 per MoE layer + lm_head).
   std::vector<Grid> all;
@@ -87,10 +92,11 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
               (step.back().last_end - step.front().first_start) / 1000.0);
   const char* names[6] = {"norm+qkv", "attention", "o-proj", "router", "gate_up", "down"};
   const int L = static_cast<int>(d.layers.size()), lo = std::min(8, L / 4), hi = std::max(lo + 1, L - 8);
-  std::printf("%-10s %7s %9s %9s %9s %9s   (means over layers %d..%d, us)\n", "kernel", "blocks", "span", "lead", "late", "tail", lo, hi - 1);
+  std::printf("%-10s %7s %9s %9s %9s %9s %9s %9s   (means over layers %d..%d, us; sums: last staged -> last summed, fin: -> last end)\n",
+              "kernel", "blocks", "span", "lead", "late", "tail", "sums", "fin", lo, hi - 1);
   double layer_sum = 0;
   for (int k = 0; k < 6; ++k) {
-    double span = 0, lead = 0, late = 0, tail = 0, blocks = 0;
+    double span = 0, lead = 0, late = 0, tail = 0, blocks = 0, sums = 0, fin = 0;
     for (int l = lo; l < hi; ++l) {
       const std::size_t i = static_cast<std::size_t>(6 * l + k);
       const Grid& g = step[i];
@@ -101,23 +107,29 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
       late += (static_cast<double>(g.last_waited) - static_cast<double>(g.first_waited)) / 1000.0;
       tail += (static_cast<double>(g.last_end) - static_cast<double>(next.first_waited)) / 1000.0;
       blocks += g.blocks;
+      if (g.last_summed != 0 && g.last_staged != 0) {
+        sums += (static_cast<double>(g.last_summed) - static_cast<double>(g.last_staged)) / 1000.0;
+        fin += (static_cast<double>(g.last_end) - static_cast<double>(g.last_summed)) / 1000.0;
+      }
     }
     const double m = hi - lo;
     layer_sum += span / m;
-    std::printf("%-10s %7.0f %9.2f %9.2f %9.2f %9.2f\n", names[k], blocks / m, span / m, lead / m, late / m, tail / m);
+    std::printf("%-10s %7.0f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", names[k], blocks / m, span / m, lead / m, late / m, tail / m, sums / m,
+                fin / m);
   }
   std::printf("layer (sum of spans) %.2f us\n", layer_sum);
   // One layer in full, relative to its qkv's first wait return, for reading by eye.
   const int l = L / 2;
   const unsigned long long t0 = step[static_cast<std::size_t>(6 * l)].first_waited;
   std::printf("layer %d in full (us from its qkv's first wait return): kernel: first start / first wait / first waited / last waited / last end"
-              " [/ first staged / last staged: rows all in shared memory]\n", l);
+              " [/ first staged / last staged: rows all in shared memory / first summed / last summed: partial sums done]\n", l);
   auto rel = [&](unsigned long long t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1000.0; };
   for (int k = 0; k < 7; ++k) {
     const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
     std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
                 rel(g.last_waited), rel(g.last_end));
     if (g.last_staged != 0) std::printf(" %8.2f %8.2f", rel(g.first_staged), rel(g.last_staged));
+    if (g.last_summed != 0) std::printf(" %8.2f %8.2f", rel(g.first_summed), rel(g.last_summed));
     std::printf("\n");
   }
 }

@@ -65,9 +65,16 @@ __device__ __forceinline__ void trace_staged() {
   if (DecodeTraceRecord* r = trace_slot()) r->t_staged = trace_now();
 }
 
+/// Records when the block's warps are done with their partial sums over the staged rows (after
+/// the __syncthreads that gathers them, before the block's final sums and stores).
+__device__ __forceinline__ void trace_summed() {
+  if (DecodeTraceRecord* r = trace_slot()) r->t_summed = trace_now();
+}
+
 }  // namespace servedeck::worker::cuda::detail
 #define SERVEDECK_TRACE_BLOCK() ::servedeck::worker::cuda::detail::TraceScope servedeck_trace_scope_
 #define SERVEDECK_TRACE_STAGED() ::servedeck::worker::cuda::detail::trace_staged()
+#define SERVEDECK_TRACE_SUMMED() ::servedeck::worker::cuda::detail::trace_summed()
 #define SERVEDECK_TRACE_TU_SETTER(name)                                                          \
   namespace servedeck::worker::cuda {                                                            \
   void name(DecodeTraceRecord* buf) {                                                            \
@@ -77,5 +84,6 @@ __device__ __forceinline__ void trace_staged() {
 #else
 #define SERVEDECK_TRACE_BLOCK() static_cast<void>(0)
 #define SERVEDECK_TRACE_STAGED() static_cast<void>(0)
+#define SERVEDECK_TRACE_SUMMED() static_cast<void>(0)
 #define SERVEDECK_TRACE_TU_SETTER(name)
 #endif

@@ -14,9 +14,10 @@ struct DecodeTraceRecord {
   unsigned block, sm;       // blockIdx.x, %smid
   unsigned long long t_start, t_wait, t_waited, t_end;
   unsigned long long t_staged;  // a staging kernel's rows all in shared memory (0: no stage)
+  unsigned long long t_summed;  // a staging kernel's warps done with their rows' partial sums (0: not recorded)
 };
 
-/// Slots of the device buffer given to set_decode_trace_buffer (224 MiB: 56-byte records).
+/// Slots of the device buffer given to set_decode_trace_buffer (256 MiB: 64-byte records).
 constexpr std::size_t k_decode_trace_slots = std::size_t{1} << 22;
 
 #ifdef SERVEDECK_DECODE_TRACE

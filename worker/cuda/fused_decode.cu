@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     detail::store_row_sums8(acc, lane, g, nrows, part + cw * R, scatter);  // reduce-scatter: 9 shuffles, not 40
   }
   __syncthreads();
+  SERVEDECK_TRACE_SUMMED();
   for (int r = threadIdx.x; r < nrows; r += WARPS * 32) {
     float s = 0.f;
 #pragma unroll

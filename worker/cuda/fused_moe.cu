@@ -230,26 +230,36 @@ __device__ __forceinline__ float4 load_act(const float4* p) {
 
 // One group of RG rows of routed slot j in the down kernels: s[r] = this lane's CH column blocks
 // of row g + r dotted with act_j, in column order (weight(r, c): the 16-byte block of row g + r
-// at column block lane + 32 c, zero past the rows or columns), then the warp's sums of the 8 rows
-// into part[j][g + r] (detail::store_row_sums8: one reduce-scatter when `scatter`). Shared by the
-// row kernel (weights in registers) and the staged one (weights in shared memory), so that their
-// results stay bit-identical.
-template <int CH, int RG, class Weight>
-__device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, int nrows, int lane, int j, Weight weight,
-                                               float (*part)[k_down_rows], int scatter) {
+// at column block lane + 32 c, zero past the rows or columns; act(c, a, b): act_j's two float4
+// of that column block, zero past the columns), then the warp's sums of the 8 rows into
+// part[j][g + r] (detail::store_row_sums8: one reduce-scatter when `scatter`). Shared by the row
+// kernel (weights in registers) and the staged one (weights in shared memory, act possibly
+// loaded before its rows landed), so that their results stay bit-identical.
+template <int CH, int RG, class Act, class Weight>
+__device__ __forceinline__ void down_row_group(Act act, int g, int nrows, int lane, int j, Weight weight, float (*part)[k_down_rows],
+                                               int scatter) {
   static_assert(RG == 8, "the row sums are stored eight at a time");
   float s[RG];
 #pragma unroll
   for (int r = 0; r < RG; ++r) s[r] = 0.f;
 #pragma unroll
   for (int c = 0; c < CH; ++c) {
-    const int i = lane + 32 * c;
-    const float4 a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 a, b;
+    act(c, a, b);
 #pragma unroll
     for (int r = 0; r < RG; ++r) s[r] += detail::dot8(weight(r, c), a, b);
   }
   detail::store_row_sums8(s, lane, g, nrows, part[j], scatter);
+}
+
+// act_j's column block lane + 32 c (two float4) from global memory, zero past n8 (load_act: not
+// hoisted, so the row kernel does not hold them across its row groups).
+__device__ __forceinline__ auto act_from_global(const float4* a4, int n8, int lane) {
+  return [a4, n8, lane](int c, float4& a, float4& b) {
+    const int i = lane + 32 * c;
+    a = i < n8 ? load_act(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    b = i < n8 ? load_act(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
 }
 
 // The block's rows after every slot's part: out[h0 + r] = out_old + sum_j weights[j] · part[j][r],
@@ -257,6 +267,7 @@ __device__ __forceinline__ void down_row_group(const float4* a4, int n8, int g, 
 __device__ __forceinline__ void down_finish(const float (*part)[k_down_rows], const float* __restrict__ weights, int k, int nrows,
                                             int h0, float out_old, float* __restrict__ out) {
   __syncthreads();
+  SERVEDECK_TRACE_SUMMED();
   if (static_cast<int>(threadIdx.x) < nrows) {
     float tot = 0.f;
     for (int j = 0; j < k; ++j) tot += weights[j] * part[j][threadIdx.x];
@@ -303,7 +314,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     for (int g = 0; g < nrows; g += RG) {
       if (g > 0) load(g);
-      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part, scatter);
+      down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part, scatter);
     }
   }
   down_finish(part, weights, k, nrows, h0, out_old, out);
@@ -314,8 +325,10 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
 // (one contiguous range of 16·inter bf16; k·16·inter·2 bytes, 192 KB at k 8 and inter 768) by
 // every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and the
 // expert pointers are read before the wait (the router wrote them two launches back), act only
-// after. The arithmetic is moe_down_rows_kernel's, step for step (per lane its CH column blocks
-// in order, down_row_group's warp reduction, then the slots in order), so out is bit-identical.
+// after: with `preload` (the default) the warp's first slot's act and the routing weights right
+// after the wait, while the rows still land, instead of after them. The arithmetic is
+// moe_down_rows_kernel's, step for step (per lane its CH column blocks in order,
+// down_row_group's warp reduction, then the slots in order), so out is bit-identical.
 // Its blocks are placed only as gate/up's blocks exit (gate/up's two blocks per SM hold 48K of
 // the 64K registers). A 4-warp block of <= 128 registers fits beside them and stages during
 // gate/up, but measured slower: GPU step 2.874 against 2.714 ms (session 7 run 6).
@@ -323,7 +336,8 @@ template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(ExpertTable t, const float* __restrict__ act,
                                                                              const int32_t* __restrict__ ids,
                                                                              const float* __restrict__ weights, int k,
-                                                                             float* __restrict__ out, int scatter) {
+                                                                             float* __restrict__ out, int scatter, int preload,
+                                                                             int batched) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   extern __shared__ float4 dyn4[];
@@ -341,6 +355,20 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
     detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
                         static_cast<int>(threadIdx.x), k_moe_warps * 32);
   wait_for_predecessor();
+  // While the rows land: this warp's first slot's act and the routing weights (gate/up wrote
+  // both), so that no load after the rows waits on L2 (preload 0: read after them, as before).
+  __shared__ float w_s[32];
+  float4 pa[CH], pb[CH];
+  if (preload) {
+    if (static_cast<int>(threadIdx.x) < k) w_s[threadIdx.x] = weights[threadIdx.x];
+    const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(warp < k ? warp : 0) * t.inter);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      const int i = lane + 32 * c;
+      pa[c] = i < n8 ? __ldcg(a4 + 2 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      pb[c] = i < n8 ? __ldcg(a4 + 2 * i + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   detail::stage_wait_all();
   __syncthreads();
   SERVEDECK_TRACE_STAGED();
@@ -352,10 +380,21 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
         const int i = lane + 32 * c;
         return g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
       };
-      down_row_group<CH, RG>(a4, n8, g, nrows, lane, j, weight, part, scatter);
+      // A full group (8 rows, 32 CH column blocks: the benchmark's shape) reads its rows without
+      // the bounds checks, so the compiler can issue a column block's 8 loads together (batched;
+      // the same values, bit-identical).
+      const auto weight_full = [&](int r, int c) { return wj[static_cast<size_t>(g + r) * n8 + lane + 32 * c]; };
+      const bool full = batched && g + RG <= nrows && n8 == 32 * CH;
+      if (preload && j == warp) {
+        const auto act_pre = [&](int c, float4& a, float4& b) { a = pa[c], b = pb[c]; };
+        if (full) down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight_full, part, scatter);
+        else down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight, part, scatter);
+      } else {
+        down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, weight, part, scatter);
+      }
     }
   }
-  down_finish(part, weights, k, nrows, h0, out_old, out);
+  down_finish(part, preload ? w_s : weights, k, nrows, h0, out_old, out);
 }
 
 /// Shared memory of moe_down_staged_kernel: k slots of k_down_rows rows of inter bf16.
@@ -431,9 +470,13 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
   const int scatter = detail::reduce_scatter_knob();
   if (down_staged(table, k)) {
     const std::size_t smem = down_staged_smem(k, table.inter);
+    // act and the routing weights loaded while the rows land unless SERVEDECK_DOWN_PRELOAD=0 (A/B).
+    const int preload = detail::env_knob("SERVEDECK_DOWN_PRELOAD", 1) != 0 ? 1 : 0;
+    // A full row group's loads without bounds checks unless SERVEDECK_DOWN_BATCHED=0 (A/B).
+    const int batched = detail::env_knob("SERVEDECK_DOWN_BATCHED", 1) != 0 ? 1 : 0;
     auto go = [&](auto kernel) {
       detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
-      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter);
+      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched);
     };
     if (n8 <= 32) return go(moe_down_staged_kernel<1>);
     if (n8 <= 64) return go(moe_down_staged_kernel<2>);

@@ -235,7 +235,9 @@ TEST_CASE("fused router and gate/up at hidden 2048, 4096 and 6144 equal the unfu
 TEST_CASE("the decode step's A/B switches change scheduling only: results bit-identical") {
   gpu_test::skip_without_gpu();
   // Staged down (all rows in shared memory before the wait; k·16·inter·2 bytes <= 200 KB: 8 × 768
-  // and 12 × 512 staged, 8 × 1024 not) against the row kernel; one gate/up block per SM.
+  // and 12 × 512 staged, 8 × 1024 not) against the row kernel; one gate/up block per SM; the
+  // staged down's act and routing weights read after its rows landed instead of before; its full
+  // row groups read with the bounds checks (not batched).
   const int E = 16;
   for (auto [H, I, K] : {std::tuple{2048, 768, 8}, std::tuple{256, 512, 12}, std::tuple{256, 1024, 8}, std::tuple{200, 96, 3}}) {
     const DeviceExperts experts(E, H, I, 51 + I);
@@ -254,7 +256,8 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
       return std::pair{act.get(), out.get()};
     };
     const auto base = run();
-    for (auto [knob, value] : {std::pair{"SERVEDECK_DOWN_STAGED", "0"}, std::pair{"SERVEDECK_GATE_UP_BLOCKS_PER_SM", "1"}}) {
+    for (auto [knob, value] : {std::pair{"SERVEDECK_DOWN_STAGED", "0"}, std::pair{"SERVEDECK_GATE_UP_BLOCKS_PER_SM", "1"},
+                               std::pair{"SERVEDECK_DOWN_PRELOAD", "0"}, std::pair{"SERVEDECK_DOWN_BATCHED", "0"}}) {
       ScopedEnv env(knob, value);
       const auto got = run();
       CHECK_MESSAGE(got.first == base.first, knob, " act, H ", H, " I ", I, " K ", K);
