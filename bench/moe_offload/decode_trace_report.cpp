@@ -128,7 +128,9 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
     std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
                 rel(g.last_waited), rel(g.last_end));
+    // The row-kernel down records its sums but stages nothing: dashes keep the columns apart.
     if (g.last_staged != 0) std::printf(" %8.2f %8.2f", rel(g.first_staged), rel(g.last_staged));
+    else if (g.last_summed != 0) std::printf(" %8s %8s", "-", "-");
     if (g.last_summed != 0) std::printf(" %8.2f %8.2f", rel(g.first_summed), rel(g.last_summed));
     std::printf("\n");
   }

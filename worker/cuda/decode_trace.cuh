@@ -65,8 +65,9 @@ __device__ __forceinline__ void trace_staged() {
   if (DecodeTraceRecord* r = trace_slot()) r->t_staged = trace_now();
 }
 
-/// Records when the block's warps are done with their partial sums over the staged rows (after
-/// the __syncthreads that gathers them, before the block's final sums and stores).
+/// Records when the block's warps are done with their partial sums (the staged GEMVs' over their
+/// staged rows, the downs' over their experts' rows: after the __syncthreads that gathers them,
+/// before the block's final sums and stores).
 __device__ __forceinline__ void trace_summed() {
   if (DecodeTraceRecord* r = trace_slot()) r->t_summed = trace_now();
 }

@@ -14,7 +14,7 @@ struct DecodeTraceRecord {
   unsigned block, sm;       // blockIdx.x, %smid
   unsigned long long t_start, t_wait, t_waited, t_end;
   unsigned long long t_staged;  // a staging kernel's rows all in shared memory (0: no stage)
-  unsigned long long t_summed;  // a staging kernel's warps done with their rows' partial sums (0: not recorded)
+  unsigned long long t_summed;  // the staged GEMVs' and the downs' warps done with their partial sums (0: not recorded)
 };
 
 /// Slots of the device buffer given to set_decode_trace_buffer (256 MiB: 64-byte records).

@@ -380,9 +380,10 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
         const int i = lane + 32 * c;
         return g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
       };
-      // A full group (8 rows, 32 CH column blocks: the benchmark's shape) reads its rows without
-      // the bounds checks, so the compiler can issue a column block's 8 loads together (batched;
-      // the same values, bit-identical).
+      // A full group (8 rows of exactly 32·CH column blocks: the benchmark's shape) reads its
+      // rows without the bounds checks, so the compiler can issue a column block's 8 loads
+      // together (batched; the same values, bit-identical). Only with the preloaded act: with
+      // preload 0 the rows are read with the checks, as before both switches.
       const auto weight_full = [&](int r, int c) { return wj[static_cast<size_t>(g + r) * n8 + lane + 32 * c]; };
       const bool full = batched && g + RG <= nrows && n8 == 32 * CH;
       if (preload && j == warp) {
@@ -472,7 +473,8 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
     const std::size_t smem = down_staged_smem(k, table.inter);
     // act and the routing weights loaded while the rows land unless SERVEDECK_DOWN_PRELOAD=0 (A/B).
     const int preload = detail::env_knob("SERVEDECK_DOWN_PRELOAD", 1) != 0 ? 1 : 0;
-    // A full row group's loads without bounds checks unless SERVEDECK_DOWN_BATCHED=0 (A/B).
+    // A full row group's loads without bounds checks unless SERVEDECK_DOWN_BATCHED=0 (A/B; only
+    // with the preload: SERVEDECK_DOWN_PRELOAD=0 turns both off).
     const int batched = detail::env_knob("SERVEDECK_DOWN_BATCHED", 1) != 0 ? 1 : 0;
     auto go = [&](auto kernel) {
       detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);

@@ -239,7 +239,11 @@ TEST_CASE("the decode step's A/B switches change scheduling only: results bit-id
   // staged down's act and routing weights read after its rows landed instead of before; its full
   // row groups read with the bounds checks (not batched).
   const int E = 16;
-  for (auto [H, I, K] : {std::tuple{2048, 768, 8}, std::tuple{256, 512, 12}, std::tuple{256, 1024, 8}, std::tuple{200, 96, 3}}) {
+  // 264 x 256 with 16 slots: staged and batched (inter 256 is 32 column blocks), two slots per
+  // warp, and a last block of 8 rows. 256 x 1024 is not staged and 200 x 96 not batched, so those
+  // switches change nothing there.
+  for (auto [H, I, K] : {std::tuple{2048, 768, 8}, std::tuple{256, 512, 12}, std::tuple{256, 1024, 8}, std::tuple{200, 96, 3},
+                         std::tuple{264, 256, 16}}) {
     const DeviceExperts experts(E, H, I, 51 + I);
     const ExpertTable& t = experts.t;
     std::vector<int32_t> ids_h(static_cast<std::size_t>(K));
