@@ -90,6 +90,17 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     if (ts[i] > ts[i - 1]) gran = std::min(gran, ts[i] - ts[i - 1]);
   std::printf("globaltimer: smallest gap between grid starts %llu ns; step first start -> lm_head end %.2f us\n", gran,
               (step.back().last_end - step.front().first_start) / 1000.0);
+  // The SM clock while the step ran: every recorded block's %clock64 cycles over its globaltimer
+  // ns, summed over the blocks of the step's grids (blocks shorter than 1 us are left out: the
+  // timer's granularity would dominate them).
+  double cycles = 0, ns = 0;
+  for (const auto& r : rec) {
+    if (r.t_end == 0 || r.c_end <= r.c_start || r.t_end < r.t_start + 1000) continue;
+    if (r.t_start < step.front().first_start || r.t_end > step.back().last_end) continue;
+    cycles += static_cast<double>(r.c_end - r.c_start);
+    ns += static_cast<double>(r.t_end - r.t_start);
+  }
+  if (ns > 0) std::printf("SM clock while the step ran: %.0f MHz (%%clock64 cycles / %%globaltimer ns over its blocks)\n", 1000.0 * cycles / ns);
   const char* names[6] = {"norm+qkv", "attention", "o-proj", "router", "gate_up", "down"};
   const int L = static_cast<int>(d.layers.size()), lo = std::min(8, L / 4), hi = std::max(lo + 1, L - 8);
   std::printf("%-10s %7s %9s %9s %9s %9s %9s %9s   (means over layers %d..%d, us; sums: last staged -> last summed, fin: -> last end)\n",

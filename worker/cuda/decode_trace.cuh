@@ -33,6 +33,13 @@ __device__ __forceinline__ unsigned long long trace_now() {
   return t;
 }
 
+/// The SM's cycle counter (%clock64).
+__device__ __forceinline__ unsigned long long trace_clock() {
+  unsigned long long c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+  return c;
+}
+
 __device__ __forceinline__ DecodeTraceRecord* trace_slot() {
   DecodeTraceRecord* buf = g_decode_trace;
   if (buf == nullptr || threadIdx.x != 0) return nullptr;
@@ -48,11 +55,15 @@ __device__ __forceinline__ DecodeTraceRecord* trace_slot() {
   return r;
 }
 
-/// Records the block's start and end (its thread 0's) around the kernel body.
+/// Records the block's start and end (its thread 0's) around the kernel body, in %globaltimer ns
+/// and in its SM's %clock64 cycles (their ratio is the SM clock while the step ran).
 struct TraceScope {
   unsigned long long start = trace_now();
+  unsigned long long clk = trace_clock();
   __device__ ~TraceScope() {
     if (DecodeTraceRecord* r = trace_slot()) {
+      r->c_end = trace_clock();
+      r->c_start = clk;
       r->t_start = start;
       r->t_end = trace_now();
     }

@@ -15,9 +15,10 @@ struct DecodeTraceRecord {
   unsigned long long t_start, t_wait, t_waited, t_end;
   unsigned long long t_staged;  // a staging kernel's rows all in shared memory (0: no stage)
   unsigned long long t_summed;  // the staged GEMVs' and the downs' warps done with their partial sums (0: not recorded)
+  unsigned long long c_start, c_end;  // %clock64 of the block's SM at t_start and t_end (cycles): its clock rate
 };
 
-/// Slots of the device buffer given to set_decode_trace_buffer (256 MiB: 64-byte records).
+/// Slots of the device buffer given to set_decode_trace_buffer (320 MiB: 80-byte records).
 constexpr std::size_t k_decode_trace_slots = std::size_t{1} << 22;
 
 #ifdef SERVEDECK_DECODE_TRACE
