@@ -45,7 +45,9 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     g.id = r.grid;
     ++g.blocks;
     g.first_start = std::min(g.first_start, r.t_start);
-    if (r.t_wait != 0) {
+    // Only a wait inside the block's own lifetime: a block that returns without waiting (the
+    // early routing's router, all but its last block) keeps an older record's marks in its slot.
+    if (r.t_wait != 0 && r.t_wait >= r.t_start && r.t_waited <= r.t_end) {
       g.first_wait = std::min(g.first_wait, r.t_wait);
       g.first_waited = std::min(g.first_waited, r.t_waited);
       g.last_waited = std::max(g.last_waited, r.t_waited);

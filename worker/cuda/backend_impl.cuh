@@ -141,6 +141,9 @@ struct CudaBackend::Impl {
   float *x, *xn, *qkv, *attn, *router_logits, *route_w, *act, *g, *u, *h, *logits;
   int32_t *route_ids, *d_token, *d_pos;
   unsigned int* router_done;
+  unsigned int* early_ids_flag = nullptr;  // router_done + 1: the early-ids flag (fused_launch.cuh), zero between layers
+  unsigned int* heads_done = nullptr;      // router_done + 2: the early routing's count of heads written, zero between layers
+  unsigned int* oproj_done = nullptr;      // router_done + 3: the early x's count of o-proj blocks done, zero between layers
   float* inv_freq = nullptr;  // RoPE table (rotary_dim / 2)
   float* attn_scratch = nullptr;            // fused decode attention partials
   unsigned int* attn_counters = nullptr;    // (n_heads), zero between launches

@@ -60,7 +60,8 @@ __device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restric
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    xv[v] = active && i < in ? *reinterpret_cast<const float4*>(x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    // L2, not the read-only path: x may be published by a kernel still running (the early x).
+    xv[v] = active && i < in ? __ldcg(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float ss = 0.f;
 #pragma unroll

@@ -69,8 +69,11 @@ void CudaBackend::Impl::allocate_activations() {
   // Token and position side by side: one host→device copy per decode step.
   CUDA_CHECK(cudaMalloc(&d_token, 2 * sizeof(int32_t)));
   d_pos = d_token + 1;
-  CUDA_CHECK(cudaMalloc(&router_done, sizeof(unsigned int)));
-  CUDA_CHECK(cudaMemset(router_done, 0, sizeof(unsigned int)));
+  CUDA_CHECK(cudaMalloc(&router_done, 4 * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(router_done, 0, 4 * sizeof(unsigned int)));
+  early_ids_flag = router_done + 1;
+  heads_done = router_done + 2;
+  oproj_done = router_done + 3;
   CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
   CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
   const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
@@ -102,33 +105,47 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   // write the o-proj's sum into the residual stream's other buffer, so the router can read the
   // residual before it.
   const bool folded = router_folded != nullptr && detail::env_knob("SERVEDECK_ROUTER_FOLDED", 1) != 0;
+  // With it, gate/up reads the routed ids as soon as the router publishes them, before its PDL
+  // wait (the early-ids handshake, fused_launch.cuh), unless SERVEDECK_EARLY_IDS=0 (A/B).
+  unsigned int* early_ids = folded && detail::env_knob("SERVEDECK_EARLY_IDS", 1) != 0 ? early_ids_flag : nullptr;
+  // And the router starts at the o-proj's start, its logits' part from the attention's output
+  // read as soon as every head is written (the early routing, fused_launch.cuh), unless
+  // SERVEDECK_EARLY_ROUTE=0 (A/B).
+  const bool early_route = folded && detail::env_knob("SERVEDECK_EARLY_ROUTE", 1) != 0;
+  // And gate/up reads x once the o-proj's blocks have counted themselves, its PDL wait last (the
+  // early x, fused_launch.cuh; with the early ids) with SERVEDECK_EARLY_X=1 (A/B; off by default:
+  // measured slower, session 13 run 3).
+  const bool early_x = early_ids != nullptr && detail::env_knob("SERVEDECK_EARLY_X", 0) != 0;
   launch_embed(embed, d_token, x, H, stream);
   float* xin = x;  // the residual stream entering the layer
   for (std::size_t li = 0; li < layers.size(); ++li) {
     const LayerDev& L = layers[li];
     const int l = static_cast<int>(li);
-    launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
-    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl);
     // The o-proj adds into the residual stream: in place, or into the other buffer when the
     // folded router reads the residual before it (xin then stays as the layer found it).
     const bool fold = L.moe && folded && L.router_folded != nullptr;
+    unsigned int* heads = fold && early_route ? heads_done : nullptr;  // only where the folded router clears it
+    launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
+    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl, heads);
     float* xout = fold ? (xin == x ? x_alt : x) : xin;
-    launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr);
+    unsigned int* rows = fold && early_x ? oproj_done : nullptr;
+    const int oproj_blocks = launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr,
+                                                  heads != nullptr, rows);
     if (L.moe) {
       const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
       const int si = moe_index[li];
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
-                             layer_counts + static_cast<std::size_t>(si) * E};
+                             layer_counts + static_cast<std::size_t>(si) * E, fold ? early_ids : nullptr};
       if (fold) {
-        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl);
+        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl, heads, static_cast<int>(d.num_heads));
         launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, router_logits, E, d.moe.norm_topk_prob, route_w,
-                                  route_ids, K, act, stream, pdl);
+                                  route_ids, K, act, stream, pdl, ro.ids_ready, rows, oproj_blocks);
       } else {
         launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
         launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
       }
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl, ro.ids_ready, rows);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);

@@ -77,9 +77,11 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// copies it before the step). With pdl it lets its successor (the o-proj) launch at its start
 /// unless SERVEDECK_ATTN_EARLY_TRIGGER=0 (fused_launch.cuh: the successor may then read only what
 /// was complete before this kernel's predecessor passed its wait).
+/// heads_done (the early routing, fused_launch.cuh): when set, each head's merging block adds 1
+/// to it (release) once the head's output is written; the folded router that waits for it clears it.
 void launch_attention_decode_fused(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
                                    float* k_cache, float* v_cache, float* out, const AttentionShape& s,
-                                   const int32_t* pos, cudaStream_t stream, bool pdl = false);
+                                   const int32_t* pos, cudaStream_t stream, bool pdl = false, unsigned int* heads_done = nullptr);
 
 /// Routing outputs and counters of one MoE layer.
 struct RouterOutputs {
@@ -90,6 +92,8 @@ struct RouterOutputs {
   const uint8_t* hot_flags;         // (n_experts): 1 = VRAM
   unsigned long long* counters;     // [hot hits, misses]
   unsigned long long* layer_counts; // (n_experts) routing counts of this layer
+  unsigned int* ids_ready = nullptr; // launch_router_folded only: set to 1 once ids are written
+                                     // (the early-ids handshake, fused_launch.cuh), or nullptr
 };
 
 /// xn_out = rmsnorm(x) * norm_w; logits = R · xn; then softmax, top-k (ties → lower id),
@@ -122,8 +126,14 @@ void fold_router_weights(const __nv_bfloat16* router, const __nv_bfloat16* post_
 /// launch_gemv_bf16_pdl's `res`) — lets its successor launch at once, and waits for the o-proj
 /// at its end. n_experts <= 1024, k <= 32, hidden and q_dim multiples of 4, pointers 16-byte
 /// aligned.
+/// heads_done (the early routing, fused_launch.cuh): when set, a is not complete at launch (the
+/// o-proj before it triggers at its start): every block computes h's part of its logit, waits
+/// until heads_done reads n_heads (the attention's merging blocks count), then reads a; the last
+/// block clears heads_done and only it waits for the o-proj at its end (the grid still completes
+/// only after the o-proj). The logits are the same sums in the same order (bit-identical).
 void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
-                          const RouterOutputs& o, cudaStream_t stream, bool pdl = false);
+                          const RouterOutputs& o, cudaStream_t stream, bool pdl = false, unsigned int* heads_done = nullptr,
+                          int n_heads = 0);
 
 /// launch_moe_gate_up_fused on xn = rmsnorm(x) ⊙ norm_w computed by every block (x: the residual
 /// after the o-proj; its squares summed over the block's 256 threads), for the experts `ids`
@@ -132,9 +142,19 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 /// With pdl it reads nothing but weights before its wait: the folded router launches it while the
 /// o-proj may still run (fused_launch.cuh). hidden <= 2048 and a multiple of 8, k <= 32,
 /// n_experts in [k, 1024].
+/// ids_ready (the early-ids handshake, fused_launch.cuh): when set, every block waits BEFORE its
+/// PDL wait until the folded router's RouterOutputs::ids_ready flag reads 1, then reads ids and
+/// issues its first unit's row loads, so they stream while the o-proj and the router finish; the
+/// results are the same either way (bit-identical). The flag must be published by the router
+/// launched just before and cleared by the down after (launch_moe_down_fused's ids_ready).
+/// x_done, x_done_n (the early x, fused_launch.cuh; only with ids_ready): every block waits until
+/// x_done reads x_done_n (the o-proj's blocks count, launch_gemv_bf16_pdl's rows_done) instead of
+/// its PDL wait before reading x, lets the down launch then, and waits for its predecessor (the
+/// router) only at its end, so that its completion still implies the router's and the o-proj's.
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps,
                                const float* logits, int n_experts, bool renormalise, float* weights, const int32_t* ids, int k,
-                               float* act, cudaStream_t stream, bool pdl = false);
+                               float* act, cudaStream_t stream, bool pdl = false, const unsigned int* ids_ready = nullptr,
+                               const unsigned int* x_done = nullptr, int x_done_n = 0);
 
 /// act[j, r] = silu(gate_j[r]·xn) * (up_j[r]·xn), j < k, r < inter. act: (k, inter) fp32.
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
@@ -151,8 +171,11 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// memory (and SERVEDECK_DOWN_STAGED is not 0), each block also copies its 16 rows of every
 /// routed expert into shared memory before the wait, so they stream while gate/up finishes; the
 /// arithmetic is the same either way (bit-identical results).
+/// ids_ready, x_done: when set, block 0 clears them (stores 0) after its wait, ending the early-ids
+/// and early-x handshakes of the gate/up before it (launch_moe_gate_up_normed).
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream, bool pdl = false);
+                           float* out, cudaStream_t stream, bool pdl = false, unsigned int* ids_ready = nullptr,
+                           unsigned int* x_done = nullptr);
 
 /// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL. W: (out, in) bf16,
 /// in % 8 == 0, W and x 16-byte aligned. Rows staged in shared memory before the wait when
@@ -164,8 +187,13 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
 /// the residual stream, last written by the previous layer's down, before q|k|v).
 /// With accumulate and `res` set, y = res + W x instead (res read where y would be; y's old value
 /// unused): the o-proj writing the residual stream's next buffer (launch_router_folded).
-void launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
-                          cudaStream_t stream, bool pdl = false, const float* res = nullptr);
+/// trigger_at_start (staged kernel only): lets its successor launch at its start (the early
+/// routing's folded router, fused_launch.cuh) instead of after its wait. rows_done (the early x,
+/// fused_launch.cuh): when set, every block adds 1 to it (release) once its rows of y are
+/// written. Returns the number of blocks launched (what rows_done reaches).
+int launch_gemv_bf16_pdl(const __nv_bfloat16* W, const float* x, float* y, int out, int in, bool accumulate,
+                         cudaStream_t stream, bool pdl = false, const float* res = nullptr, bool trigger_at_start = false,
+                         unsigned int* rows_done = nullptr);
 
 /// Blocks of launch_argmax_row at most (its scratch holds one pair per block).
 constexpr int k_argmax_blocks = 64;

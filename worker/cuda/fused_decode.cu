@@ -72,8 +72,10 @@ template <int NV, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
     int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res,
-    int scatter) {
+    int scatter, int trigger_at_start, unsigned int* rows_done) {
   SERVEDECK_TRACE_BLOCK();
+  // The o-proj before the early routing's folded router lets it launch at once (fused_launch.cuh).
+  if (trigger_at_start) asm volatile("griddepcontrol.launch_dependents;" :::);
   static_assert(WARPS == k_staged_warps || (WARPS == 2 * k_staged_warps && NV >= 0), "8 warps, or 16 without the strided norm");
   constexpr int CW = k_staged_warps, RG = 8, NT = CW * 32;  // column slices; the norm's threads
   extern __shared__ float4 dyn4[];
@@ -125,6 +127,10 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     for (int w = 0; w < CW; ++w) s += part[w * R + r];
     y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : base[r0 + r]) + s : s;
   }
+  if (rows_done != nullptr) {  // the early x (fused_launch.cuh): this block's rows are written
+    __syncthreads();
+    if (threadIdx.x == 0) detail::publish_count(rows_done);
+  }
 }
 
 // Shape of a staged GEMV launch: rows per block so that one block per SM covers `out`, and its
@@ -146,13 +152,14 @@ StagedPlan staged_plan(int out, int in) {
 
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
-                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr) {
+                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr,
+                   bool trigger_at_start = false, unsigned int* rows_done = nullptr) {
   const int scatter = detail::reduce_scatter_knob();
   // The block size follows from the instance's WARPS.
   auto go = [&]<int WARPS>(std::integral_constant<int, WARPS>) {
     allow_dynamic_smem(staged_gemv_kernel<NV, WARPS>, k_staged_smem_max);
     launch(staged_gemv_kernel<NV, WARPS>, p.grid, WARPS * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-           accumulate ? 1 : 0, xn_out, pieces, res, scatter);
+           accumulate ? 1 : 0, xn_out, pieces, res, scatter, trigger_at_start ? 1 : 0, rows_done);
   };
   // 16 warps per block unless SERVEDECK_STAGED_WARPS=8 (A/B); the strided norm (NV -1) has 8.
   if constexpr (NV >= 0)
@@ -178,7 +185,8 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
                                                                            const bf16* __restrict__ qn,
                                                                            const bf16* __restrict__ kn, float* kc,
                                                                            float* vc, float* __restrict__ out,
-                                                                           AttentionShape s, const int32_t* pos_p, int early_trigger) {
+                                                                           AttentionShape s, const int32_t* pos_p, int early_trigger,
+                                                                           unsigned int* heads_done) {
   SERVEDECK_TRACE_BLOCK();
   // The o-proj may launch at once (an exception to wait_for_predecessor's order, fused_launch.cuh):
   // its blocks are placed as q|k|v's leave and stage their rows during the whole attention.
@@ -311,12 +319,16 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     out[static_cast<size_t>(h) * hd + dd] = o / LL;
   }
   if (threadIdx.x == 0) s.counters[h] = 0u;  // ready for the next launch
+  if (heads_done != nullptr) {  // the early routing (fused_launch.cuh): this head's output is written
+    __syncthreads();
+    if (threadIdx.x == 0) detail::publish_count(heads_done);
+  }
 }
 
 // y (+)= W x with x from global memory (o-proj + residual).
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate,
-                                                       const float* __restrict__ res) {
+                                                       const float* __restrict__ res, unsigned int* rows_done) {
   SERVEDECK_TRACE_BLOCK();
   const int lane = threadIdx.x % 32, row0 = blockIdx.x * 8 + threadIdx.x / 32;
   const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
@@ -325,6 +337,10 @@ __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ 
     const bf16* wr = W + static_cast<size_t>(row) * in;
     const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, x, in, lane) : lane_dot(wr, x, in, lane));
     if (lane == 0) y[row] = accumulate ? (res != nullptr ? res[row] : y[row]) + acc : acc;
+  }
+  if (rows_done != nullptr) {  // as the staged kernel's
+    __syncthreads();
+    if (threadIdx.x == 0) detail::publish_count(rows_done);
   }
 }
 
@@ -364,7 +380,7 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
 
 void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const bf16* k_norm, float* k_cache,
                                    float* v_cache, float* out, const AttentionShape& s, const int32_t* pos,
-                                   cudaStream_t stream, bool pdl) {
+                                   cudaStream_t stream, bool pdl, unsigned int* heads_done) {
   using detail::require;
   require(s.head_dim > 0 && s.head_dim <= 256, "launch_attention_decode_fused",
           "head_dim must be in (0, 256], got " + std::to_string(s.head_dim));
@@ -379,13 +395,13 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
   const int grid = s.n_heads * k_attention_splits;
   // The o-proj launched at the attention's start unless SERVEDECK_ATTN_EARLY_TRIGGER=0 (A/B).
   const int early = detail::env_knob("SERVEDECK_ATTN_EARLY_TRIGGER", 1) != 0 ? 1 : 0;
-  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, early); };
+  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, early, heads_done); };
   if (s.head_dim <= 128) return ahead ? go(attention_fused_kernel<4, true>) : go(attention_fused_kernel<4, false>);
   ahead ? go(attention_fused_kernel<8, true>) : go(attention_fused_kernel<8, false>);
 }
 
-void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
-                          bool pdl, const float* res) {
+int launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
+                         bool pdl, const float* res, bool trigger_at_start, unsigned int* rows_done) {
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
@@ -394,10 +410,13 @@ void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int 
   // copies do not queue ahead of the attention's loads. Measured on the H200 (session 7 runs 1-3,
   // GPU step): 1 piece 2.940 ms, 4: 2.927, 8: 2.887, 16: 2.845, and 32 no better (with the staged
   // down: 8: 2.753, 16: 2.713-2.715, 32: 2.805). SERVEDECK_OPROJ_STAGE_PIECES overrides (A/B).
-  if (p.smem != 0)
-    return launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr,
-                            detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16), res);
-  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0, res);
+  if (p.smem != 0) {
+    launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr,
+                     detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16), res, trigger_at_start, rows_done);
+    return p.grid;
+  }
+  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0, res, rows_done);
+  return grid_for(out, 8);
 }
 
 }  // namespace servedeck::worker::cuda

@@ -58,6 +58,47 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
+// Two handshakes of the decode step that run ahead of the PDL order (fused_launch's
+// wait_for_predecessor): polls of a counter in global memory, published with release and read
+// with relaxed loads and one acquire fence (not an acquire per poll, which would invalidate the
+// SM's L1 each time under the kernels beside it).
+// - Early ids (SERVEDECK_EARLY_IDS): the folded router's last block publishes the routed ids
+//   (publish_flag) once written; gate/up's blocks wait for it (wait_for_count(flag, 1)) BEFORE
+//   their PDL wait and start loading their first expert rows; the down clears the flag after its
+//   own wait (every gate/up block has passed it by then). gate/up is launched at the router's
+//   start, when every router block is resident, so the last block always gets to publish.
+// - Early routing (SERVEDECK_EARLY_ROUTE): the attention's merging block of each head adds 1
+//   (publish_count) once the head's output is written; the folded router, launched at the
+//   o-proj's start instead of after its wait, computes the residual's part of its logits, then
+//   waits for all heads (wait_for_count(done, n_heads)) and reads the attention's output; its
+//   last block clears the count. The router is launched once every o-proj block started, the
+//   o-proj once every attention block did: the attention's blocks are all resident, so the
+//   count always completes.
+
+/// Stores 1 to `flag` (release, device scope): this thread's earlier writes, and with a
+/// __syncthreads before it its block's, are visible to whoever reads the 1 and then fences.
+__device__ __forceinline__ void publish_flag(unsigned int* flag) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u) : "memory");
+}
+
+/// Adds 1 to `count` (release, device scope), as publish_flag.
+__device__ __forceinline__ void publish_count(unsigned int* count) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(count), "r"(1u) : "memory");
+}
+
+/// Returns once `count` reads at least `n` (relaxed polls every ~64 ns, then one acquire fence:
+/// the writes published before it are visible to this thread, and after a __syncthreads to its
+/// block — loads of them must bypass L1: __ldcg or ld.relaxed, not the read-only path).
+__device__ __forceinline__ void wait_for_count(const unsigned int* count, unsigned int n) {
+  for (;;) {
+    unsigned int v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+    if (v >= n) break;
+    __nanosleep(64);
+  }
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 /// Lets `kernel` launch with up to `max_bytes` of dynamic shared memory on the current device
 /// (the default limit is 48 KB including static shared memory). Call with the kernel's fixed
 /// maximum, never a per-launch size: the attribute belongs to the function, so a smaller later

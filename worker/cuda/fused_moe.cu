@@ -55,6 +55,9 @@ struct GateUpNorm {
   int renormalise = 0;
   float* weights = nullptr;       // (k)
   int table_in_smem = 0;          // the expert table copied to shared memory before the wait
+  const unsigned int* ids_ready = nullptr;  // the early-ids handshake (fused_launch.cuh), or nullptr
+  const unsigned int* x_done = nullptr;     // the early x (fused_launch.cuh; with ids_ready), or nullptr
+  unsigned int x_done_n = 0;                // the o-proj's blocks
 };
 
 // Where gate/up's NORM mode keeps the expert table: after the hidden floats of x in its dynamic
@@ -69,14 +72,14 @@ constexpr int k_norm_vecs = 2;  // float4 of x per thread: hidden <= 4 · 256 ·
 // (divided by the sum over the k picks when renormalising). k <= 32.
 __device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, const int32_t* __restrict__ ids, int k, int lane) {
   float m = -INFINITY;
-  for (int e = lane; e < g.n_experts; e += 32) m = fmaxf(m, g.logits[e] * inv);
+  for (int e = lane; e < g.n_experts; e += 32) m = fmaxf(m, __ldcg(g.logits + e) * inv);
   m = warp_max(m);
-  const float mine = lane < k ? expf(g.logits[ids[lane]] * inv - m) : 0.f;
+  const float mine = lane < k ? expf(__ldcg(g.logits + __ldcg(ids + lane)) * inv - m) : 0.f;
   float den = 0.f;
   if (g.renormalise) {
     den = warp_sum(mine);
   } else {
-    for (int e = lane; e < g.n_experts; e += 32) den += expf(g.logits[e] * inv - m);
+    for (int e = lane; e < g.n_experts; e += 32) den += expf(__ldcg(g.logits + e) * inv - m);
     den = warp_sum(den);
   }
   if (lane < k) g.weights[lane] = mine / den;
@@ -115,16 +118,10 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     if (g.table_in_smem)
       for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) expert_table_smem(xs4, t.hidden)[e] = t.experts[e];
   }
-  wait_for_predecessor();
-  if (NORM && g.table_in_smem) {
-    __syncthreads();  // the table is visible to the block
-    if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[ids[threadIdx.x]];
-  } else if (threadIdx.x < k) {
-    blocks[threadIdx.x] = t.experts[ids[threadIdx.x]];
-  }
-  __syncthreads();
   // Every warp's first unit's loads before the norm, so their round trip overlaps the norm's
-  // (measured on the H200, session 9 runs 4-5: GPU step 2.439 against 2.467 ms without).
+  // (measured on the H200, session 9 runs 4-5: GPU step 2.439 against 2.467 ms without); with
+  // the early-ids handshake (NORM, g.ids_ready) even before the wait, as soon as the router has
+  // published the ids.
   uint4 wg[C], wu[C];
   const auto load_unit = [&](int gw) {
     const int j = gw / t.inter, r = gw % t.inter;
@@ -137,7 +134,44 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
       wu[c] = i < n8 ? up[i] : make_uint4(0, 0, 0, 0);
     }
   };
-  if (gw0 < total) load_unit(gw0);
+  // The routed experts' pointers to shared memory (ids: this layer's router's, published or
+  // complete once the wait returned).
+  const auto select_experts = [&](const int32_t* ids_p) {
+    if (NORM && g.table_in_smem) {
+      __syncthreads();  // the table is visible to the block
+      if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[__ldcg(ids_p + threadIdx.x)];
+    } else if (threadIdx.x < k) {
+      blocks[threadIdx.x] = t.experts[__ldcg(ids_p + threadIdx.x)];
+    }
+    __syncthreads();
+  };
+  const bool early = NORM && g.ids_ready != nullptr;
+  if (early) {
+    if (threadIdx.x == 0) detail::wait_for_count(g.ids_ready, 1u);
+    __syncthreads();  // every thread's reads of ids after the flag's acquire
+    SERVEDECK_TRACE_STAGED();  // the trace's "staged": the ids seen
+    select_experts(ids);
+    if (gw0 < total) load_unit(gw0);
+  }
+  // With the early x, the o-proj's rows of x counted instead of the PDL wait, which comes last.
+  const bool early_x = early && g.x_done != nullptr;
+  if (early_x) {
+#ifdef SERVEDECK_DECODE_TRACE
+    const unsigned long long t_wait = detail::trace_now();
+#endif
+    if (threadIdx.x == 0) detail::wait_for_count(g.x_done, g.x_done_n);
+    __syncthreads();  // every thread's reads of x after the count's acquire
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#ifdef SERVEDECK_DECODE_TRACE
+    detail::trace_wait_marks(t_wait);
+#endif
+  } else {
+    wait_for_predecessor();
+  }
+  if (!early) {
+    select_experts(ids);
+    if (gw0 < total) load_unit(gw0);
+  }
   if constexpr (NORM) {
     float* xs = reinterpret_cast<float*>(xs4);
     const float inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
@@ -162,6 +196,16 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     us = warp_sum(us);
     if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
   }
+  if (early_x) asm volatile("griddepcontrol.wait;" ::: "memory");  // completes only after the router
+}
+
+// The down's end of the early-ids handshake (fused_launch.cuh): after its wait every gate/up
+// block has read the flag, so block 0 clears it for the next layer's router.
+__device__ __forceinline__ void clear_ids_ready(unsigned int* ids_ready, unsigned int* x_done) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (ids_ready != nullptr) *ids_ready = 0u;
+    if (x_done != nullptr) *x_done = 0u;
+  }
 }
 
 // down row h of every routed expert, weighted sum in the order j = 0..k-1, residual add. The
@@ -171,12 +215,13 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
 __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(ExpertTable t, const float* __restrict__ act,
                                                                          const int32_t* __restrict__ ids,
                                                                          const float* __restrict__ weights, int k,
-                                                                         float* __restrict__ out) {
+                                                                         float* __restrict__ out, unsigned int* ids_ready, unsigned int* x_done) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ const bf16* down[32];
   __shared__ float wj[32];
   const int lane = threadIdx.x % 32;
   wait_for_predecessor();
+  clear_ids_ready(ids_ready, x_done);
   if (threadIdx.x < k) {
     down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
     wj[threadIdx.x] = weights[threadIdx.x];
@@ -279,7 +324,8 @@ template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
                                                                            const int32_t* __restrict__ ids,
                                                                            const float* __restrict__ weights, int k,
-                                                                           float* __restrict__ out, int scatter) {
+                                                                           float* __restrict__ out, int scatter,
+                                                                           unsigned int* ids_ready, unsigned int* x_done) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   __shared__ float part[32][k_down_rows];
@@ -304,8 +350,9 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     load(0);
   }
   // The residual too: out was last written by the o-proj, three launches back.
-  const float out_old = static_cast<int>(threadIdx.x) < nrows ? out[h0 + threadIdx.x] : 0.f;
+  const float out_old = static_cast<int>(threadIdx.x) < nrows ? __ldcg(out + h0 + threadIdx.x) : 0.f;
   wait_for_predecessor();
+  clear_ids_ready(ids_ready, x_done);
   for (int j = warp; j < k; j += k_moe_warps) {
     if (j != warp) {
       select(j);
@@ -337,7 +384,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
                                                                              const int32_t* __restrict__ ids,
                                                                              const float* __restrict__ weights, int k,
                                                                              float* __restrict__ out, int scatter, int preload,
-                                                                             int batched) {
+                                                                             int batched, unsigned int* ids_ready, unsigned int* x_done) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   extern __shared__ float4 dyn4[];
@@ -349,12 +396,13 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
   if (static_cast<int>(threadIdx.x) < k)
     rows_of[threadIdx.x] = t.experts[__ldcg(ids + threadIdx.x)] + static_cast<size_t>(2) * t.inter * t.hidden + static_cast<size_t>(h0) * t.inter;
   // The residual too: out was last written by the o-proj, three launches back.
-  const float out_old = static_cast<int>(threadIdx.x) < nrows ? out[h0 + threadIdx.x] : 0.f;
+  const float out_old = static_cast<int>(threadIdx.x) < nrows ? __ldcg(out + h0 + threadIdx.x) : 0.f;
   __syncthreads();
   for (int j = 0; j < k; ++j)
     detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
                         static_cast<int>(threadIdx.x), k_moe_warps * 32);
   wait_for_predecessor();
+  clear_ids_ready(ids_ready, x_done);
   // While the rows land: this warp's first slot's act and the routing weights (gate/up wrote
   // both), so that no load after the rows waits on L2 (preload 0: read after them, as before).
   __shared__ float w_s[32];
@@ -437,7 +485,8 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, const float* logits,
                                int n_experts, bool renormalise, float* weights, const int32_t* ids, int k, float* act,
-                               cudaStream_t stream, bool pdl) {
+                               cudaStream_t stream, bool pdl, const unsigned int* ids_ready, const unsigned int* x_done,
+                               int x_done_n) {
   detail::require(table.hidden % 8 == 0 && table.hidden <= 4 * k_moe_warps * 32 * k_norm_vecs && table.inter % 8 == 0 && k > 0 &&
                       k <= 32 && n_experts >= k && n_experts <= 1024,
                   "launch_moe_gate_up_normed",
@@ -451,7 +500,10 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
   const int tbl = detail::env_knob("SERVEDECK_GATE_UP_TABLE", 1) != 0 ? 1 : 0;
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float) +
                            (tbl ? static_cast<std::size_t>(n_experts) * sizeof(const bf16*) : 0);
-  const GateUpNorm g{norm_w, eps, logits, n_experts, renormalise ? 1 : 0, weights, tbl};
+  detail::require(x_done == nullptr || (ids_ready != nullptr && x_done_n > 0), "launch_moe_gate_up_normed",
+                  "x_done needs ids_ready and a positive count, got count " + std::to_string(x_done_n));
+  const GateUpNorm g{norm_w, eps, logits, n_experts, renormalise ? 1 : 0, weights, tbl, ids_ready, x_done,
+                     static_cast<unsigned int>(x_done_n)};
   auto go = [&](auto kernel) {
     detail::prefer_max_shared(kernel);
     launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, ids, k, act, g);
@@ -461,7 +513,7 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
 }
 
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream, bool pdl) {
+                           float* out, cudaStream_t stream, bool pdl, unsigned int* ids_ready, unsigned int* x_done) {
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
@@ -478,16 +530,16 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
     const int batched = detail::env_knob("SERVEDECK_DOWN_BATCHED", 1) != 0 ? 1 : 0;
     auto go = [&](auto kernel) {
       detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
-      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched);
+      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched, ids_ready, x_done);
     };
     if (n8 <= 32) return go(moe_down_staged_kernel<1>);
     if (n8 <= 64) return go(moe_down_staged_kernel<2>);
     return go(moe_down_staged_kernel<3>);
   }
-  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
-  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
-  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter);
-  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
+  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
+  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
+  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, ids_ready, x_done);
 }
 
 }  // namespace servedeck::worker::cuda

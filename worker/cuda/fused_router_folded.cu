@@ -53,8 +53,9 @@ constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (a
 // gate/up after the logit instead 2.669 (run 8) and ranking the logits in gate/up's and down's
 // blocks instead of a last block 2.616 (run 9), each run's unfolded router at 2.714-2.715.
 __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const float* __restrict__ Rf, const float* __restrict__ h,
-                                                                        const float* __restrict__ a, int H, int Q, int k,
-                                                                        RouterOutputs o) {
+                                                                        const float* a, int H, int Q, int k,
+                                                                        RouterOutputs o, unsigned int* heads_done, int n_heads,
+                                                                        int preload) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ float red[k_folded_warps];
   __shared__ float p[1024];
@@ -69,16 +70,51 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
   const float4* h4p = reinterpret_cast<const float4*>(h);
   const float4* a4p = reinterpret_cast<const float4*>(a);
   float acc = 0.f;
-  for (int base = c0 + lane; base < c1; base += 32 * k_folded_loads) {
+  // The lane's columns in order; with heads_done (the early routing) in two passes, h's columns
+  // (all before a's) and then, once every head is written, a's: the same additions in the same
+  // order (a column outside the pass adds +0).
+  const auto pass = [&](int lo, int hi) {
+    for (int base = c0 + lane; base < c1; base += 32 * k_folded_loads) {
+      float4 w[k_folded_loads], v[k_folded_loads];
+#pragma unroll
+      for (int m = 0; m < k_folded_loads; ++m) {
+        const int c = base + 32 * m;
+        const bool in = c < c1 && c >= lo && c < hi;
+        w[m] = in ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[m] = in ? (c < h4 ? h4p[c] : __ldcg(a4p + (c - h4))) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int m = 0; m < k_folded_loads; ++m) acc += w[m].x * v[m].x + w[m].y * v[m].y + w[m].z * v[m].z + w[m].w * v[m].w;
+    }
+  };
+  const auto wait_for_heads = [&] {
+    if (threadIdx.x == 0) detail::wait_for_count(heads_done, static_cast<unsigned int>(n_heads));
+    __syncthreads();
+  };
+  if (heads_done == nullptr) {
+    pass(0, n4);
+  } else if (preload && per <= 32 * k_folded_loads) {
+    // A lane's columns in one round (the benchmark's shape: 6 per lane): every weight and h's
+    // columns loaded before the wait for the heads, a's after; then pass(0, n4)'s sum exactly.
     float4 w[k_folded_loads], v[k_folded_loads];
 #pragma unroll
     for (int m = 0; m < k_folded_loads; ++m) {
-      const int c = base + 32 * m;
+      const int c = c0 + lane + 32 * m;
       w[m] = c < c1 ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-      v[m] = c < c1 ? (c < h4 ? h4p[c] : a4p[c - h4]) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[m] = c < c1 && c < h4 ? h4p[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    wait_for_heads();
+#pragma unroll
+    for (int m = 0; m < k_folded_loads; ++m) {
+      const int c = c0 + lane + 32 * m;
+      if (c < c1 && c >= h4) v[m] = __ldcg(a4p + (c - h4));
     }
 #pragma unroll
     for (int m = 0; m < k_folded_loads; ++m) acc += w[m].x * v[m].x + w[m].y * v[m].y + w[m].z * v[m].z + w[m].w * v[m].w;
+  } else {
+    pass(0, h4);
+    wait_for_heads();
+    pass(h4, n4);
   }
   acc = warp_sum(acc);
   if (lane == 0) red[warp] = acc;
@@ -89,6 +125,7 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     for (int w = 0; w < k_folded_warps; ++w) l += red[w];
     o.logits[blockIdx.x] = l;
   }
+  SERVEDECK_TRACE_STAGED();  // the trace's "staged": this block's logit written
   // Last-block pattern, as the fused router.
   __threadfence();
   __syncthreads();
@@ -107,6 +144,14 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
       atomicAdd(&o.layer_counts[e], 1ull);
     }
     if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch
+    SERVEDECK_TRACE_SUMMED();  // the trace's "summed": the ids ranked and written
+    if (heads_done != nullptr && threadIdx.x == 0) *heads_done = 0u;  // every block has read it
+    if (o.ids_ready != nullptr) {  // the early-ids handshake (fused_launch.cuh): every id written first
+      __syncthreads();
+      if (threadIdx.x == 0) detail::publish_flag(o.ids_ready);
+    }
+  } else if (heads_done != nullptr) {
+    return;  // the last block's wait alone keeps the grid from completing before the o-proj
   }
   detail::wait_for_predecessor();
 }
@@ -124,7 +169,7 @@ void fold_router_weights(const bf16* router, const bf16* post_norm, const bf16* 
 }
 
 void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
-                          const RouterOutputs& o, cudaStream_t stream, bool pdl) {
+                          const RouterOutputs& o, cudaStream_t stream, bool pdl, unsigned int* heads_done, int n_heads) {
   using detail::require;
   require(n_experts > 0 && n_experts <= 1024, "launch_router_folded", "n_experts must be in (0, 1024], got " + std::to_string(n_experts));
   require(k > 0 && k <= n_experts && k <= 32, "launch_router_folded", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
@@ -132,7 +177,12 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
           "hidden and q_dim must be positive multiples of 4, got " + std::to_string(hidden) + ", " + std::to_string(q_dim));
   require(detail::aligned16(folded) && detail::aligned16(h) && detail::aligned16(a), "launch_router_folded",
           "folded, h and a must be 16-byte aligned");
-  detail::launch(router_folded_kernel, n_experts, k_folded_threads, 0, stream, pdl, folded, h, a, hidden, q_dim, k, o);
+  require(heads_done == nullptr || n_heads > 0, "launch_router_folded", "n_heads must be positive with heads_done, got " + std::to_string(n_heads));
+  // With heads_done, the weights and h's columns loaded before the wait for the heads unless
+  // SERVEDECK_ROUTER_PRELOAD=0 (A/B; 0 also runs the general two passes).
+  const int preload = detail::env_knob("SERVEDECK_ROUTER_PRELOAD", 1) != 0 ? 1 : 0;
+  detail::launch(router_folded_kernel, n_experts, k_folded_threads, 0, stream, pdl, folded, h, a, hidden, q_dim, k, o, heads_done, n_heads,
+                 preload);
 }
 
 }  // namespace servedeck::worker::cuda

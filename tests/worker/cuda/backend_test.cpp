@@ -232,6 +232,10 @@ TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off b
   CHECK(run("SERVEDECK_GATE_UP_TABLE", "0") == base);  // gate/up's expert table in shared memory
   CHECK(run("SERVEDECK_STAGED_WARPS", "8") == base);   // the staged GEMVs with 8 warps, not 16
   CHECK(run("SERVEDECK_DOWN_PRELOAD", "0") == base);   // its act and weights read after its rows
+  CHECK(run("SERVEDECK_EARLY_IDS", "0") == base);      // gate/up reads the ids after its wait
+  CHECK(run("SERVEDECK_EARLY_ROUTE", "0") == base);    // the router launched after the o-proj's wait
+  CHECK(run("SERVEDECK_EARLY_X", "1") == base);        // gate/up counts the o-proj's blocks instead
+  CHECK(run("SERVEDECK_ROUTER_PRELOAD", "0") == base); // the early router's two passes
   // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
   // two caches fed the same tokens; 12 steps, each compared.
   auto ca = be->new_cache(64), cb = be->new_cache(64);

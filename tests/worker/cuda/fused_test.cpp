@@ -372,6 +372,60 @@ TEST_CASE("the folded router and gate/up with its own norm equal o-proj + router
   }
 }
 
+TEST_CASE("gate/up reading the ids and x before its PDL wait (the early ids and x) changes nothing; the down clears both") {
+  gpu_test::skip_without_gpu();
+  // o-proj -> folded router -> gate/up -> down, three times in one stream as three layers of the
+  // decode step, with and without PDL: gate/up waits for the router's published ids and the
+  // o-proj's count instead of its PDL wait; act and the residual must be bit-identical, and both
+  // counters zero after.
+  for (auto [E, K, H, Q, I] : {std::tuple{128, 8, 2048, 4096, 768}, std::tuple{16, 4, 256, 512, 96}}) {
+    CAPTURE(E);
+    const unsigned s = static_cast<unsigned>(97 + H);
+    DeviceBuffer<__nv_bfloat16> Wo(rand_bf16(static_cast<std::size_t>(H) * Q, s, 0.02f)), R(rand_bf16(static_cast<std::size_t>(E) * H, s + 1, 0.2f)),
+        nw(rand_bf16(static_cast<std::size_t>(H), s + 2, 1.f));
+    DeviceBuffer<float> h(gpu_test::random_floats(static_cast<std::size_t>(H), s + 3, 1.f)),
+        a(gpu_test::random_floats(static_cast<std::size_t>(Q), s + 4, 1.f)), folded(static_cast<std::size_t>(E) * (H + Q));
+    const DeviceExperts experts(E, H, I, s + 5);
+    fold_router_weights(R.ptr, nw.ptr, Wo.ptr, folded.ptr, E, H, Q, nullptr);
+    DeviceBuffer<uint8_t> flags(std::vector<uint8_t>(static_cast<std::size_t>(E), 0));
+    cudaStream_t st = nullptr;
+    REQUIRE(cudaStreamCreate(&st) == cudaSuccess);  // blocking: ordered after the buffers' set-up
+    // mode 0: neither handshake, 1: the early ids, 2: the early ids and the early x (the o-proj's
+    // blocks counted instead of gate/up's PDL wait).
+    auto chain = [&](bool pdl, int mode) {
+      DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(static_cast<std::size_t>(E), 0));
+      DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0}), ready(std::vector<unsigned int>{0}), xdone(std::vector<unsigned int>{0});
+      DeviceBuffer<float> x(static_cast<std::size_t>(H)), logits(static_cast<std::size_t>(E)), w(static_cast<std::size_t>(K)),
+          act(static_cast<std::size_t>(K) * I);
+      DeviceBuffer<int32_t> ids(static_cast<std::size_t>(K));
+      act.poison();
+      unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;
+      unsigned int* rows = mode == 2 ? xdone.ptr : nullptr;
+      for (int layer = 0; layer < 3; ++layer) {
+        const int blocks = launch_gemv_bf16_pdl(Wo.ptr, a.ptr, x.ptr, H, Q, true, st, pdl, h.ptr, false, rows);
+        launch_router_folded(folded.ptr, h.ptr, a.ptr, E, H, Q, K,
+                             RouterOutputs{logits.ptr, ids.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr, flag}, st, pdl);
+        launch_moe_gate_up_normed(experts.t, x.ptr, nw.ptr, 1e-6f, logits.ptr, E, true, w.ptr, ids.ptr, K, act.ptr, st, pdl, flag,
+                                  rows, blocks);
+        launch_moe_down_fused(experts.t, act.ptr, ids.ptr, w.ptr, K, x.ptr, st, pdl, flag, rows);
+      }
+      REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+      CHECK(ready.get()[0] == 0u);
+      CHECK(xdone.get()[0] == 0u);
+      CHECK(counters.get()[1] == 3ull * K);  // every expert cold here: three routings counted
+      return std::tuple{x.get(), act.get(), ids.get()};
+    };
+    const auto want = chain(false, 0);
+    for (const bool pdl : {false, true})
+      for (const int mode : {2, 1, 0}) {
+        CAPTURE(pdl);
+        CAPTURE(mode);
+        CHECK(chain(pdl, mode) == want);
+      }
+    cudaStreamDestroy(st);
+  }
+}
+
 TEST_CASE("argmax on the device picks worker::argmax's token: ties, NaN, -inf, short and odd rows") {
   gpu_test::skip_without_gpu();
   DeviceBuffer<float> vals(std::vector<float>(k_argmax_blocks, 0.f));
