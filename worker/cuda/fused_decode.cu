@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
                                                                            const bf16* __restrict__ kn, float* kc,
                                                                            float* vc, float* __restrict__ out,
                                                                            AttentionShape s, const int32_t* pos_p, int early_trigger,
-                                                                           unsigned int* heads_done) {
+                                                                           unsigned int* heads_done, int lean_sync) {
   SERVEDECK_TRACE_BLOCK();
   // The o-proj may launch at once (an exception to wait_for_predecessor's order, fused_launch.cuh):
   // its blocks are placed as q|k|v's leave and stage their rows during the whole attention.
@@ -290,12 +290,14 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     part[0] = M;
     part[1] = L;
   }
-  __threadfence();
+  // With lean_sync one acq_rel atomic by thread 0 instead of the fences (detail::atomic_inc_acq_rel).
+  if (!lean_sync) __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&s.counters[h], 1u) == k_attention_splits - 1;
+  if (threadIdx.x == 0)
+    is_last = (lean_sync ? detail::atomic_inc_acq_rel(&s.counters[h]) : atomicAdd(&s.counters[h], 1u)) == k_attention_splits - 1;
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
+  if (!lean_sync) __threadfence();
   // Every split's (M, L) and this thread's outputs in one round of loads, then the merge in
   // split order.
   const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);
@@ -395,7 +397,8 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
   const int grid = s.n_heads * k_attention_splits;
   // The o-proj launched at the attention's start unless SERVEDECK_ATTN_EARLY_TRIGGER=0 (A/B).
   const int early = detail::env_knob("SERVEDECK_ATTN_EARLY_TRIGGER", 1) != 0 ? 1 : 0;
-  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, early, heads_done); };
+  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, early, heads_done,
+                                            detail::lean_sync_knob()); };
   if (s.head_dim <= 128) return ahead ? go(attention_fused_kernel<4, true>) : go(attention_fused_kernel<4, false>);
   ahead ? go(attention_fused_kernel<8, true>) : go(attention_fused_kernel<8, false>);
 }

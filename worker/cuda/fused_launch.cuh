@@ -86,6 +86,18 @@ __device__ __forceinline__ void publish_count(unsigned int* count) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(count), "r"(1u) : "memory");
 }
 
+/// The last-block pattern's counter in one operation: old value of `*count` after adding 1, with
+/// acquire and release at device scope. Called by thread 0 after a __syncthreads that follows
+/// its block's writes, it publishes them (the barrier orders them before the release) and, for
+/// the last block, makes every other block's published writes visible (to its block after the
+/// next __syncthreads; loads of them must bypass L1). Replaces __threadfence by every thread +
+/// atomicAdd + __threadfence: one round trip instead of three.
+__device__ __forceinline__ unsigned int atomic_inc_acq_rel(unsigned int* count) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+  return old;
+}
+
 /// Returns once `count` reads at least `n` (relaxed polls every ~64 ns, then one acquire fence:
 /// the writes published before it are visible to this thread, and after a __syncthreads to its
 /// block — loads of them must bypass L1: __ldcg or ld.relaxed, not the read-only path).
@@ -146,6 +158,10 @@ inline int env_knob(const char* name, int def) {
 /// 1 unless SERVEDECK_REDUCE_SCATTER=0: the staged GEMVs and the down reduce each group of 8
 /// rows with one reduce-scatter (detail::store_row_sums8) instead of a shuffle tree per row (A/B).
 inline int reduce_scatter_knob() { return env_knob("SERVEDECK_REDUCE_SCATTER", 1) != 0 ? 1 : 0; }
+
+/// 1 unless SERVEDECK_LEAN_SYNC=0: the attention's and the folded router's last-block patterns
+/// with atomic_inc_acq_rel instead of fences (A/B).
+inline int lean_sync_knob() { return env_knob("SERVEDECK_LEAN_SYNC", 1) != 0 ? 1 : 0; }
 
 /// Blocks for `rows` rows at `warps` warps per block and one row per warp, capped at what the
 /// device holds at full occupancy (the kernels loop over rows beyond it).

@@ -55,7 +55,7 @@ constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (a
 __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const float* __restrict__ Rf, const float* __restrict__ h,
                                                                         const float* a, int H, int Q, int k,
                                                                         RouterOutputs o, unsigned int* heads_done, int n_heads,
-                                                                        int preload) {
+                                                                        int preload, int lean_sync) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ float red[k_folded_warps];
   __shared__ float p[1024];
@@ -126,29 +126,36 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     o.logits[blockIdx.x] = l;
   }
   SERVEDECK_TRACE_STAGED();  // the trace's "staged": this block's logit written
-  // Last-block pattern, as the fused router.
-  __threadfence();
+  // Last-block pattern, as the fused router; with lean_sync one acq_rel atomic by thread 0
+  // instead of the fences (detail::atomic_inc_acq_rel).
+  if (!lean_sync) __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(o.done, 1u) == static_cast<unsigned>(n) - 1u;
+  if (threadIdx.x == 0)
+    is_last = (lean_sync ? detail::atomic_inc_acq_rel(o.done) : atomicAdd(o.done, 1u)) == static_cast<unsigned>(n) - 1u;
   __syncthreads();
   if (is_last) {
-    __threadfence();
+    if (!lean_sync) __threadfence();
     for (int e = threadIdx.x; e < n; e += k_folded_threads) p[e] = __ldcg(o.logits + e);
     __syncthreads();
     detail::block_topk_by_rank(p, n, k, threadIdx.x, k_folded_threads, pick_id, pick_v, -INFINITY);
     __syncthreads();
-    if (static_cast<int>(threadIdx.x) < k) {
-      const int e = pick_id[threadIdx.x];
-      o.ids[threadIdx.x] = e;
-      atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
-      atomicAdd(&o.layer_counts[e], 1ull);
-    }
+    const int e = static_cast<int>(threadIdx.x) < k ? pick_id[threadIdx.x] : 0;
+    if (static_cast<int>(threadIdx.x) < k) o.ids[threadIdx.x] = e;
+    // The counters after the ids' publication when there is one (nothing reads them in the step).
+    const auto count = [&] {
+      if (static_cast<int>(threadIdx.x) < k) {
+        atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
+        atomicAdd(&o.layer_counts[e], 1ull);
+      }
+    };
+    if (o.ids_ready == nullptr) count();
     if (threadIdx.x == 0) *o.done = 0u;  // ready for the next launch
     SERVEDECK_TRACE_SUMMED();  // the trace's "summed": the ids ranked and written
     if (heads_done != nullptr && threadIdx.x == 0) *heads_done = 0u;  // every block has read it
     if (o.ids_ready != nullptr) {  // the early-ids handshake (fused_launch.cuh): every id written first
       __syncthreads();
       if (threadIdx.x == 0) detail::publish_flag(o.ids_ready);
+      count();
     }
   } else if (heads_done != nullptr) {
     return;  // the last block's wait alone keeps the grid from completing before the o-proj
@@ -182,7 +189,7 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
   // SERVEDECK_ROUTER_PRELOAD=0 (A/B; 0 also runs the general two passes).
   const int preload = detail::env_knob("SERVEDECK_ROUTER_PRELOAD", 1) != 0 ? 1 : 0;
   detail::launch(router_folded_kernel, n_experts, k_folded_threads, 0, stream, pdl, folded, h, a, hidden, q_dim, k, o, heads_done, n_heads,
-                 preload);
+                 preload, detail::lean_sync_knob());
 }
 
 }  // namespace servedeck::worker::cuda
