@@ -10,9 +10,12 @@
 //   4. launch_router_folded (default): the router's logits times rms from the residual before the
 //      o-proj and the attention's output (fold_router_weights), beside the o-proj; the last block
 //      ranks them and folds the routing hit counters. Or launch_router_fused after the o-proj:
-//      post-attention norm + router GEMV, the last block's softmax/top-k (by rank).
+//      post-attention norm + router GEMV, the last block's softmax/top-k (by rank). With the
+//      early routing (fused_launch.cuh) launched at the o-proj's start, waiting for the
+//      attention's heads by a count.
 //   5. launch_moe_gate_up_normed (with 4. folded: every block normalises x, block 0 writes the
 //      routing weights) or launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
+//      With the early ids (fused_launch.cuh) its first rows loaded before its PDL wait.
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
 //      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
 //      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).

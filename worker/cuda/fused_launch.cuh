@@ -33,16 +33,19 @@ inline int sm_count() {
 // launches back) and the residual (three back) before its own wait, the staged o-proj the
 // residual (three back), the attention the position (copied by the host before the step).
 // Weights, never written, may be read before it.
-// Two exceptions to "only after its wait":
+// Three exceptions to "only after its wait":
 // - the folded router (launch_router_folded) lets gate/up launch at its start, so gate/up may
 //   start while the o-proj, two launches back, still runs; gate/up therefore reads nothing but
 //   weights before its own wait (which returns only once the router, and through the router's
-//   own wait the o-proj, have completed);
+//   own wait the o-proj, have completed) — except the ids of the early-ids handshake below;
 // - the attention (launch_attention_decode_fused, unless SERVEDECK_ATTN_EARLY_TRIGGER=0) lets the
 //   o-proj launch at its start, so the o-proj may start while q|k|v, two launches back, still
 //   runs; before its wait the o-proj reads its weights and the residual, last written by the
 //   down before q|k|v (complete once q|k|v passed its own wait, which precedes the attention's
-//   launch).
+//   launch);
+// - with the early routing (below) the o-proj lets the folded router launch at its start; the
+//   router reads the residual (as the o-proj) and, only after the heads' count, the attention's
+//   output; one of its blocks still waits for the o-proj, so its completion implies the o-proj's.
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
 #ifdef SERVEDECK_DECODE_TRACE
