@@ -142,8 +142,9 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 /// after the o-proj; its squares summed over the block's 256 threads), for the experts `ids`
 /// (launch_router_folded's). Block 0 also writes weights[j] = softmax(logits / rms(x))[ids[j]]
 /// from launch_router_folded's logits, divided by their sum over the k picks when `renormalise`.
-/// With pdl it reads nothing but weights before its wait: the folded router launches it while the
-/// o-proj may still run (fused_launch.cuh). hidden <= 2048 and a multiple of 8, k <= 32,
+/// With pdl it reads nothing but weights before its wait (the folded router launches it while the
+/// o-proj may still run, fused_launch.cuh), unless given the handshakes below. hidden <= 2048 and
+/// a multiple of 8, k <= 32,
 /// n_experts in [k, 1024].
 /// ids_ready (the early-ids handshake, fused_launch.cuh): when set, every block waits BEFORE its
 /// PDL wait until the folded router's RouterOutputs::ids_ready flag reads 1, then reads ids and
@@ -170,7 +171,9 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// act 16-byte aligned (std::invalid_argument otherwise).
 /// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
 /// must have been written before the predecessor started, as in the decode step (o-proj writes
-/// out, the router ids, then gate/up, then down). When k·16·inter·2 bytes fit in 200 KB of shared
+/// out, the router ids, then gate/up, then down), or — with the early x, where gate/up lets the
+/// down launch before the router and the o-proj completed — published to gate/up before it
+/// triggered (fused_launch.cuh). When k·16·inter·2 bytes fit in 200 KB of shared
 /// memory (and SERVEDECK_DOWN_STAGED is not 0), each block also copies its 16 rows of every
 /// routed expert into shared memory before the wait, so they stream while gate/up finishes; the
 /// arithmetic is the same either way (bit-identical results).

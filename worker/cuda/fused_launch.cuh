@@ -28,16 +28,19 @@ inline int sm_count() {
 // predecessor in the stream finishes; it waits here, before reading anything the predecessor
 // (or an earlier kernel of the step) wrote, until the predecessor has completed and its writes
 // are visible. Only then does it let its own dependent be scheduled. That order is a contract
-// the decode step relies on: every fused kernel calls this before any early return, so kernel
-// N+1 cannot start before kernel N-1 has finished — moe_down_fused reads the router's ids (two
-// launches back) and the residual (three back) before its own wait, the staged o-proj the
-// residual (three back), the attention the position (copied by the host before the step).
-// Weights, never written, may be read before it.
-// Three exceptions to "only after its wait":
+// the decode step relies on: a fused kernel lets its dependent launch only once it has waited
+// (the exceptions below), so kernel N+1 cannot start before kernel N-1 has finished —
+// moe_down_fused reads the router's ids (two launches back) and the residual (three back)
+// before its own wait, the staged o-proj the residual (three back), the attention the position
+// (copied by the host before the step). Weights, never written, may be read before it.
+// Exceptions to "only after its wait" (with the handshakes below, what a kernel reads early is
+// published to it, not complete by launch order):
 // - the folded router (launch_router_folded) lets gate/up launch at its start, so gate/up may
 //   start while the o-proj, two launches back, still runs; gate/up therefore reads nothing but
 //   weights before its own wait (which returns only once the router, and through the router's
-//   own wait the o-proj, have completed) — except the ids of the early-ids handshake below;
+//   own wait the o-proj, have completed) — except the ids of the early ids below, and with the
+//   early x the o-proj's x and the router's logits, after which it lets the down launch and
+//   waits for the router only at its end;
 // - the attention (launch_attention_decode_fused, unless SERVEDECK_ATTN_EARLY_TRIGGER=0) lets the
 //   o-proj launch at its start, so the o-proj may start while q|k|v, two launches back, still
 //   runs; before its wait the o-proj reads its weights and the residual, last written by the
@@ -45,7 +48,8 @@ inline int sm_count() {
 //   launch);
 // - with the early routing (below) the o-proj lets the folded router launch at its start; the
 //   router reads the residual (as the o-proj) and, only after the heads' count, the attention's
-//   output; one of its blocks still waits for the o-proj, so its completion implies the o-proj's.
+//   output; only its last block waits for the o-proj (the others return without a wait), so its
+//   completion still implies the o-proj's.
 // Without PDL both instructions do nothing.
 __device__ __forceinline__ void wait_for_predecessor() {
 #ifdef SERVEDECK_DECODE_TRACE
@@ -61,10 +65,14 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
-// Two handshakes of the decode step that run ahead of the PDL order (fused_launch's
+// Three handshakes of the decode step that run ahead of the PDL order (fused_launch's
 // wait_for_predecessor): polls of a counter in global memory, published with release and read
 // with relaxed loads and one acquire fence (not an acquire per poll, which would invalidate the
-// SM's L1 each time under the kernels beside it).
+// SM's L1 each time under the kernels beside it). Each counter is cleared only where every block
+// that polls it is known to have passed its poll; the launchers take their pointers one by one,
+// so a caller must pass each counter to all of its publishers, pollers and its clearer, as the
+// decode step does (a counter left non-zero would let the next poll pass at once on stale data).
+// A counter that carried an epoch (step × layer) instead of 0/1 would need no clearing: not done.
 // - Early ids (SERVEDECK_EARLY_IDS): the folded router's last block publishes the routed ids
 //   (publish_flag) once written; gate/up's blocks wait for it (wait_for_count(flag, 1)) BEFORE
 //   their PDL wait and start loading their first expert rows; the down clears the flag after its
@@ -77,6 +85,10 @@ __device__ __forceinline__ void wait_for_predecessor() {
 //   last block clears the count. The router is launched once every o-proj block started, the
 //   o-proj once every attention block did: the attention's blocks are all resident, so the
 //   count always completes.
+// - Early x (SERVEDECK_EARLY_X, off by default: measured slower): every o-proj block adds 1 once
+//   its rows of x are written; gate/up's blocks wait for all of them instead of their PDL wait,
+//   then let the down launch, and wait for the router only at their end; the down clears the
+//   count after its own wait.
 
 /// Stores 1 to `flag` (release, device scope): this thread's earlier writes, and with a
 /// __syncthreads before it its block's, are visible to whoever reads the 1 and then fences.

@@ -199,8 +199,9 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   if (early_x) asm volatile("griddepcontrol.wait;" ::: "memory");  // completes only after the router
 }
 
-// The down's end of the early-ids handshake (fused_launch.cuh): after its wait every gate/up
-// block has read the flag, so block 0 clears it for the next layer's router.
+// The down's end of the early-ids and early-x handshakes (fused_launch.cuh): after its wait
+// every gate/up block has polled the flag and the count, so block 0 clears both for the next
+// layer's router and o-proj.
 __device__ __forceinline__ void clear_ids_ready(unsigned int* ids_ready, unsigned int* x_done) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (ids_ready != nullptr) *ids_ready = 0u;

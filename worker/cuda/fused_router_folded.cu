@@ -49,8 +49,8 @@ constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (a
 // down) and a (the attention, two launches back) are complete when this kernel is launched (by
 // the o-proj's trigger, after the o-proj's own wait) — or, with heads_done (the early routing,
 // fused_launch.cuh: launched at the o-proj's start), a is read only once the heads' count is
-// complete, and only the last block waits. It lets gate/up launch at once and waits
-// for the o-proj at its end, so that gate/up's wait covers the o-proj's output too. Measured on
+// complete. It lets gate/up launch at once and waits for the o-proj at its end (with heads_done
+// only its last block), so that gate/up's wait covers the o-proj's output too. Measured on
 // the H200 (session 8, GPU step at position ~190): this design 2.549 ms (run 6); triggering
 // gate/up after the logit instead 2.669 (run 8) and ranking the logits in gate/up's and down's
 // blocks instead of a last block 2.616 (run 9), each run's unfolded router at 2.714-2.715.

@@ -383,8 +383,10 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait (the early ids and 
     const unsigned s = static_cast<unsigned>(97 + H);
     DeviceBuffer<__nv_bfloat16> Wo(rand_bf16(static_cast<std::size_t>(H) * Q, s, 0.02f)), R(rand_bf16(static_cast<std::size_t>(E) * H, s + 1, 0.2f)),
         nw(rand_bf16(static_cast<std::size_t>(H), s + 2, 1.f));
+    // Each layer its own attention output, so that each routes to other experts: stale ids (a
+    // flag not cleared, ids read before the router rewrote them) would change the result.
     DeviceBuffer<float> h(gpu_test::random_floats(static_cast<std::size_t>(H), s + 3, 1.f)),
-        a(gpu_test::random_floats(static_cast<std::size_t>(Q), s + 4, 1.f)), folded(static_cast<std::size_t>(E) * (H + Q));
+        a(gpu_test::random_floats(3 * static_cast<std::size_t>(Q), s + 4, 1.f)), folded(static_cast<std::size_t>(E) * (H + Q));
     const DeviceExperts experts(E, H, I, s + 5);
     fold_router_weights(R.ptr, nw.ptr, Wo.ptr, folded.ptr, E, H, Q, nullptr);
     DeviceBuffer<uint8_t> flags(std::vector<uint8_t>(static_cast<std::size_t>(E), 0));
@@ -402,8 +404,9 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait (the early ids and 
       unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;
       unsigned int* rows = mode == 2 ? xdone.ptr : nullptr;
       for (int layer = 0; layer < 3; ++layer) {
-        const int blocks = launch_gemv_bf16_pdl(Wo.ptr, a.ptr, x.ptr, H, Q, true, st, pdl, h.ptr, false, rows);
-        launch_router_folded(folded.ptr, h.ptr, a.ptr, E, H, Q, K,
+        const float* al = a.ptr + static_cast<std::size_t>(layer) * Q;
+        const int blocks = launch_gemv_bf16_pdl(Wo.ptr, al, x.ptr, H, Q, true, st, pdl, h.ptr, false, rows);
+        launch_router_folded(folded.ptr, h.ptr, al, E, H, Q, K,
                              RouterOutputs{logits.ptr, ids.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr, flag}, st, pdl);
         launch_moe_gate_up_normed(experts.t, x.ptr, nw.ptr, 1e-6f, logits.ptr, E, true, w.ptr, ids.ptr, K, act.ptr, st, pdl, flag,
                                   rows, blocks);
