@@ -290,14 +290,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     part[0] = M;
     part[1] = L;
   }
-  // With lean_sync one acq_rel atomic by thread 0 instead of the fences (detail::atomic_inc_acq_rel).
-  if (!lean_sync) __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    is_last = (lean_sync ? detail::atomic_inc_acq_rel(&s.counters[h]) : atomicAdd(&s.counters[h], 1u)) == k_attention_splits - 1;
-  __syncthreads();
-  if (!is_last) return;
-  if (!lean_sync) __threadfence();
+  if (!detail::arrive_last(s.counters, h, k_attention_splits, lean_sync, is_last)) return;
   // Every split's (M, L) and this thread's outputs in one round of loads, then the merge in
   // split order.
   const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);

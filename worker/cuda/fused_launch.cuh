@@ -113,6 +113,21 @@ __device__ __forceinline__ unsigned int atomic_inc_acq_rel(unsigned int* count) 
   return old;
 }
 
+/// The last-block pattern's arrival, for a block whose writes precede the call: true in the
+/// block that arrives `n`-th at counters[i] (its threads then see every other block's writes; loads
+/// of them must bypass L1). With lean_sync one atomic_inc_acq_rel by thread 0, else
+/// __threadfence by every thread + atomicAdd + __threadfence in the last block. Contains the
+/// __syncthreads around the arrival; `is_last` is the block's shared flag.
+__device__ __forceinline__ bool arrive_last(unsigned int* counters, int i, unsigned int n, int lean_sync, int& is_last) {
+  if (!lean_sync) __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = (lean_sync ? atomic_inc_acq_rel(&counters[i]) : atomicAdd(&counters[i], 1u)) == n - 1u;
+  __syncthreads();
+  if (!is_last) return false;
+  if (!lean_sync) __threadfence();
+  return true;
+}
+
 /// Returns once `count` reads at least `n` (relaxed polls every ~64 ns, then one acquire fence:
 /// the writes published before it are visible to this thread, and after a __syncthreads to its
 /// block — loads of them must bypass L1: __ldcg or ld.relaxed, not the read-only path).

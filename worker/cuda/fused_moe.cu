@@ -136,12 +136,12 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   };
   // The routed experts' pointers to shared memory (ids: this layer's router's, published or
   // complete once the wait returned).
-  const auto select_experts = [&](const int32_t* ids_p) {
+  const auto select_experts = [&] {
     if (NORM && g.table_in_smem) {
       __syncthreads();  // the table is visible to the block
-      if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[__ldcg(ids_p + threadIdx.x)];
+      if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[__ldcg(ids + threadIdx.x)];
     } else if (threadIdx.x < k) {
-      blocks[threadIdx.x] = t.experts[__ldcg(ids_p + threadIdx.x)];
+      blocks[threadIdx.x] = t.experts[__ldcg(ids + threadIdx.x)];
     }
     __syncthreads();
   };
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     if (threadIdx.x == 0) detail::wait_for_count(g.ids_ready, 1u);
     __syncthreads();  // every thread's reads of ids after the flag's acquire
     SERVEDECK_TRACE_STAGED();  // the trace's "staged": the ids seen
-    select_experts(ids);
+    select_experts();
     if (gw0 < total) load_unit(gw0);
   }
   // With the early x, the o-proj's rows of x counted instead of the PDL wait, which comes last.
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     wait_for_predecessor();
   }
   if (!early) {
-    select_experts(ids);
+    select_experts();
     if (gw0 < total) load_unit(gw0);
   }
   if constexpr (NORM) {
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
 // The down's end of the early-ids and early-x handshakes (fused_launch.cuh): after its wait
 // every gate/up block has polled the flag and the count, so block 0 clears both for the next
 // layer's router and o-proj.
-__device__ __forceinline__ void clear_ids_ready(unsigned int* ids_ready, unsigned int* x_done) {
+__device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsigned int* x_done) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (ids_ready != nullptr) *ids_ready = 0u;
     if (x_done != nullptr) *x_done = 0u;
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
   __shared__ float wj[32];
   const int lane = threadIdx.x % 32;
   wait_for_predecessor();
-  clear_ids_ready(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done);
   if (threadIdx.x < k) {
     down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
     wj[threadIdx.x] = weights[threadIdx.x];
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
   // The residual too: out was last written by the o-proj, three launches back.
   const float out_old = static_cast<int>(threadIdx.x) < nrows ? __ldcg(out + h0 + threadIdx.x) : 0.f;
   wait_for_predecessor();
-  clear_ids_ready(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done);
   for (int j = warp; j < k; j += k_moe_warps) {
     if (j != warp) {
       select(j);
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
     detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
                         static_cast<int>(threadIdx.x), k_moe_warps * 32);
   wait_for_predecessor();
-  clear_ids_ready(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done);
   // While the rows land: this warp's first slot's act and the routing weights (gate/up wrote
   // both), so that no load after the rows waits on L2 (preload 0: read after them, as before).
   __shared__ float w_s[32];

@@ -128,15 +128,8 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     o.logits[blockIdx.x] = l;
   }
   SERVEDECK_TRACE_STAGED();  // the trace's "staged": this block's logit written
-  // Last-block pattern, as the fused router; with lean_sync one acq_rel atomic by thread 0
-  // instead of the fences (detail::atomic_inc_acq_rel).
-  if (!lean_sync) __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    is_last = (lean_sync ? detail::atomic_inc_acq_rel(o.done) : atomicAdd(o.done, 1u)) == static_cast<unsigned>(n) - 1u;
-  __syncthreads();
-  if (is_last) {
-    if (!lean_sync) __threadfence();
+  // Last-block pattern, as the fused router.
+  if (detail::arrive_last(o.done, 0, static_cast<unsigned>(n), lean_sync, is_last)) {
     for (int e = threadIdx.x; e < n; e += k_folded_threads) p[e] = __ldcg(o.logits + e);
     __syncthreads();
     detail::block_topk_by_rank(p, n, k, threadIdx.x, k_folded_threads, pick_id, pick_v, -INFINITY);
