@@ -167,7 +167,10 @@ env_key = "SERVEDECK_API_KEY"
 wire_api = "responses"
 TOML
   rc=0
-  ( cd "$tmp/work" && CODEX_HOME="$tmp/codex-home" SERVEDECK_API_KEY=unused timeout 180 "$codex" exec \
+  # Codex's turn prompts ~8.7K tokens, which the tiny model prefills on the CPU: measured 173 s on
+  # a 2-core machine (2026-11-30), and a run at 180 s timed out; 420 s keeps the test far inside
+  # its 900 s ctest limit.
+  ( cd "$tmp/work" && CODEX_HOME="$tmp/codex-home" SERVEDECK_API_KEY=unused timeout 420 "$codex" exec \
       --skip-git-repo-check --color never "Say hi." > "$tmp/codex.out" 2> "$tmp/codex.err" ) || rc=$?
   echo "--- codex (exit $rc)"; tail -8 "$tmp/codex.err"; cat "$tmp/codex.out"
   # Codex prints the agent's streamed text after its "codex" header line.
