@@ -144,6 +144,7 @@ struct CudaBackend::Impl {
   unsigned int* early_ids_flag = nullptr;  // router_done + 1: the early-ids flag (fused_launch.cuh), zero between layers
   unsigned int* heads_done = nullptr;      // router_done + 2: the early routing's count of heads written, zero between layers
   unsigned int* oproj_done = nullptr;      // router_done + 3: the early x's count of o-proj blocks done, zero between layers
+  unsigned int* logits_done = nullptr;     // router_done + 4: gate/up ranks' count of router logits, zero between layers
   float* inv_freq = nullptr;  // RoPE table (rotary_dim / 2)
   float* attn_scratch = nullptr;            // fused decode attention partials
   unsigned int* attn_counters = nullptr;    // (n_heads), zero between launches

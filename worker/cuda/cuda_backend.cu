@@ -69,11 +69,12 @@ void CudaBackend::Impl::allocate_activations() {
   // Token and position side by side: one host→device copy per decode step.
   CUDA_CHECK(cudaMalloc(&d_token, 2 * sizeof(int32_t)));
   d_pos = d_token + 1;
-  CUDA_CHECK(cudaMalloc(&router_done, 4 * sizeof(unsigned int)));
-  CUDA_CHECK(cudaMemset(router_done, 0, 4 * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMalloc(&router_done, 5 * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(router_done, 0, 5 * sizeof(unsigned int)));
   early_ids_flag = router_done + 1;
   heads_done = router_done + 2;
   oproj_done = router_done + 3;
+  logits_done = router_done + 4;
   CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
   CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
   const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
@@ -116,6 +117,10 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   // early x, fused_launch.cuh; with the early ids) with SERVEDECK_EARLY_X=1 (A/B; off by default:
   // measured slower, session 13 run 3).
   const bool early_x = early_ids != nullptr && detail::env_knob("SERVEDECK_EARLY_X", 0) != 0;
+  // And gate/up's blocks rank the router's logits themselves (no last router block; gate/up ranks,
+  // fused_launch.cuh; with the early ids, n_experts <= hidden) unless SERVEDECK_GATE_UP_RANKS=0 (A/B).
+  const bool gate_up_ranks = early_ids != nullptr && d.moe.num_experts <= d.hidden_size &&
+                             detail::env_knob("SERVEDECK_GATE_UP_RANKS", 1) != 0;
   launch_embed(embed, d_token, x, H, stream);
   float* xin = x;  // the residual stream entering the layer
   for (std::size_t li = 0; li < layers.size(); ++li) {
@@ -138,14 +143,18 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                              layer_counts + static_cast<std::size_t>(si) * E, fold ? early_ids : nullptr};
       if (fold) {
-        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl, heads, static_cast<int>(d.num_heads));
+        unsigned int* counted = gate_up_ranks ? logits_done : nullptr;
+        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl, heads, static_cast<int>(d.num_heads),
+                             counted);
         launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, router_logits, E, d.moe.norm_topk_prob, route_w,
-                                  route_ids, K, act, stream, pdl, ro.ids_ready, rows, oproj_blocks);
+                                  route_ids, K, act, stream, pdl, counted != nullptr ? nullptr : ro.ids_ready, rows, oproj_blocks,
+                                  GateUpRanks{counted, ro, heads});
       } else {
         launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
         launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
       }
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl, ro.ids_ready, rows);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl, ro.ids_ready, rows,
+                            fold && gate_up_ranks ? logits_done : nullptr);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);

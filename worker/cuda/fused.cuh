@@ -134,9 +134,13 @@ void fold_router_weights(const __nv_bfloat16* router, const __nv_bfloat16* post_
 /// until heads_done reads n_heads (the attention's merging blocks count), then reads a; the last
 /// block clears heads_done and only it waits for the o-proj at its end (the grid still completes
 /// only after the o-proj). The logits are the same sums in the same order (bit-identical).
+/// logits_done (gate/up ranks, fused_launch.cuh): when set, every block adds 1 to it (release)
+/// once its logit is written and there is no last block: no ranking, ids, counters nor clearing
+/// of heads_done here (launch_moe_gate_up_normed's `ranks` does them); block 0 alone waits for
+/// the o-proj.
 void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
                           const RouterOutputs& o, cudaStream_t stream, bool pdl = false, unsigned int* heads_done = nullptr,
-                          int n_heads = 0);
+                          int n_heads = 0, unsigned int* logits_done = nullptr);
 
 /// launch_moe_gate_up_fused on xn = rmsnorm(x) ⊙ norm_w computed by every block (x: the residual
 /// after the o-proj; its squares summed over the block's 256 threads), for the experts `ids`
@@ -151,6 +155,18 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 /// issues its first unit's row loads, so they stream while the o-proj and the router finish; the
 /// results are the same either way (bit-identical). The flag must be published by the router
 /// launched just before and cleared by the down after (launch_moe_down_fused's ids_ready).
+/// gate/up ranks (fused_launch.cuh): when logits_done is set, every block waits (before its PDL
+/// wait) until it reads n_experts — the folded router's blocks count their logits — loads the
+/// logits and ranks them itself (block_topk_by_rank: the experts and order of the router's last
+/// block); block 0 then writes o.ids and fences them before it triggers the down (which reads
+/// them before its wait),
+/// folds o's counters and clears heads_done (when set).
+struct GateUpRanks {
+  const unsigned int* logits_done = nullptr;  // nullptr: off
+  RouterOutputs o{};                          // ids, hot_flags, counters, layer_counts
+  unsigned int* heads_done = nullptr;         // the early routing's count, cleared by block 0
+};
+
 /// x_done, x_done_n (the early x, fused_launch.cuh; only with ids_ready): every block waits until
 /// x_done reads x_done_n (the o-proj's blocks count, launch_gemv_bf16_pdl's rows_done) instead of
 /// its PDL wait before reading x, lets the down launch then, and waits for its predecessor (the
@@ -158,7 +174,7 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps,
                                const float* logits, int n_experts, bool renormalise, float* weights, const int32_t* ids, int k,
                                float* act, cudaStream_t stream, bool pdl = false, const unsigned int* ids_ready = nullptr,
-                               const unsigned int* x_done = nullptr, int x_done_n = 0);
+                               const unsigned int* x_done = nullptr, int x_done_n = 0, const GateUpRanks& ranks = {});
 
 /// act[j, r] = silu(gate_j[r]·xn) * (up_j[r]·xn), j < k, r < inter. act: (k, inter) fp32.
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
@@ -177,11 +193,12 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// memory (and SERVEDECK_DOWN_STAGED is not 0), each block also copies its 16 rows of every
 /// routed expert into shared memory before the wait, so they stream while gate/up finishes; the
 /// arithmetic is the same either way (bit-identical results).
-/// ids_ready, x_done: when set, block 0 clears them (stores 0) after its wait, ending the early-ids
-/// and early-x handshakes of the gate/up before it (launch_moe_gate_up_normed).
+/// ids_ready, x_done, logits_done: when set, block 0 clears them (stores 0) after its wait, ending
+/// the early-ids, early-x and gate/up-ranks handshakes of the gate/up before it
+/// (launch_moe_gate_up_normed).
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream, bool pdl = false, unsigned int* ids_ready = nullptr,
-                           unsigned int* x_done = nullptr);
+                           unsigned int* x_done = nullptr, unsigned int* logits_done = nullptr);
 
 /// y = W x (+ y when accumulate), as launch_gemv_bf16, launchable with PDL. W: (out, in) bf16,
 /// in % 8 == 0, W and x 16-byte aligned. Rows staged in shared memory before the wait when

@@ -65,7 +65,7 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
-// Three handshakes of the decode step that run ahead of the PDL order (fused_launch's
+// Four handshakes of the decode step that run ahead of the PDL order (fused_launch's
 // wait_for_predecessor): polls of a counter in global memory, published with release and read
 // with relaxed loads and one acquire fence (not an acquire per poll, which would invalidate the
 // SM's L1 each time under the kernels beside it). Each counter is cleared only where every block
@@ -89,6 +89,15 @@ __device__ __forceinline__ void wait_for_predecessor() {
 //   its rows of x are written; gate/up's blocks wait for all of them instead of their PDL wait,
 //   then let the down launch, and wait for the router only at their end; the down clears the
 //   count after its own wait.
+// - Gate/up ranks (SERVEDECK_GATE_UP_RANKS, with the early ids): the folded router has no last
+//   block; each block adds 1 (publish_count) once its logit is written, and only block 0 waits
+//   for the o-proj. gate/up's blocks wait for all n_experts counts before their PDL wait, load
+//   the logits and rank them themselves (block_topk_by_rank: the router's last block's experts
+//   and order); gate/up's block 0 writes the ids for the down, the hit counters, clears the early
+//   routing's count and fences the ids before it lets the down launch (the down reads them
+//   before its own wait; no flag: a flag cleared by the down's block 0 hung down blocks placed
+//   later that still polled it, session 13 run 6). The down clears the count after its wait.
+//   Measured on the H200 (session 14 run 1, GPU step at position ~190): 2.251 ms against 2.300.
 
 /// Stores 1 to `flag` (release, device scope): this thread's earlier writes, and with a
 /// __syncthreads before it its block's, are visible to whoever reads the 1 and then fences.

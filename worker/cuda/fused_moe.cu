@@ -8,6 +8,7 @@
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
 
@@ -58,6 +59,7 @@ struct GateUpNorm {
   const unsigned int* ids_ready = nullptr;  // the early-ids handshake (fused_launch.cuh), or nullptr
   const unsigned int* x_done = nullptr;     // the early x (fused_launch.cuh; with ids_ready), or nullptr
   unsigned int x_done_n = 0;                // the o-proj's blocks
+  GateUpRanks rk{};                          // gate/up ranks (fused_launch.cuh) when rk.logits_done is set
 };
 
 // Where gate/up's NORM mode keeps the expert table: after the hidden floats of x in its dynamic
@@ -69,12 +71,12 @@ constexpr int k_norm_vecs = 2;  // float4 of x per thread: hidden <= 4 · 256 ·
 
 // One warp: the routing weights from the folded router's unscaled logits and 1 / rms(x):
 // p = softmax(logits · inv) (max subtracted; the sums by the shuffle tree), weights[j] = p[ids[j]]
-// (divided by the sum over the k picks when renormalising). k <= 32.
-__device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, const int32_t* __restrict__ ids, int k, int lane) {
+// (divided by the sum over the k picks when renormalising). k <= 32; id: lane j's pick ids[j].
+__device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, int id, int k, int lane) {
   float m = -INFINITY;
   for (int e = lane; e < g.n_experts; e += 32) m = fmaxf(m, __ldcg(g.logits + e) * inv);
   m = warp_max(m);
-  const float mine = lane < k ? expf(__ldcg(g.logits + __ldcg(ids + lane)) * inv - m) : 0.f;
+  const float mine = lane < k ? expf(__ldcg(g.logits + id) * inv - m) : 0.f;
   float den = 0.f;
   if (g.renormalise) {
     den = warp_sum(mine);
@@ -135,20 +137,53 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     }
   };
   // The routed experts' pointers to shared memory (ids: this layer's router's, published or
-  // complete once the wait returned).
+  // complete once the wait returned, or ranked by this block: pick_id).
+  __shared__ int pick_id[32];
+  __shared__ float pick_v[32];
+  const bool ranks = NORM && g.rk.logits_done != nullptr;
+  const auto pick = [&](int j) { return ranks ? pick_id[j] : __ldcg(ids + j); };
   const auto select_experts = [&] {
     if (NORM && g.table_in_smem) {
       __syncthreads();  // the table is visible to the block
-      if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[__ldcg(ids + threadIdx.x)];
+      if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[pick(threadIdx.x)];
     } else if (threadIdx.x < k) {
-      blocks[threadIdx.x] = t.experts[__ldcg(ids + threadIdx.x)];
+      blocks[threadIdx.x] = t.experts[pick(threadIdx.x)];
     }
     __syncthreads();
   };
-  const bool early = NORM && g.ids_ready != nullptr;
+  const bool early = NORM && (g.ids_ready != nullptr || ranks);
   if (early) {
-    if (threadIdx.x == 0) detail::wait_for_count(g.ids_ready, 1u);
-    __syncthreads();  // every thread's reads of ids after the flag's acquire
+    if (ranks) {
+      // Every router block's logit, ranked here (in x's shared memory, written only after the
+      // wait); block 0 writes the ids for the down and the counters.
+      if (threadIdx.x == 0) detail::wait_for_count(g.rk.logits_done, static_cast<unsigned int>(g.n_experts));
+      __syncthreads();
+      float* p = reinterpret_cast<float*>(xs4);
+      for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) p[e] = __ldcg(g.logits + e);
+      __syncthreads();
+      detail::block_topk_by_rank(p, g.n_experts, k, threadIdx.x, k_moe_warps * 32, pick_id, pick_v, -INFINITY);
+      __syncthreads();
+      if (blockIdx.x == 0) {
+        const int j = static_cast<int>(threadIdx.x), e = j < k ? pick_id[j] : 0;
+        if (j < k) g.rk.o.ids[j] = e;
+        __syncthreads();
+        if (j == 0) {
+          // The ids reach L2 before this block triggers the down (which launches only once every
+          // gate/up block triggered, after its wait) and reads them before its own wait. No flag:
+          // a flag the down's block 0 cleared after its wait hung down blocks placed later
+          // (session 13 run 6).
+          __threadfence();
+          if (g.rk.heads_done != nullptr) *g.rk.heads_done = 0u;  // every router block has read it
+        }
+        if (j < k) {
+          atomicAdd(&g.rk.o.counters[g.rk.o.hot_flags[e] ? 0 : 1], 1ull);
+          atomicAdd(&g.rk.o.layer_counts[e], 1ull);
+        }
+      }
+    } else {
+      if (threadIdx.x == 0) detail::wait_for_count(g.ids_ready, 1u);
+      __syncthreads();  // every thread's reads of ids after the flag's acquire
+    }
     SERVEDECK_TRACE_STAGED();  // the trace's "staged": the ids seen
     select_experts();
     if (gw0 < total) load_unit(gw0);
@@ -175,7 +210,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   if constexpr (NORM) {
     float* xs = reinterpret_cast<float*>(xs4);
     const float inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
-    if (blockIdx.x == 0 && threadIdx.x < 32) routing_weights(g, inv, ids, k, lane);
+    if (blockIdx.x == 0 && threadIdx.x < 32) routing_weights(g, inv, lane < k ? pick(lane) : 0, k, lane);
   } else {
     for (int i = threadIdx.x; i < t.hidden / 4; i += k_moe_warps * 32) xs4[i] = reinterpret_cast<const float4*>(xn)[i];
     __syncthreads();
@@ -199,13 +234,14 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   if (early_x) asm volatile("griddepcontrol.wait;" ::: "memory");  // completes only after the router
 }
 
-// The down's end of the early-ids and early-x handshakes (fused_launch.cuh): after its wait
-// every gate/up block has polled the flag and the count, so block 0 clears both for the next
-// layer's router and o-proj.
-__device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsigned int* x_done) {
+// The down's end of the early-ids, early-x and gate/up-ranks handshakes (fused_launch.cuh): after
+// its wait every gate/up block has polled the flag and the counts, so block 0 clears them for the
+// next layer.
+__device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (ids_ready != nullptr) *ids_ready = 0u;
     if (x_done != nullptr) *x_done = 0u;
+    if (logits_done != nullptr) *logits_done = 0u;
   }
 }
 
@@ -216,13 +252,13 @@ __device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsign
 __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(ExpertTable t, const float* __restrict__ act,
                                                                          const int32_t* __restrict__ ids,
                                                                          const float* __restrict__ weights, int k,
-                                                                         float* __restrict__ out, unsigned int* ids_ready, unsigned int* x_done) {
+                                                                         float* __restrict__ out, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ const bf16* down[32];
   __shared__ float wj[32];
   const int lane = threadIdx.x % 32;
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done, logits_done);
   if (threadIdx.x < k) {
     down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
     wj[threadIdx.x] = weights[threadIdx.x];
@@ -326,7 +362,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
                                                                            const int32_t* __restrict__ ids,
                                                                            const float* __restrict__ weights, int k,
                                                                            float* __restrict__ out, int scatter,
-                                                                           unsigned int* ids_ready, unsigned int* x_done) {
+                                                                           unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   __shared__ float part[32][k_down_rows];
@@ -353,7 +389,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
   // The residual too: out was last written by the o-proj, three launches back.
   const float out_old = static_cast<int>(threadIdx.x) < nrows ? __ldcg(out + h0 + threadIdx.x) : 0.f;
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done, logits_done);
   for (int j = warp; j < k; j += k_moe_warps) {
     if (j != warp) {
       select(j);
@@ -385,7 +421,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
                                                                              const int32_t* __restrict__ ids,
                                                                              const float* __restrict__ weights, int k,
                                                                              float* __restrict__ out, int scatter, int preload,
-                                                                             int batched, unsigned int* ids_ready, unsigned int* x_done) {
+                                                                             int batched, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   extern __shared__ float4 dyn4[];
@@ -403,7 +439,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
     detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
                         static_cast<int>(threadIdx.x), k_moe_warps * 32);
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done);
+  clear_handshakes(ids_ready, x_done, logits_done);
   // While the rows land: this warp's first slot's act and the routing weights (gate/up wrote
   // both), so that no load after the rows waits on L2 (preload 0: read after them, as before).
   __shared__ float w_s[32];
@@ -487,7 +523,7 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, const float* logits,
                                int n_experts, bool renormalise, float* weights, const int32_t* ids, int k, float* act,
                                cudaStream_t stream, bool pdl, const unsigned int* ids_ready, const unsigned int* x_done,
-                               int x_done_n) {
+                               int x_done_n, const GateUpRanks& ranks) {
   detail::require(table.hidden % 8 == 0 && table.hidden <= 4 * k_moe_warps * 32 * k_norm_vecs && table.inter % 8 == 0 && k > 0 &&
                       k <= 32 && n_experts >= k && n_experts <= 1024,
                   "launch_moe_gate_up_normed",
@@ -501,10 +537,17 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
   const int tbl = detail::env_knob("SERVEDECK_GATE_UP_TABLE", 1) != 0 ? 1 : 0;
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float) +
                            (tbl ? static_cast<std::size_t>(n_experts) * sizeof(const bf16*) : 0);
-  detail::require(x_done == nullptr || (ids_ready != nullptr && x_done_n > 0), "launch_moe_gate_up_normed",
-                  "x_done needs ids_ready and a positive count, got count " + std::to_string(x_done_n));
+  detail::require(x_done == nullptr || ((ids_ready != nullptr || ranks.logits_done != nullptr) && x_done_n > 0),
+                  "launch_moe_gate_up_normed",
+                  "x_done needs ids_ready (or the ranking) and a positive count, got count " + std::to_string(x_done_n));
+  detail::require(ranks.logits_done == nullptr ||
+                      (n_experts <= table.hidden && ranks.o.ids != nullptr &&
+                       ranks.o.hot_flags != nullptr && ranks.o.counters != nullptr && ranks.o.layer_counts != nullptr),
+                  "launch_moe_gate_up_normed",
+                  "ranking needs n_experts <= hidden (got " + std::to_string(n_experts) + " and " + std::to_string(table.hidden) +
+                      ") and the router outputs' ids, hot_flags and counters");
   const GateUpNorm g{norm_w, eps, logits, n_experts, renormalise ? 1 : 0, weights, tbl, ids_ready, x_done,
-                     static_cast<unsigned int>(x_done_n)};
+                     static_cast<unsigned int>(x_done_n), ranks};
   auto go = [&](auto kernel) {
     detail::prefer_max_shared(kernel);
     launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, ids, k, act, g);
@@ -514,7 +557,7 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
 }
 
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream, bool pdl, unsigned int* ids_ready, unsigned int* x_done) {
+                           float* out, cudaStream_t stream, bool pdl, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
@@ -531,16 +574,16 @@ void launch_moe_down_fused(const ExpertTable& table, const float* act, const int
     const int batched = detail::env_knob("SERVEDECK_DOWN_BATCHED", 1) != 0 ? 1 : 0;
     auto go = [&](auto kernel) {
       detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
-      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched, ids_ready, x_done);
+      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched, ids_ready, x_done, logits_done);
     };
     if (n8 <= 32) return go(moe_down_staged_kernel<1>);
     if (n8 <= 64) return go(moe_down_staged_kernel<2>);
     return go(moe_down_staged_kernel<3>);
   }
-  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
-  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
-  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done);
-  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, ids_ready, x_done);
+  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
+  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
+  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
+  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, ids_ready, x_done, logits_done);
 }
 
 }  // namespace servedeck::worker::cuda

@@ -57,7 +57,7 @@ constexpr int k_folded_loads = 8;  // 16-byte weight loads per lane in flight (a
 __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const float* __restrict__ Rf, const float* __restrict__ h,
                                                                         const float* a, int H, int Q, int k,
                                                                         RouterOutputs o, unsigned int* heads_done, int n_heads,
-                                                                        int preload, int lean_sync) {
+                                                                        int preload, int lean_sync, unsigned int* logits_done) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ float red[k_folded_warps];
   __shared__ float p[1024];
@@ -128,6 +128,14 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     o.logits[blockIdx.x] = l;
   }
   SERVEDECK_TRACE_STAGED();  // the trace's "staged": this block's logit written
+  if (logits_done != nullptr) {
+    // gate/up ranks (fused_launch.cuh): the logit counted, no last block; block 0 alone waits for
+    // the o-proj, so that the grid still completes only after it.
+    if (threadIdx.x == 0) detail::publish_count(logits_done);
+    if (blockIdx.x != 0) return;
+    detail::wait_for_predecessor();
+    return;
+  }
   // Last-block pattern, as the fused router.
   if (detail::arrive_last(o.done, 0, static_cast<unsigned>(n), lean_sync, is_last)) {
     for (int e = threadIdx.x; e < n; e += k_folded_threads) p[e] = __ldcg(o.logits + e);
@@ -171,7 +179,8 @@ void fold_router_weights(const bf16* router, const bf16* post_norm, const bf16* 
 }
 
 void launch_router_folded(const float* folded, const float* h, const float* a, int n_experts, int hidden, int q_dim, int k,
-                          const RouterOutputs& o, cudaStream_t stream, bool pdl, unsigned int* heads_done, int n_heads) {
+                          const RouterOutputs& o, cudaStream_t stream, bool pdl, unsigned int* heads_done, int n_heads,
+                          unsigned int* logits_done) {
   using detail::require;
   require(n_experts > 0 && n_experts <= 1024, "launch_router_folded", "n_experts must be in (0, 1024], got " + std::to_string(n_experts));
   require(k > 0 && k <= n_experts && k <= 32, "launch_router_folded", "k must be in (0, min(n_experts, 32)], got " + std::to_string(k));
@@ -184,7 +193,7 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
   // SERVEDECK_ROUTER_PRELOAD=0 (A/B; 0 also runs the general two passes).
   const int preload = detail::env_knob("SERVEDECK_ROUTER_PRELOAD", 1) != 0 ? 1 : 0;
   detail::launch(router_folded_kernel, n_experts, k_folded_threads, 0, stream, pdl, folded, h, a, hidden, q_dim, k, o, heads_done, n_heads,
-                 preload, detail::lean_sync_knob());
+                 preload, detail::lean_sync_knob(), logits_done);
 }
 
 }  // namespace servedeck::worker::cuda

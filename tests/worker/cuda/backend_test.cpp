@@ -237,6 +237,7 @@ TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off b
   CHECK(run("SERVEDECK_EARLY_X", "1") == base);        // gate/up counts the o-proj's blocks instead
   CHECK(run("SERVEDECK_ROUTER_PRELOAD", "0") == base); // the early router's two passes
   CHECK(run("SERVEDECK_LEAN_SYNC", "0") == base);      // fences around the last-block atomics
+  CHECK(run("SERVEDECK_GATE_UP_RANKS", "0") == base);  // the router's last block ranks, not gate/up's blocks
   // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
   // two caches fed the same tokens; 12 steps, each compared.
   auto ca = be->new_cache(64), cb = be->new_cache(64);

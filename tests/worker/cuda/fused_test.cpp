@@ -372,7 +372,7 @@ TEST_CASE("the folded router and gate/up with its own norm equal o-proj + router
   }
 }
 
-TEST_CASE("gate/up reading the ids and x before its PDL wait (the early ids and x) changes nothing; the down clears both") {
+TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the logits itself, changes nothing; the down clears the counters") {
   gpu_test::skip_without_gpu();
   // o-proj -> folded router -> gate/up -> down, three times in one stream as three layers of the
   // decode step, with and without PDL: gate/up waits for the router's published ids and the
@@ -392,35 +392,38 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait (the early ids and 
     DeviceBuffer<uint8_t> flags(std::vector<uint8_t>(static_cast<std::size_t>(E), 0));
     cudaStream_t st = nullptr;
     REQUIRE(cudaStreamCreate(&st) == cudaSuccess);  // blocking: ordered after the buffers' set-up
-    // mode 0: neither handshake, 1: the early ids, 2: the early ids and the early x (the o-proj's
-    // blocks counted instead of gate/up's PDL wait).
+    // mode 0: no handshake, 1: the early ids, 2: the early ids and the early x (the o-proj's
+    // blocks counted instead of gate/up's PDL wait), 3: gate/up ranks the counted logits itself.
     auto chain = [&](bool pdl, int mode) {
       DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(static_cast<std::size_t>(E), 0));
-      DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0}), ready(std::vector<unsigned int>{0}), xdone(std::vector<unsigned int>{0});
+      DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0}), ready(std::vector<unsigned int>{0}), xdone(std::vector<unsigned int>{0}),
+          ldone(std::vector<unsigned int>{0});
       DeviceBuffer<float> x(static_cast<std::size_t>(H)), logits(static_cast<std::size_t>(E)), w(static_cast<std::size_t>(K)),
           act(static_cast<std::size_t>(K) * I);
       DeviceBuffer<int32_t> ids(static_cast<std::size_t>(K));
       act.poison();
-      unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;
+      unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;  // mode 3: unused (the down still clears it)
       unsigned int* rows = mode == 2 ? xdone.ptr : nullptr;
+      unsigned int* counted = mode == 3 ? ldone.ptr : nullptr;
+      const RouterOutputs ro{logits.ptr, ids.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr, flag};
       for (int layer = 0; layer < 3; ++layer) {
         const float* al = a.ptr + static_cast<std::size_t>(layer) * Q;
         const int blocks = launch_gemv_bf16_pdl(Wo.ptr, al, x.ptr, H, Q, true, st, pdl, h.ptr, false, rows);
-        launch_router_folded(folded.ptr, h.ptr, al, E, H, Q, K,
-                             RouterOutputs{logits.ptr, ids.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr, flag}, st, pdl);
-        launch_moe_gate_up_normed(experts.t, x.ptr, nw.ptr, 1e-6f, logits.ptr, E, true, w.ptr, ids.ptr, K, act.ptr, st, pdl, flag,
-                                  rows, blocks);
-        launch_moe_down_fused(experts.t, act.ptr, ids.ptr, w.ptr, K, x.ptr, st, pdl, flag, rows);
+        launch_router_folded(folded.ptr, h.ptr, al, E, H, Q, K, ro, st, pdl, nullptr, 0, counted);
+        launch_moe_gate_up_normed(experts.t, x.ptr, nw.ptr, 1e-6f, logits.ptr, E, true, w.ptr, ids.ptr, K, act.ptr, st, pdl,
+                                  counted != nullptr ? nullptr : flag, rows, blocks, GateUpRanks{counted, ro, nullptr});
+        launch_moe_down_fused(experts.t, act.ptr, ids.ptr, w.ptr, K, x.ptr, st, pdl, flag, rows, counted);
       }
       REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
       CHECK(ready.get()[0] == 0u);
       CHECK(xdone.get()[0] == 0u);
+      CHECK(ldone.get()[0] == 0u);
       CHECK(counters.get()[1] == 3ull * K);  // every expert cold here: three routings counted
       return std::tuple{x.get(), act.get(), ids.get()};
     };
     const auto want = chain(false, 0);
     for (const bool pdl : {false, true})
-      for (const int mode : {2, 1, 0}) {
+      for (const int mode : {3, 2, 1, 0}) {
         CAPTURE(pdl);
         CAPTURE(mode);
         CHECK(chain(pdl, mode) == want);
