@@ -1,6 +1,7 @@
 #include "bench/moe_offload/decode_trace_report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -22,7 +23,18 @@ struct Grid {
   unsigned long long first_start = ~0ull, first_wait = ~0ull, first_waited = ~0ull, last_waited = 0, last_end = 0;
   unsigned long long first_staged = ~0ull, last_staged = 0;  // staging kernels only
   unsigned long long first_summed = ~0ull, last_summed = 0;  // staging kernels only
+  // Every block's marks (0: none recorded), for the spread of one layer's blocks (percentiles).
+  std::vector<unsigned long long> starts, waited, staged, ends;
 };
+
+// The q-th quantile (0..1) of the nonzero values in v, relative to t0 in us; NaN when none.
+double quantile_us(std::vector<unsigned long long> v, double q, unsigned long long t0) {
+  std::erase(v, 0ull);
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  return (static_cast<double>(v[i]) - static_cast<double>(t0)) / 1000.0;
+}
 }  // namespace
 
 void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& cache) {
@@ -45,12 +57,15 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     g.id = r.grid;
     ++g.blocks;
     g.first_start = std::min(g.first_start, r.t_start);
+    g.starts.push_back(r.t_start);
+    g.ends.push_back(r.t_end);
     // Only a wait inside the block's own lifetime: a block that returns without waiting (the
     // early routing's router, all but its last block) keeps an older record's marks in its slot.
     if (r.t_wait != 0 && r.t_wait >= r.t_start && r.t_waited <= r.t_end) {
       g.first_wait = std::min(g.first_wait, r.t_wait);
       g.first_waited = std::min(g.first_waited, r.t_waited);
       g.last_waited = std::max(g.last_waited, r.t_waited);
+      g.waited.push_back(r.t_waited);
     }
     g.last_end = std::max(g.last_end, r.t_end);
     // A slot reused by a grid that does not stage keeps an older record's t_staged: only a mark
@@ -58,6 +73,7 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     if (r.t_staged != 0 && r.t_staged >= r.t_start && r.t_staged <= r.t_end) {
       g.first_staged = std::min(g.first_staged, r.t_staged);
       g.last_staged = std::max(g.last_staged, r.t_staged);
+      g.staged.push_back(r.t_staged);
     }
     if (r.t_summed != 0 && r.t_summed >= r.t_start && r.t_summed <= r.t_end) {
       g.first_summed = std::min(g.first_summed, r.t_summed);
@@ -145,6 +161,16 @@ void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& ca
     if (g.last_staged != 0) std::printf(" %8.2f %8.2f", rel(g.first_staged), rel(g.last_staged));
     else if (g.last_summed != 0) std::printf(" %8s %8s", "-", "-");
     if (g.last_summed != 0) std::printf(" %8.2f %8.2f", rel(g.first_summed), rel(g.last_summed));
+    std::printf("\n");
+  }
+  // The same layer's blocks spread out: when the median and the slowest tenth of its blocks
+  // started, came through the wait, staged (or saw the ids) and ended.
+  std::printf("layer %d, blocks' quantiles p10 / p50 / p90 (us, same origin): start | waited | staged | end\n", l);
+  for (int k = 0; k < 7; ++k) {
+    const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
+    std::printf("  %-10s", k < 6 ? names[k] : "next qkv");
+    for (const auto* v : {&g.starts, &g.waited, &g.staged, &g.ends})
+      std::printf(" | %6.2f %6.2f %6.2f", quantile_us(*v, 0.1, t0), quantile_us(*v, 0.5, t0), quantile_us(*v, 0.9, t0));
     std::printf("\n");
   }
 }
