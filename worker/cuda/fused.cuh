@@ -12,10 +12,12 @@
 //      ranks them and folds the routing hit counters. Or launch_router_fused after the o-proj:
 //      post-attention norm + router GEMV, the last block's softmax/top-k (by rank). With the
 //      early routing (fused_launch.cuh) launched at the o-proj's start, waiting for the
-//      attention's heads by a count.
+//      attention's heads by a count; with gate/up ranks (the default) no last block: its blocks
+//      count their logits.
 //   5. launch_moe_gate_up_normed (with 4. folded: every block normalises x, block 0 writes the
 //      routing weights) or launch_moe_gate_up_fused: gate and up rows of the routed experts + SwiGLU.
-//      With the early ids (fused_launch.cuh) its first rows loaded before its PDL wait.
+//      With the early ids (fused_launch.cuh) its first rows loaded before its PDL wait; with
+//      gate/up ranks every block ranks the counted logits itself and block 0 writes the ids.
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
 //      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
 //      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).
