@@ -1,5 +1,5 @@
 // Fused decode kernels of attention and routing (see fused.cuh for the launch plan per layer);
-// the MoE expert kernels are in fused_moe.cu.
+// the MoE expert kernels are in fused_moe.cu (gate/up) and fused_moe_down.cu.
 #include <cmath>
 #include <type_traits>
 
@@ -422,12 +422,14 @@ SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_decode)
 #ifdef SERVEDECK_DECODE_TRACE
 namespace servedeck::worker::cuda {
 void set_decode_trace_buffer_fused_moe(DecodeTraceRecord* buf);
+void set_decode_trace_buffer_fused_moe_down(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router_folded(DecodeTraceRecord* buf);
 void set_decode_trace_buffer(DecodeTraceRecord* buf) {
   set_decode_trace_buffer_fused_router_folded(buf);
   set_decode_trace_buffer_fused_decode(buf);
   set_decode_trace_buffer_fused_moe(buf);
+  set_decode_trace_buffer_fused_moe_down(buf);
   set_decode_trace_buffer_fused_router(buf);
 }
 }  // namespace servedeck::worker::cuda
