@@ -175,8 +175,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
           if (g.rk.heads_done != nullptr) *g.rk.heads_done = 0u;  // every router block has read it
         }
         if (j < k) {
-          atomicAdd(&g.rk.o.counters[g.rk.o.hot_flags[e] ? 0 : 1], 1ull);
-          atomicAdd(&g.rk.o.layer_counts[e], 1ull);
+          detail::count_pick(g.rk.o.hot_flags, g.rk.o.counters, g.rk.o.layer_counts, e);
         }
       }
     } else {

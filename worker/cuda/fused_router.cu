@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(k_router_threads) router_fused_kernel(
   if (threadIdx.x < k) {
     const int e = pick_id[threadIdx.x];
     o.ids[threadIdx.x] = e;
-    atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
-    atomicAdd(&o.layer_counts[e], 1ull);
+    detail::count_pick(o.hot_flags, o.counters, o.layer_counts, e);
     float chosen_sum = 0.f;
     for (int r = 0; r < k; ++r) chosen_sum += pick_p[r];
     o.weights[threadIdx.x] = renormalise ? pick_p[threadIdx.x] / chosen_sum : pick_p[threadIdx.x];

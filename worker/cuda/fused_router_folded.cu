@@ -147,8 +147,7 @@ __global__ void __launch_bounds__(k_folded_threads) router_folded_kernel(const f
     // The counters after the ids' publication when there is one (nothing reads them in the step).
     const auto count = [&] {
       if (static_cast<int>(threadIdx.x) < k) {
-        atomicAdd(&o.counters[o.hot_flags[e] ? 0 : 1], 1ull);
-        atomicAdd(&o.layer_counts[e], 1ull);
+        detail::count_pick(o.hot_flags, o.counters, o.layer_counts, e);
       }
     };
     if (o.ids_ready == nullptr) count();

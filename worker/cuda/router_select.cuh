@@ -5,6 +5,8 @@
 // lower id), so both route identically.
 #pragma once
 
+#include <cstdint>
+
 #include <cuda_runtime.h>
 
 #include "worker/cuda/dot.cuh"
@@ -73,6 +75,14 @@ __device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k,
       vals[rank] = v;
     }
   }
+}
+
+/// The routing counters of one pick e (a thread's): counters[0] (hot hits) or counters[1]
+/// (misses) by hot_flags[e] (1 = in VRAM), and the layer's routing count layer_counts[e]; atomic.
+__device__ __forceinline__ void count_pick(const uint8_t* hot_flags, unsigned long long* counters, unsigned long long* layer_counts,
+                                           int e) {
+  atomicAdd(&counters[hot_flags[e] ? 0 : 1], 1ull);
+  atomicAdd(&layer_counts[e], 1ull);
 }
 
 }  // namespace servedeck::worker::cuda::detail
