@@ -188,9 +188,10 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
 /// act 16-byte aligned (std::invalid_argument otherwise).
 /// With pdl, `ids` and `out` are read BEFORE waiting for the predecessor (for inter <= 768): they
 /// must have been written before the predecessor started, as in the decode step (o-proj writes
-/// out, the router ids, then gate/up, then down), or — with the early x, where gate/up lets the
-/// down launch before the router and the o-proj completed — published to gate/up before it
-/// triggered (fused_launch.cuh). When k·16·inter·2 bytes fit in 200 KB of shared
+/// out, the router ids, then gate/up, then down), or written and fenced by gate/up before it
+/// triggered (gate/up ranks: its block 0 writes the ids), or — with the early x, where gate/up
+/// lets the down launch before the router and the o-proj completed — published to gate/up before
+/// it triggered (fused_launch.cuh). When k·16·inter·2 bytes fit in 200 KB of shared
 /// memory (and SERVEDECK_DOWN_STAGED is not 0), each block also copies its 16 rows of every
 /// routed expert into shared memory before the wait, so they stream while gate/up finishes; the
 /// arithmetic is the same either way (bit-identical results).

@@ -30,7 +30,8 @@ inline int sm_count() {
 // are visible. Only then does it let its own dependent be scheduled. That order is a contract
 // the decode step relies on: a fused kernel lets its dependent launch only once it has waited
 // (the exceptions below), so kernel N+1 cannot start before kernel N-1 has finished —
-// moe_down_fused reads the router's ids (two launches back) and the residual (three back)
+// moe_down_fused reads the ids (the router's, two launches back, or with gate/up ranks gate/up's,
+// fenced before it triggers) and the residual (three back)
 // before its own wait, the staged o-proj the residual (three back), the attention the position
 // (copied by the host before the step). Weights, never written, may be read before it.
 // Exceptions to "only after its wait" (with the handshakes below, what a kernel reads early is

@@ -77,8 +77,9 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
 // down for inter <= 768 (CH <= 3 16-byte column blocks per lane): block b owns the hidden rows
 // [16 b, 16 b + 16); warp w takes routed slots j = w, w + 8, ... and reads down_j's rows of the
 // block, 8 rows' loads in flight at once (a lane holds its CH column blocks of each row). The
-// router wrote ids two launches back (router → gate/up → down), so ids, the expert pointer and
-// the first 8 rows are read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
+// ids were written two launches back by the router, or with gate/up ranks by gate/up's block 0
+// before it triggered (fused_launch.cuh), so ids, the expert pointer and the first 8 rows are
+// read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
 // sums its blocks in order and the warp reduces (down_row_group); then out[h] +=
 // sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
 // one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
 // hidden rows [16 b, 16 b + 16) and copies, for each routed slot j, down_j's rows of the block
 // (one contiguous range of 16·inter bf16; k·16·inter·2 bytes, 192 KB at k 8 and inter 768) by
 // every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and the
-// expert pointers are read before the wait (the router wrote them two launches back), act only
+// expert pointers are read before the wait (written before gate/up triggered: see above), act only
 // after: with `preload` (the default) the warp's first slot's act and the routing weights right
 // after the wait, while the rows still land, instead of after them. The arithmetic is
 // moe_down_rows_kernel's, step for step (per lane its CH column blocks in order,
