@@ -25,7 +25,11 @@
 namespace servedeck::worker::cuda::detail {
 
 // One per translation unit (no relocatable device code); set_decode_trace_buffer() sets each.
-static __device__ DecodeTraceRecord* g_decode_trace = nullptr;
+// In constant memory: a record's pointer is then read through the constant cache, not by a
+// global load that would queue behind the block's staged copies in the SM's memory queue and
+// date the mark late by their drain (the trace before session 15 did: its "waited" and "end"
+// marks of staging kernels include that queue).
+static __constant__ DecodeTraceRecord* g_decode_trace = nullptr;
 
 __device__ __forceinline__ unsigned long long trace_now() {
   unsigned long long t;
