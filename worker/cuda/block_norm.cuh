@@ -45,6 +45,54 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
   return p;
 }
 
+/// Thread t's V float4 of a row x (columns 4 (t + v NT) ..+3), zero past the row and for threads
+/// t >= NT: the loads of block_rmsnorm_prefetched, apart so that a kernel can issue them ahead of
+/// bulk copies that would otherwise sit in the SM's memory queue before them (q|k|v's x first).
+template <int V>
+struct RowRegs {
+  float4 v[V];
+};
+
+template <int NT, int V>
+__device__ __forceinline__ RowRegs<V> load_row_regs(const float* __restrict__ x, int in) {
+  RowRegs<V> r;
+  const bool active = threadIdx.x < NT;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
+    // L2, not the read-only path: x may be published by a kernel still running (the early x).
+    r.v[v] = active && i < in ? __ldcg(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  return r;
+}
+
+/// xs[0..in) = x / rms(x) * nw from x's loaded registers (load_row_regs<NT, V>): the block
+/// reduction through red[NT / 32], then the products from registers. Returns 1 / rms(x). Ends
+/// with __syncthreads. See block_rmsnorm_prefetched.
+template <int NT, int V>
+__device__ __forceinline__ float block_rmsnorm_from_regs(const RowRegs<V>& xv, const NormWeights<V>& nw, float eps, int in,
+                                                        float* xs, float* red) {
+  const bool active = threadIdx.x < NT;
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) ss += xv.v[v].x * xv.v[v].x + xv.v[v].y * xv.v[v].y + xv.v[v].z * xv.v[v].z + xv.v[v].w * xv.v[v].w;
+  const float inv = block_inv_rms<NT / 32>(ss, eps, in, red);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
+    if (active && i < in) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&nw.w[v]);
+      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+      xs[i] = xv.v[v].x * inv * a.x;
+      xs[i + 1] = xv.v[v].y * inv * a.y;
+      xs[i + 2] = xv.v[v].z * inv * b.x;
+      xs[i + 3] = xv.v[v].w * inv * b.y;
+    }
+  }
+  __syncthreads();
+  return inv;
+}
+
 /// xs[0..in) = x / rms(x) * nw for a block of NT threads with NT * V * 4 >= in, in % 4 == 0,
 /// x 16-byte aligned: one round of loads of x (V float4 per thread, held in registers), the
 /// block reduction through red[NT / 32], then the products from registers. Bit-identical to
@@ -55,32 +103,7 @@ __device__ __forceinline__ NormWeights<V> prefetch_norm_weights(const __nv_bfloa
 template <int NT, int V>
 __device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
                                                          int in, float* xs, float* red) {
-  float4 xv[V];
-  const bool active = threadIdx.x < NT;
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    // L2, not the read-only path: x may be published by a kernel still running (the early x).
-    xv[v] = active && i < in ? __ldcg(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  float ss = 0.f;
-#pragma unroll
-  for (int v = 0; v < V; ++v) ss += xv[v].x * xv[v].x + xv[v].y * xv[v].y + xv[v].z * xv[v].z + xv[v].w * xv[v].w;
-  const float inv = block_inv_rms<NT / 32>(ss, eps, in, red);
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    if (active && i < in) {
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&nw.w[v]);
-      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-      xs[i] = xv[v].x * inv * a.x;
-      xs[i + 1] = xv[v].y * inv * a.y;
-      xs[i + 2] = xv[v].z * inv * b.x;
-      xs[i + 3] = xv[v].w * inv * b.y;
-    }
-  }
-  __syncthreads();
-  return inv;
+  return block_rmsnorm_from_regs<NT, V>(load_row_regs<NT, V>(x, in), nw, eps, in, xs, red);
 }
 
 /// The same for any `in` (in % 4 == 0): strided loops over x, reading x twice and nw after the

@@ -72,7 +72,7 @@ template <int NV, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
     int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res,
-    int scatter, int trigger_at_start, unsigned int* rows_done) {
+    int scatter, int trigger_at_start, unsigned int* rows_done, int x_first) {
   SERVEDECK_TRACE_BLOCK();
   // The o-proj before the early routing's folded router lets it launch at once (fused_launch.cuh).
   if (trigger_at_start) asm volatile("griddepcontrol.launch_dependents;" :::);
@@ -85,8 +85,11 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
   float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
   float* part = xs + in;
   __shared__ float red[WARPS];
-  detail::stage_async_paced(dyn4, W + static_cast<size_t>(r0) * in, static_cast<unsigned>(nrows) * n8 * 16u, static_cast<int>(threadIdx.x),
-                            WARPS * 32, pieces);
+  // x first (x_first eighths > 0, one piece, NV > 0): only the first x_first eighths of the rows
+  // are issued before the wait, the rest after x's loads, so that x is not queued behind them.
+  const unsigned bytes = static_cast<unsigned>(nrows) * n8 * 16u, round = WARPS * 32 * 16u;
+  const unsigned head = NV > 0 && pieces <= 1 && x_first > 0 && x_first < 8 ? bytes * x_first / 8u / round * round : bytes;
+  detail::stage_async_paced(dyn4, W + static_cast<size_t>(r0) * in, head, static_cast<int>(threadIdx.x), WARPS * 32, pieces);
   detail::NormWeights<(NV > 0 ? NV : 1)> nwp;
   if constexpr (NV > 0) nwp = detail::prefetch_norm_weights<NT, NV>(nw, in);
   // y (or res), when accumulated into, is read before the wait too (see launch_gemv_bf16_pdl).
@@ -94,8 +97,15 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
   const float y_old = accumulate && static_cast<int>(threadIdx.x) < nrows ? base[r0 + threadIdx.x] : 0.f;
   wait_for_predecessor();
   if constexpr (NV != 0) {
-    if constexpr (NV > 0) detail::block_rmsnorm_prefetched<NT, NV>(x, nwp, eps, in, xs, red);
-    else block_rmsnorm_to_shared<CW>(x, nw, eps, in, xs, red);
+    if constexpr (NV > 0) {
+      const detail::RowRegs<NV> xv = detail::load_row_regs<NT, NV>(x, in);
+      if (head < bytes)
+        detail::stage_async(reinterpret_cast<char*>(dyn4) + head, reinterpret_cast<const char*>(W + static_cast<size_t>(r0) * in) + head,
+                            bytes - head, static_cast<int>(threadIdx.x), WARPS * 32);
+      detail::block_rmsnorm_from_regs<NT, NV>(xv, nwp, eps, in, xs, red);
+    } else {
+      block_rmsnorm_to_shared<CW>(x, nw, eps, in, xs, red);
+    }
     if (xn_out != nullptr && blockIdx.x == 0)
       for (int i = threadIdx.x; i < in; i += WARPS * 32) xn_out[i] = xs[i];
   } else {
@@ -153,13 +163,13 @@ StagedPlan staged_plan(int out, int in) {
 template <int NV>
 void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
                    float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr,
-                   bool trigger_at_start = false, unsigned int* rows_done = nullptr) {
+                   bool trigger_at_start = false, unsigned int* rows_done = nullptr, int x_first = 0) {
   const int scatter = detail::reduce_scatter_knob();
   // The block size follows from the instance's WARPS.
   auto go = [&]<int WARPS>(std::integral_constant<int, WARPS>) {
     allow_dynamic_smem(staged_gemv_kernel<NV, WARPS>, k_staged_smem_max);
     launch(staged_gemv_kernel<NV, WARPS>, p.grid, WARPS * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-           accumulate ? 1 : 0, xn_out, pieces, res, scatter, trigger_at_start ? 1 : 0, rows_done);
+           accumulate ? 1 : 0, xn_out, pieces, res, scatter, trigger_at_start ? 1 : 0, rows_done, x_first);
   };
   // 16 warps per block unless SERVEDECK_STAGED_WARPS=8 (A/B); the strided norm (NV -1) has 8.
   if constexpr (NV >= 0)
@@ -362,10 +372,17 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   // One piece: pacing q|k|v's staging (it runs beside the down, bandwidth-bound) measured no
   // better (session 7 runs 1-2). SERVEDECK_QKV_STAGE_PIECES overrides (A/B).
   const int pieces = detail::env_knob("SERVEDECK_QKV_STAGE_PIECES", 1);
+  // x first: half of the rows issued before the wait, the rest after x's loads, so that x is not
+  // queued behind all of them. Measured on the H200 (session 15 run 1, GPU step at position
+  // ~190, each twice): 2.220-2.223 ms against 2.256-2.257 with all before; 2 or 6 eighths
+  // 2.236 / 2.234. SERVEDECK_QKV_X_FIRST=n (n eighths before; 0: all) overrides (A/B).
+  const int x_first = detail::env_knob("SERVEDECK_QKV_X_FIRST", 4);
   if (p.smem != 0) {
     // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
-    if (in <= 2048) return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
-    if (in <= 4096) return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
+    if (in <= 2048)
+      return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, nullptr, x_first);
+    if (in <= 4096)
+      return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, nullptr, x_first);
     return launch_staged<-1>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
   }
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
