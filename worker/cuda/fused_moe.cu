@@ -59,6 +59,7 @@ struct GateUpNorm {
   const unsigned int* x_done = nullptr;     // the early x (fused_launch.cuh; with ids_ready), or nullptr
   unsigned int x_done_n = 0;                // the o-proj's blocks
   GateUpRanks rk{};                          // gate/up ranks (fused_launch.cuh) when rk.logits_done is set
+  int rank_split = 1;                        // rank over all threads (block_topk_by_rank_split)
 };
 
 // Where gate/up's NORM mode keeps the expert table: after the hidden floats of x in its dynamic
@@ -115,7 +116,8 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     // The expert table too (written at load and by the hot-expert cache's fills, never during a
     // step), so that after the wait the routed experts' pointers are one load (ids) away, not
     // two. Measured on the H200 (session 10 run 1, GPU step at position ~190): 2.438 ms with it
-    // against 2.479 without.
+    // against 2.479 without. Stored after the poll instead (so that thread 0's poll does not
+    // first wait for the table's round trip) measured no faster (session 15 runs 2-3).
     if (g.table_in_smem)
       for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) expert_table_smem(xs4, t.hidden)[e] = t.experts[e];
   }
@@ -159,8 +161,13 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
       __syncthreads();
       float* p = reinterpret_cast<float*>(xs4);
       for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) p[e] = __ldcg(g.logits + e);
+      SERVEDECK_TRACE_SUMMED();  // the trace's "summed" in gate/up: the count seen, the logits loaded
       __syncthreads();
-      detail::block_topk_by_rank(p, g.n_experts, k, threadIdx.x, k_moe_warps * 32, pick_id, pick_v, -INFINITY);
+      __shared__ int rank_cnt[k_moe_warps * 32];
+      if (g.rank_split)
+        detail::block_topk_by_rank_split(p, g.n_experts, k, threadIdx.x, k_moe_warps * 32, pick_id, pick_v, rank_cnt, -INFINITY);
+      else
+        detail::block_topk_by_rank(p, g.n_experts, k, threadIdx.x, k_moe_warps * 32, pick_id, pick_v, -INFINITY);
       __syncthreads();
       if (blockIdx.x == 0) {
         const int j = static_cast<int>(threadIdx.x), e = j < k ? pick_id[j] : 0;
@@ -272,6 +279,10 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
   const int n8 = table.hidden / 8, grid = gate_up_grid(table, k);
   // The expert table in shared memory before the wait unless SERVEDECK_GATE_UP_TABLE=0 (A/B).
   const int tbl = detail::env_knob("SERVEDECK_GATE_UP_TABLE", 1) != 0 ? 1 : 0;
+  // The ranking split over all 256 threads (block_topk_by_rank_split) unless
+  // SERVEDECK_RANK_SPLIT=0 (A/B). Measured on the H200 (session 15 runs 2-3, GPU step at position
+  // ~190, each twice): 2.236 ms against 2.265-2.266 with 128 threads.
+  const int split = detail::env_knob("SERVEDECK_RANK_SPLIT", 1) != 0 ? 1 : 0;
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float) +
                            (tbl ? static_cast<std::size_t>(n_experts) * sizeof(const bf16*) : 0);
   detail::require(x_done == nullptr || ((ids_ready != nullptr || ranks.logits_done != nullptr) && x_done_n > 0),
@@ -284,7 +295,7 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
                   "ranking needs n_experts <= hidden (got " + std::to_string(n_experts) + " and " + std::to_string(table.hidden) +
                       ") and the router outputs' ids, hot_flags and counters");
   const GateUpNorm g{norm_w, eps, logits, n_experts, renormalise ? 1 : 0, weights, tbl, ids_ready, x_done,
-                     static_cast<unsigned int>(x_done_n), ranks};
+                     static_cast<unsigned int>(x_done_n), ranks, split};
   auto go = [&](auto kernel) {
     detail::prefer_max_shared(kernel);
     launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, ids, k, act, g);

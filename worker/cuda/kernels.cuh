@@ -51,6 +51,13 @@ void launch_attention_decode(const float* q, const float* k_cache, const float* 
 void launch_router_topk(const float* logits, int n_experts, int k, bool renormalise, int32_t* ids, float* weights,
                         cudaStream_t stream);
 
+/// The decode step's top-k by rank on one block of 256 threads (router_select.cuh):
+/// block_topk_by_rank_split when `split` (gate/up's, the default), else block_topk_by_rank (the
+/// router's last block's). ids[r], vals[r] for r < k: the r-th largest of p[0..n) (NaN ranked as
+/// -inf, ties → lower id). n in (0, 1024], k in (0, min(n, 32)] (std::invalid_argument otherwise).
+/// For tests: both must pick the same experts in the same order.
+void launch_block_topk_by_rank(const float* p, int n, int k, bool split, int32_t* ids, float* vals, cudaStream_t stream);
+
 /// Pointer table of one MoE layer: for expert e, `experts[e]` points at its weight block
 /// [gate (inter, hidden); up (inter, hidden); down (hidden, inter)] bf16, in VRAM (hot-expert
 /// cache) or pinned host memory (UVA). The table lives in device memory: selecting an expert

@@ -4,6 +4,7 @@
 
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
 
@@ -83,7 +84,36 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int n, int 
   }
 }
 
+// One block of k_topk_threads: p to shared memory (16-byte aligned), then the ranking of the
+// decode step's gate/up (split over every thread) or of the router's last block.
+constexpr int k_topk_threads = 256;
+__global__ void block_topk_kernel(const float* __restrict__ p, int n, int k, int split, int32_t* ids, float* vals) {
+  __shared__ __align__(16) float ps[1024];
+  __shared__ int pick_id[32];
+  __shared__ float pick_v[32];
+  __shared__ int cnt[k_topk_threads];
+  for (int e = threadIdx.x; e < n; e += k_topk_threads) ps[e] = p[e];
+  __syncthreads();
+  if (split) {
+    detail::block_topk_by_rank_split(ps, n, k, threadIdx.x, k_topk_threads, pick_id, pick_v, cnt, -INFINITY);
+  } else {
+    detail::block_topk_by_rank(ps, n, k, threadIdx.x, k_topk_threads, pick_id, pick_v, -INFINITY);
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < k) {
+    ids[threadIdx.x] = pick_id[threadIdx.x];
+    vals[threadIdx.x] = pick_v[threadIdx.x];
+  }
+}
+
 }  // namespace
+
+void launch_block_topk_by_rank(const float* p, int n, int k, bool split, int32_t* ids, float* vals, cudaStream_t stream) {
+  detail::require(n > 0 && n <= 1024 && k > 0 && k <= 32 && k <= n, "launch_block_topk_by_rank",
+                  "n must be in (0, 1024] and k in (0, min(n, 32)], got " + std::to_string(n) + " and " + std::to_string(k));
+  block_topk_kernel<<<1, k_topk_threads, 0, stream>>>(p, n, k, split ? 1 : 0, ids, vals);
+  detail::check_launch();
+}
 
 void launch_router_topk(const float* logits, int n_experts, int k, bool renormalise, int32_t* ids, float* weights,
                         cudaStream_t stream) {

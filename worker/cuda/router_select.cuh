@@ -77,6 +77,44 @@ __device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k,
   }
 }
 
+/// block_topk_by_rank's picks (the same ids and vals, bit for bit) by a block of nthreads >= 2n
+/// threads, for n % 8 == 0 and p 16-byte aligned: thread t < n ranks e = t against p[0..n/2),
+/// thread n + t against p[n/2..n), four values per shared-memory load, and thread t adds the two
+/// counts through cnt[2n] (shared). Contains one __syncthreads (every thread of the block must
+/// call it); ids and vals are written after it. Any other shape: block_topk_by_rank (no barrier).
+__device__ __forceinline__ void block_topk_by_rank_split(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals,
+                                                         int* cnt, float nan_as = -1.f) {
+  if (2 * n > nthreads || n % 8 != 0 || reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    block_topk_by_rank(p, n, k, t, nthreads, ids, vals, nan_as);
+    __syncthreads();
+    return;
+  }
+  const auto fix = [nan_as](float x) { return x == x ? x : nan_as; };
+  const int e = t < n ? t : t - n, j0 = t < n ? 0 : n / 2;
+  if (t < 2 * n) {
+    const float v = fix(p[e]);
+    const float4* p4 = reinterpret_cast<const float4*>(p + j0);
+    int c = 0;
+#pragma unroll 4
+    for (int q = 0; q < n / 8; ++q) {
+      const float4 x = p4[q];
+      const int j = j0 + 4 * q;
+      const float xs[4] = {fix(x.x), fix(x.y), fix(x.z), fix(x.w)};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) c += (xs[u] > v || (xs[u] == v && j + u < e)) ? 1 : 0;
+    }
+    cnt[t] = c;
+  }
+  __syncthreads();
+  if (t < n) {
+    const int rank = cnt[t] + cnt[t + n];
+    if (rank < k) {
+      ids[rank] = t;
+      vals[rank] = fix(p[t]);
+    }
+  }
+}
+
 /// The routing counters of one pick e (a thread's): counters[0] (hot hits) or counters[1]
 /// (misses) by hot_flags[e] (1 = in VRAM), and the layer's routing count layer_counts[e]; atomic.
 __device__ __forceinline__ void count_pick(const uint8_t* hot_flags, unsigned long long* counters, unsigned long long* layer_counts,

@@ -237,6 +237,7 @@ TEST_CASE("decode step: K/V read-ahead and the o-proj's early launch on or off b
   CHECK(run("SERVEDECK_EARLY_X", "1") == base);        // gate/up counts the o-proj's blocks instead
   CHECK(run("SERVEDECK_QKV_X_FIRST", "0") == base);    // q|k|v issues all its rows before the wait, not half
   CHECK(run("SERVEDECK_QKV_X_FIRST", "1") == base);    // an eighth of them
+  CHECK(run("SERVEDECK_RANK_SPLIT", "0") == base);     // gate/up's ranking by 128 threads, not 256
   CHECK(run("SERVEDECK_ROUTER_PRELOAD", "0") == base); // the early router's two passes
   CHECK(run("SERVEDECK_LEAN_SYNC", "0") == base);      // fences around the last-block atomics
   CHECK(run("SERVEDECK_GATE_UP_RANKS", "0") == base);  // the router's last block ranks, not gate/up's blocks

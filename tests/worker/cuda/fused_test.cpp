@@ -372,7 +372,7 @@ TEST_CASE("the folded router and gate/up with its own norm equal o-proj + router
   }
 }
 
-TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the logits itself, changes nothing; the down clears the counters") {
+TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the logits itself (with the early x or not), changes nothing; the down clears the counters") {
   gpu_test::skip_without_gpu();
   // o-proj -> folded router -> gate/up -> down, three times in one stream as three layers of the
   // decode step, with and without PDL: gate/up waits for the router's published ids and the
@@ -393,7 +393,8 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the log
     cudaStream_t st = nullptr;
     REQUIRE(cudaStreamCreate(&st) == cudaSuccess);  // blocking: ordered after the buffers' set-up
     // mode 0: no handshake, 1: the early ids, 2: the early ids and the early x (the o-proj's
-    // blocks counted instead of gate/up's PDL wait), 3: gate/up ranks the counted logits itself.
+    // blocks counted instead of gate/up's PDL wait), 3: gate/up ranks the counted logits itself,
+    // 4: 3 with the early x.
     auto chain = [&](bool pdl, int mode) {
       DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(static_cast<std::size_t>(E), 0));
       DeviceBuffer<unsigned int> done(std::vector<unsigned int>{0}), ready(std::vector<unsigned int>{0}), xdone(std::vector<unsigned int>{0}),
@@ -402,9 +403,9 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the log
           act(static_cast<std::size_t>(K) * I);
       DeviceBuffer<int32_t> ids(static_cast<std::size_t>(K));
       act.poison();
-      unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;  // mode 3: unused (the down still clears it)
-      unsigned int* rows = mode == 2 ? xdone.ptr : nullptr;
-      unsigned int* counted = mode == 3 ? ldone.ptr : nullptr;
+      unsigned int* flag = mode >= 1 ? ready.ptr : nullptr;  // modes 3-4: unused (the down still clears it)
+      unsigned int* rows = mode == 2 || mode == 4 ? xdone.ptr : nullptr;
+      unsigned int* counted = mode >= 3 ? ldone.ptr : nullptr;
       const RouterOutputs ro{logits.ptr, ids.ptr, nullptr, done.ptr, flags.ptr, counters.ptr, lc.ptr, flag};
       for (int layer = 0; layer < 3; ++layer) {
         const float* al = a.ptr + static_cast<std::size_t>(layer) * Q;
@@ -423,7 +424,7 @@ TEST_CASE("gate/up reading the ids and x before its PDL wait, or ranking the log
     };
     const auto want = chain(false, 0);
     for (const bool pdl : {false, true})
-      for (const int mode : {3, 2, 1, 0}) {
+      for (const int mode : {4, 3, 2, 1, 0}) {
         CAPTURE(pdl);
         CAPTURE(mode);
         CHECK(chain(pdl, mode) == want);

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 
@@ -113,6 +114,53 @@ TEST_CASE("rmsnorm, rope and router top-k match the CPU reference") {
     CHECK(ids[i] == order[i]);
     CHECK(wts[i] == doctest::Approx(std::exp(static_cast<double>(logits[order[i]])) / denom).epsilon(1e-5));
   }
+}
+
+TEST_CASE("the decode step's top-k by rank, split over 256 threads or not: ties, NaN and -inf as the CPU rule") {
+  gpu_test::skip_without_gpu();
+  // The rule: descending value, NaN as -inf, ties to the lower id (a stable sort).
+  auto want = [](std::vector<float> v, int k) {
+    for (float& x : v)
+      if (std::isnan(x)) x = -INFINITY;
+    std::vector<int> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return v[static_cast<std::size_t>(a)] > v[static_cast<std::size_t>(b)]; });
+    order.resize(static_cast<std::size_t>(k));
+    return order;
+  };
+  // n = 128 (the benchmark), 64 and 8 (the split path), 24 and 256 (not split: n % 8 or 2n > 256).
+  for (const int n : {128, 64, 8, 24, 256}) {
+    for (const int variant : {0, 1, 2}) {
+      CAPTURE(n);
+      CAPTURE(variant);
+      auto v = gpu_test::random_floats(static_cast<std::size_t>(n), static_cast<unsigned>(40 + n + variant), 2.f);
+      if (variant >= 1)  // ties: every value rounded to a quarter, so many repeat
+        for (float& x : v) x = std::round(x * 4.f) / 4.f;
+      if (variant == 2) {  // NaN, -inf, +inf and signed zeros among them
+        v[1] = std::nanf("");
+        v[static_cast<std::size_t>(n) / 2] = -INFINITY;
+        v[static_cast<std::size_t>(n) - 1] = INFINITY;
+        v[0] = 0.f;
+        v[2 % static_cast<std::size_t>(n)] = -0.f;
+      }
+      const int k = std::min(n, 8);
+      const auto order = want(v, k);
+      DeviceBuffer<float> dv(v);
+      for (const bool split : {true, false}) {
+        CAPTURE(split);
+        DeviceBuffer<int32_t> ids(static_cast<std::size_t>(k));
+        DeviceBuffer<float> vals(static_cast<std::size_t>(k));
+        ids.poison();
+        launch_block_topk_by_rank(dv.ptr, n, k, split, ids.ptr, vals.ptr, nullptr);
+        const auto got = ids.get();
+        for (int r = 0; r < k; ++r) CHECK(got[static_cast<std::size_t>(r)] == order[static_cast<std::size_t>(r)]);
+      }
+    }
+  }
+  DeviceBuffer<float> dv(std::vector<float>(8, 0.f));
+  DeviceBuffer<int32_t> ids(8);
+  DeviceBuffer<float> vals(8);
+  CHECK_THROWS_AS(launch_block_topk_by_rank(dv.ptr, 8, 9, true, ids.ptr, vals.ptr, nullptr), std::invalid_argument);
 }
 
 TEST_CASE("attention decode (GQA) matches the CPU reference") {
