@@ -49,8 +49,9 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 
 // Staged GEMV (batch 1), y (+)= W · x̂ with x̂ = rmsnorm(x) * nw when NV != 0, else x: block b owns
 // the rows [b R, b R + R) (R = rows_per_block), one contiguous byte range of W, which all threads
-// copy (cp.async, stage_async) into shared memory BEFORE waiting for the predecessor, so the weights stream
-// while the previous kernel still runs (R·in·2 bytes per SM). Then lane l of column slice s (warp
+// copy (cp.async, stage_async) into shared memory, so the weights stream while the previous kernel
+// still runs (R·in·2 bytes per SM): all of it BEFORE waiting for the predecessor, or with x first
+// (x_first) a part before and the rest right after x's loads. Then lane l of column slice s (warp
 // w: s = w % 8) takes the 16-byte column blocks c = 32 s + l (+ 256, ...) of 8 rows at a time; per
 // row the lane sums its blocks in order, the warp reduces the 8 rows with one reduce-scatter
 // (detail::warp_sum8_scatter; the shuffle tree per row when scatter is 0), and the block adds the
@@ -61,9 +62,9 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 constexpr int k_staged_warps = 8;
 constexpr std::size_t k_staged_smem_max = 200 * 1024;
 
-// NV: the norm of x first — 0: none (x copied), > 0: block_rmsnorm_prefetched with NV float4
-// per thread of the first 256 (its weights loaded before the wait; in <= 4 * 256 * NV), -1:
-// block_rmsnorm_to_shared (WARPS 8 only).
+// NV: the norm of x first — 0: none (x copied), > 0: load_row_regs + block_rmsnorm_from_regs
+// (block_rmsnorm_prefetched's steps) with NV float4 per thread of the first 256 (its weights
+// loaded before the wait; in <= 4 * 256 * NV), -1: block_rmsnorm_to_shared (WARPS 8 only).
 // WARPS: 8, or 16 (SERVEDECK_STAGED_WARPS): warp w takes column slice w % 8 and, at 16, every
 // other group of 8 rows (w / 8 picks which), so each row's partials are those of the 8-warp
 // kernel, summed in the same order (bit-identical), with twice the warps to hide the latencies
@@ -85,8 +86,10 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
   float* xs = reinterpret_cast<float*>(dyn4 + static_cast<size_t>(R) * n8);
   float* part = xs + in;
   __shared__ float red[WARPS];
-  // x first (x_first eighths > 0, one piece, NV > 0): only the first x_first eighths of the rows
-  // are issued before the wait, the rest after x's loads, so that x is not queued behind them.
+  // x first (x_first in 1..7, one piece, NV > 0): only the first x_first eighths of the rows' bytes,
+  // rounded down to whole rounds of the block's 16-byte copies, are issued before the wait, the
+  // rest after x's loads, so that x is not queued behind them (at the benchmark's q|k|v, 4: 72 KB
+  // of 156 KB, 18 of 39 rows). Otherwise head == bytes: all before.
   const unsigned bytes = static_cast<unsigned>(nrows) * n8 * 16u, round = WARPS * 32 * 16u;
   const unsigned head = NV > 0 && pieces <= 1 && x_first > 0 && x_first < 8 ? bytes * x_first / 8u / round * round : bytes;
   detail::stage_async_paced(dyn4, W + static_cast<size_t>(r0) * in, head, static_cast<int>(threadIdx.x), WARPS * 32, pieces);
@@ -372,10 +375,11 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   // One piece: pacing q|k|v's staging (it runs beside the down, bandwidth-bound) measured no
   // better (session 7 runs 1-2). SERVEDECK_QKV_STAGE_PIECES overrides (A/B).
   const int pieces = detail::env_knob("SERVEDECK_QKV_STAGE_PIECES", 1);
-  // x first: half of the rows issued before the wait, the rest after x's loads, so that x is not
-  // queued behind all of them. Measured on the H200 (session 15 run 1, GPU step at position
-  // ~190, each twice): 2.220-2.223 ms against 2.256-2.257 with all before; 2 or 6 eighths
-  // 2.236 / 2.234. SERVEDECK_QKV_X_FIRST=n (n eighths before; 0: all) overrides (A/B).
+  // x first: about half of the rows issued before the wait, the rest after x's loads, so that x
+  // is not queued behind all of them. Measured on the H200 for the decode step's q|k|v (session 15
+  // run 1, GPU step at position ~190, each twice): 2.220-2.223 ms against 2.256-2.257 with all
+  // before; 2 or 6 eighths 2.236 / 2.234. SERVEDECK_QKV_X_FIRST=n (n eighths before; 0: all)
+  // overrides (A/B). It applies to every staged launch here: also the dense MLP's gate and up.
   const int x_first = detail::env_knob("SERVEDECK_QKV_X_FIRST", 4);
   if (p.smem != 0) {
     // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.

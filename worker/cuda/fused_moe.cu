@@ -161,7 +161,6 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
       __syncthreads();
       float* p = reinterpret_cast<float*>(xs4);
       for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) p[e] = __ldcg(g.logits + e);
-      SERVEDECK_TRACE_SUMMED();  // the trace's "summed" in gate/up: the count seen, the logits loaded
       __syncthreads();
       __shared__ int rank_cnt[k_moe_warps * 32];
       if (g.rank_split)
@@ -280,7 +279,7 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
   // The expert table in shared memory before the wait unless SERVEDECK_GATE_UP_TABLE=0 (A/B).
   const int tbl = detail::env_knob("SERVEDECK_GATE_UP_TABLE", 1) != 0 ? 1 : 0;
   // The ranking split over all 256 threads (block_topk_by_rank_split) unless
-  // SERVEDECK_RANK_SPLIT=0 (A/B). Measured on the H200 (session 15 runs 2-3, GPU step at position
+  // SERVEDECK_RANK_SPLIT=0 (A/B). Measured on the H200 (session 15 run 2, GPU step at position
   // ~190, each twice): 2.236 ms against 2.265-2.266 with 128 threads.
   const int split = detail::env_knob("SERVEDECK_RANK_SPLIT", 1) != 0 ? 1 : 0;
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float) +

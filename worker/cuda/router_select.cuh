@@ -1,8 +1,8 @@
 // Device helpers for the MoE router (internal to worker/cuda): one warp turns a row of router
 // logits held in shared memory into probabilities (the same softmax in the decode step,
 // fused_decode.cu, and in prefill, prefill.cu) and picks the top-k: k warp_argmax rounds in
-// prefill, block_topk_by_rank in decode, which picks the same experts in the same order (ties →
-// lower id), so both route identically.
+// prefill, block_topk_by_rank (or its split over the block, block_topk_by_rank_split) in decode,
+// which picks the same experts in the same order (ties → lower id), so both route identically.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +80,9 @@ __device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k,
 /// block_topk_by_rank's picks (the same ids and vals, bit for bit) by a block of nthreads >= 2n
 /// threads, for n % 8 == 0 and p 16-byte aligned: thread t < n ranks e = t against p[0..n/2),
 /// thread n + t against p[n/2..n), four values per shared-memory load, and thread t adds the two
-/// counts through cnt[2n] (shared). Contains one __syncthreads (every thread of the block must
-/// call it); ids and vals are written after it. Any other shape: block_topk_by_rank (no barrier).
+/// counts through cnt[2n] (shared). Contains one __syncthreads on every path (every thread of the
+/// block must call it): ids and vals are written after it. Any other shape: block_topk_by_rank,
+/// then the barrier.
 __device__ __forceinline__ void block_topk_by_rank_split(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals,
                                                          int* cnt, float nan_as = -1.f) {
   if (2 * n > nthreads || n % 8 != 0 || reinterpret_cast<uintptr_t>(p) % 16 != 0) {

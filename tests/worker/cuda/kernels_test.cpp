@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 
@@ -119,14 +121,23 @@ TEST_CASE("rmsnorm, rope and router top-k match the CPU reference") {
 TEST_CASE("the decode step's top-k by rank, split over 256 threads or not: ties, NaN and -inf as the CPU rule") {
   gpu_test::skip_without_gpu();
   // The rule: descending value, NaN as -inf, ties to the lower id (a stable sort).
-  auto want = [](std::vector<float> v, int k) {
+  auto ranked = [](std::vector<float> v) {
     for (float& x : v)
       if (std::isnan(x)) x = -INFINITY;
+    return v;
+  };
+  auto want = [](const std::vector<float>& v, int k) {
     std::vector<int> order(v.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return v[static_cast<std::size_t>(a)] > v[static_cast<std::size_t>(b)]; });
     order.resize(static_cast<std::size_t>(k));
     return order;
+  };
+  // A float's bits: the values picked must match bit for bit (-0 and +0 told apart).
+  auto bits = [](float f) {
+    uint32_t u = 0;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
   };
   // n = 128 (the benchmark), 64 and 8 (the split path), 24 and 256 (not split: n % 8 or 2n > 256).
   for (const int n : {128, 64, 8, 24, 256}) {
@@ -144,16 +155,24 @@ TEST_CASE("the decode step's top-k by rank, split over 256 threads or not: ties,
         v[2 % static_cast<std::size_t>(n)] = -0.f;
       }
       const int k = std::min(n, 8);
-      const auto order = want(v, k);
+      const auto vr = ranked(v);
+      const auto order = want(vr, k);
       DeviceBuffer<float> dv(v);
       for (const bool split : {true, false}) {
         CAPTURE(split);
         DeviceBuffer<int32_t> ids(static_cast<std::size_t>(k));
         DeviceBuffer<float> vals(static_cast<std::size_t>(k));
         ids.poison();
+        vals.poison();
         launch_block_topk_by_rank(dv.ptr, n, k, split, ids.ptr, vals.ptr, nullptr);
         const auto got = ids.get();
-        for (int r = 0; r < k; ++r) CHECK(got[static_cast<std::size_t>(r)] == order[static_cast<std::size_t>(r)]);
+        const auto got_v = vals.get();
+        for (int r = 0; r < k; ++r) {
+          CAPTURE(r);
+          const int e = order[static_cast<std::size_t>(r)];
+          CHECK(got[static_cast<std::size_t>(r)] == e);
+          CHECK(bits(got_v[static_cast<std::size_t>(r)]) == bits(vr[static_cast<std::size_t>(e)]));  // NaN reported as -inf
+        }
       }
     }
   }
