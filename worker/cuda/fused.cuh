@@ -160,8 +160,9 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 /// gate/up ranks (fused_launch.cuh): when logits_done is set, every block waits (before its PDL
 /// wait) until it reads n_experts — the folded router's blocks count their logits — loads the
 /// logits and ranks them itself (block_topk_by_rank_split, or block_topk_by_rank with
-/// SERVEDECK_RANK_SPLIT=0: the experts and order of the router's last block); block 0 then writes o.ids and fences them before it triggers the down (which reads
-/// them before its wait), folds o's counters and clears heads_done (when set).
+/// SERVEDECK_RANK_SPLIT=0: the experts and order of the router's last block); block 0 then
+/// writes o.ids and fences them before it triggers the down (which reads them before its wait),
+/// folds o's counters and clears heads_done (when set).
 struct GateUpRanks {
   const unsigned int* logits_done = nullptr;  // nullptr: off
   RouterOutputs o{};                          // ids, hot_flags, counters, layer_counts

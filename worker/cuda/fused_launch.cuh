@@ -94,8 +94,8 @@ __device__ __forceinline__ void wait_for_predecessor() {
 //   block; each block adds 1 (publish_count) once its logit is written, and only block 0 waits
 //   for the o-proj. gate/up's blocks wait for all n_experts counts before their PDL wait, load
 //   the logits and rank them themselves (block_topk_by_rank_split: the router's last block's
-//   experts and order); gate/up's block 0 writes the ids for the down, the hit counters, clears the early
-//   routing's count and fences the ids before it lets the down launch (the down reads them
+//   experts and order); gate/up's block 0 writes the ids for the down, the hit counters, clears
+//   the early routing's count and fences the ids before it lets the down launch (the down reads them
 //   before its own wait; no flag: a flag cleared by the down's block 0 hung down blocks placed
 //   later that still polled it, session 13 run 6). The down clears the count after its wait.
 //   Measured on the H200 (session 14 run 1, GPU step at position ~190): 2.251 ms against 2.300.

@@ -51,6 +51,10 @@ __device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, flo
   best_id = bi;
 }
 
+/// The value a ranking compares for x: x itself, or nan_as when x is NaN (so that the ranks stay
+/// a total order).
+__device__ __forceinline__ float rank_value(float x, float nan_as) { return x == x ? x : nan_as; }
+
 /// The k largest of p[0..n) over a whole block (thread t of nthreads takes e = t, t + nthreads,
 /// ...), in the order and with the ties of k rounds of warp_argmax: e is pick r when
 /// r = #{j : p[j] > p[e]} + #{j < e : p[j] == p[e]} < k. Writes ids[r] and vals[r] (shared
@@ -59,10 +63,7 @@ __device__ __forceinline__ void warp_argmax(const float* p, int n, int lane, flo
 /// ranks stay a total order and every pick r < k is written even from a poisoned residual stream.
 __device__ __forceinline__ void block_topk_by_rank(const float* p, int n, int k, int t, int nthreads, int* ids, float* vals,
                                                    float nan_as = -1.f) {
-  auto at = [p, nan_as](int j) {
-    const float x = p[j];
-    return x == x ? x : nan_as;
-  };
+  auto at = [p, nan_as](int j) { return rank_value(p[j], nan_as); };
   for (int e = t; e < n; e += nthreads) {
     const float v = at(e);
     int rank = 0;
@@ -90,7 +91,7 @@ __device__ __forceinline__ void block_topk_by_rank_split(const float* p, int n, 
     __syncthreads();
     return;
   }
-  const auto fix = [nan_as](float x) { return x == x ? x : nan_as; };
+  const auto fix = [nan_as](float x) { return rank_value(x, nan_as); };
   const int e = t < n ? t : t - n, j0 = t < n ? 0 : n / 2;
   if (t < 2 * n) {
     const float v = fix(p[e]);
