@@ -8,6 +8,7 @@
 
 #include <boost/asio.hpp>
 
+#include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
 #include "gateway/server/metrics.hpp"
@@ -235,8 +236,8 @@ void Gateway::Impl::handle_completion(Route route, http::Request& req, std::shar
     http::send_error(*res, status, message, type, code, false, std::move(extra));
     record_local_answer(shared, route, model, alias, stream, status, code, t0);
   };
-  JsonParseError perr;
-  json body = parse_json(req.body, perr);
+  JsonError perr;
+  json body = parse_untrusted(req.body, &perr);
   if (body.is_discarded()) return local(400, "", "", false, perr.message, "invalid_request_error", "invalid_json");
   if (!body.is_object()) return local(400, "", "", false, "the request body must be a JSON object", "invalid_request_error", "invalid_body");
   handle_completion_body(route, std::move(body), std::move(res), t0);
@@ -244,8 +245,8 @@ void Gateway::Impl::handle_completion(Route route, http::Request& req, std::shar
 
 void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::Responder> res) {
   auto t0 = clock_type::now();
-  JsonParseError perr;
-  json body = parse_json(req.body, perr);
+  JsonError perr;
+  json body = parse_untrusted(req.body, &perr);
   const bool stream = body.is_object() && body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   const std::string id = body.is_object() && body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
   auto local = [&](int status, const std::string& message, const char* code) {

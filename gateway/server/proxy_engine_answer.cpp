@@ -4,6 +4,7 @@
 // or a closed connection), engine error bodies and the non-streaming answer.
 #include "gateway/server/proxy_internal.hpp"
 
+#include "common/json_limits.hpp"
 #include "gateway/server/request_body.hpp"
 
 namespace servedeck::gateway {
@@ -44,8 +45,8 @@ void ProxyCall::on_upstream_data(std::string_view bytes) {
 void ProxyCall::handle_event(const sse::Event& ev) {
   if (ev.comment) return;
   if (ev.data == "[DONE]") return finish_stream();
-  JsonParseError perr;
-  json chunk = parse_json(ev.data, perr);
+  JsonError perr;
+  json chunk = parse_untrusted(ev.data, &perr);
   if (chunk.is_discarded())
     return fail(502, "the engine sent a malformed event: " + perr.message, "server_error", "engine_bad_event",
                 ErrorSource::engine);
@@ -185,8 +186,8 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
 }
 
 void ProxyCall::answer_engine_error_body() {
-  JsonParseError perr;
-  json j = parse_json(engine_text_, perr);
+  JsonError perr;
+  json j = parse_untrusted(engine_text_, &perr);
   json err = j.is_object() && j.contains("error") ? j["error"] : json();
   std::string message = err.is_null() ? (engine_text_.empty() ? "the engine answered HTTP " + std::to_string(upstream_status_)
                                                               : engine_text_.substr(0, 2000))
@@ -197,8 +198,8 @@ void ProxyCall::answer_engine_error_body() {
 }
 
 void ProxyCall::answer_body() {
-  JsonParseError perr;
-  json body = parse_json(engine_text_, perr);
+  JsonError perr;
+  json body = parse_untrusted(engine_text_, &perr);
   if (body.is_discarded() || !body.is_object())
     return fail(502, "the engine's answer is not a JSON object: " + perr.message, "server_error", "engine_bad_body",
                 ErrorSource::engine);

@@ -19,3 +19,24 @@ TEST_CASE("dump_safe replaces invalid UTF-8 instead of throwing") {
   CHECK_THROWS(j.dump());
   CHECK(servedeck::dump_safe(j) == "{\"message\":\"last read: '\xef\xbf\xbd'\"}");
 }
+
+TEST_CASE("parse_untrusted refuses deep, oversized and malformed text without throwing") {
+  servedeck::JsonError err;
+  auto deep = servedeck::parse_untrusted(std::string(100000, '[') + std::string(100000, ']'), &err);
+  CHECK(deep.is_discarded());
+  CHECK(err.message == "JSON nested deeper than 256 levels (at byte 256)");
+
+  auto big = servedeck::parse_untrusted(R"({"a":"0123456789"})", &err, {.max_depth = 8, .max_bytes = 10});
+  CHECK(big.is_discarded());
+  CHECK(err.message == "JSON text of 18 bytes exceeds the limit of 10 bytes");
+
+  auto bad = servedeck::parse_untrusted(R"({"a":1,})", &err);
+  CHECK(bad.is_discarded());
+  CHECK(err.byte == 7);
+  CHECK(err.message.rfind("malformed JSON at byte 7: ", 0) == 0);
+
+  CHECK(servedeck::parse_untrusted("").is_discarded());  // no error sink: still no throw
+  auto ok = servedeck::parse_untrusted(R"({"a":[1,{"b":"c"}]})", &err);
+  REQUIRE(ok.is_object());
+  CHECK(ok["a"][1]["b"] == "c");
+}
