@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <limits>
 
 #include "common/http/wire_format.hpp"
 #include "common/json_limits.hpp"
@@ -79,7 +81,10 @@ void Session::add_drain_cb(std::size_t below, std::function<void()> cb) {
 void Session::read_header() {
   if (closed_) return;
   parser_.emplace();
-  parser_->body_limit(srv_.opt.max_body_bytes);
+  // note: no body limit while the head is read, or the parser itself would answer an oversized
+  // Content-Length (413) before head_check saw the request; on_header sets the limit. (Not
+  // boost::none: Boost 1.74 compares the length against the empty optional and always refuses.)
+  parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
   parser_->header_limit(64 * 1024);
   stream_.expires_after(std::chrono::milliseconds(first_request_ ? srv_.opt.header_timeout_ms
                                                                  : srv_.opt.idle_timeout_ms));
@@ -130,6 +135,7 @@ void Session::on_header(error_code ec) {
   if (auto len = parser_->content_length(); len && *len > srv_.opt.max_body_bytes) {
     return send_simple_and_close(413, body_too_large());
   }
+  parser_->body_limit(srv_.opt.max_body_bytes);
   if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
     auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
     stream_.expires_after(std::chrono::milliseconds(srv_.opt.write_timeout_ms));

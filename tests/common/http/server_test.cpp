@@ -218,6 +218,7 @@ TEST_CASE("Expect: 100-continue is honoured") {
 TEST_CASE("a head_check refusal is sent before the body arrives; the handler never sees the request") {
   ServerOptions opt;
   opt.header_timeout_ms = 20000;  // a server that waited for the body would answer nothing for 20 s
+  opt.max_body_bytes = 1000;      // the 1 MB announced below is refused by the check first, not 413
   std::atomic<int> handled{0};
   std::mutex mu;
   std::vector<std::string> seen;  // "METHOD path remote-has-port" per checked head
