@@ -261,19 +261,23 @@ void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::R
   for (const auto& w : translated->warnings) std::cerr << "servedeck: /v1/responses (" << id << "): " << w << "\n";
   state::Store* st = &store;
   auto post = shared.post_blocking;
-  auto adapter = std::make_shared<responses::ResponsesResponder>(
-      res, translated, id, [st, post](const std::string& response_id, const json& messages) {
-        // note: stored turns expire after 7 days; previous_response_id past that is a 404.
-        auto write = [st, response_id, messages] {
-          try {
-            st->put_document("responses", response_id, json{{"messages", messages}},
-                             state::now_ms() + 7ll * 24 * 3600 * 1000);
-          } catch (const std::exception& e) {
-            std::cerr << "servedeck: could not store response " << response_id << ": " << e.what() << "\n";
-          }
-        };
-        if (!post || !post(write)) write();
-      });
+  // note: a stored turn expires server.responses_retention_s after it was written (0: nothing is
+  // stored) and the Janitor deletes it then; previous_response_id past that is a 404. A request
+  // with store: false is never written (ResponsesResponder checks TranslatedRequest::store).
+  const int64_t retention_ms = reg.server.responses_retention_s * 1000;
+  responses::StoreTurn store_turn;
+  if (retention_ms > 0)
+    store_turn = [st, post, retention_ms](const std::string& response_id, const json& messages) {
+      auto write = [st, response_id, messages, retention_ms] {
+        try {
+          st->put_document("responses", response_id, json{{"messages", messages}}, state::now_ms() + retention_ms);
+        } catch (const std::exception& e) {
+          std::cerr << "servedeck: could not store response " << response_id << ": " << e.what() << "\n";
+        }
+      };
+      if (!post || !post(write)) write();
+    };
+  auto adapter = std::make_shared<responses::ResponsesResponder>(res, translated, id, std::move(store_turn));
   handle_completion_body(Route::responses, translated->chat, std::move(adapter), t0);
 }
 
