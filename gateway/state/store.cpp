@@ -178,16 +178,19 @@ void bind_launch(Stmt& s, const LaunchRecord& r) {
   s.bind(11, r.state).bind(12, r.why).bind(13, r.log_path).bind(14, r.port);
 }
 
-/// Makes `db` and its -wal/-shm 0600: creates the database file so (SQLite gives the -wal and
-/// -shm it creates the database file's mode) and chmods existing ones. A file this process may
-/// not chmod (another user's) is left as it is; opening it then fails or succeeds on its own.
+/// Makes `db` and its -wal/-shm 0600: creates a missing database file so (SQLite gives the -wal
+/// and -shm it creates the database file's mode) and chmods existing ones by path. A file this
+/// process may not chmod (another user's) is left as it is; opening it then fails or succeeds on
+/// its own.
+/// note: an existing database is never opened here: closing any descriptor of a file drops every
+/// POSIX lock this process holds on it, SQLite's included (another Store on the same file).
 void restrict_db_files(const std::string& db) {
-  int fd = ::open(db.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int fd = ::open(db.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd >= 0) {
-    ::fchmod(fd, 0600);
+    ::fchmod(fd, 0600);  // independent of the umask
     ::close(fd);
   }
-  for (const char* suffix : {"-wal", "-shm"}) {
+  for (const char* suffix : {"", "-wal", "-shm"}) {
     const std::string f = db + suffix;
     struct stat st {};
     if (::stat(f.c_str(), &st) == 0 && (st.st_mode & 0077) != 0) ::chmod(f.c_str(), 0600);
