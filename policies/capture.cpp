@@ -45,7 +45,8 @@ std::string safe_name(std::string_view s) {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-void apply_retention(const CaptureOptions& o) {
+/// Deletes capture's own files beyond the limits. The caller holds capture_mutex().
+std::size_t apply_retention(const CaptureOptions& o) {
   std::error_code ec;
   struct File {
     fs::path path;
@@ -53,7 +54,10 @@ void apply_retention(const CaptureOptions& o) {
   };
   std::vector<File> files;
   for (const auto& e : fs::directory_iterator(o.dir, ec)) {
-    if (!e.is_regular_file(ec) || e.path().extension() != ".json") continue;
+    if (!is_capture_file_name(e.path().filename().string())) continue;
+    struct stat st {};
+    // lstat: a link named like a capture is not one (and what it points at is not ours to delete).
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
     files.push_back({e.path(), e.last_write_time(ec)});
   }
   std::sort(files.begin(), files.end(), [](const File& a, const File& b) {
@@ -61,12 +65,46 @@ void apply_retention(const CaptureOptions& o) {
   });
   auto now = fs::file_time_type::clock::now();
   std::size_t excess = files.size() > o.max_files ? files.size() - o.max_files : 0;
+  std::size_t deleted = 0;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    if (i < excess || now - files[i].time > o.max_age) fs::remove(files[i].path, ec);
+    if (i < excess || now - files[i].time > o.max_age) deleted += fs::remove(files[i].path, ec) ? 1 : 0;
   }
+  return deleted;
 }
 
 }  // namespace
+
+bool is_capture_file_name(std::string_view name) {
+  constexpr std::string_view ext = ".json";
+  if (name.size() <= ext.size() || name.substr(name.size() - ext.size()) != ext) return false;
+  name.remove_suffix(ext.size());
+  for (int field = 0; field < 3; ++field) {  // <unix ms>-<pid>-<seq>-
+    std::size_t digits = 0;
+    while (digits < name.size() && name[digits] >= '0' && name[digits] <= '9') ++digits;
+    if (digits == 0 || digits > 20 || digits >= name.size() || name[digits] != '-') return false;
+    name.remove_prefix(digits + 1);
+  }
+  if (name.empty()) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::size_t apply_capture_retention(const CaptureOptions& options) {
+  std::lock_guard lock(capture_mutex());
+  return apply_retention(options);
+}
+
+std::size_t apply_capture_retention() {
+  CaptureOptions o;
+  {
+    std::lock_guard lock(capture_mutex());
+    o = global_options();
+  }
+  return apply_capture_retention(o);
+}
 
 void configure_capture(CaptureOptions options) {
   std::lock_guard lock(capture_mutex());

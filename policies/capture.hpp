@@ -5,8 +5,12 @@
 // tools, secrets in them). It is off by default and writes only when BOTH the model's policy
 // enables it (PolicyConfig::capture) AND the daemon's environment has SERVEDECK_CAPTURE=1. The
 // directory is created 0700 (an existing one is chmod'ed to 0700), each file 0600 (O_EXCL, never
-// overwritten). Retention: after each write, files beyond max_files (oldest first) and files older
-// than max_age are deleted. The predecessor wrote to /tmp with no retention; that is what this
+// overwritten). Retention: after each write, and at the daemon's start and periodically
+// (apply_capture_retention, run by the daemon's Janitor, whether capture is on or not), files
+// beyond max_files (oldest first) and files older than max_age are deleted. Only files capture
+// wrote are ever counted or deleted: regular files (not links) owned by this user whose names
+// have capture's own shape, `<unix ms>-<pid>-<seq>-<model>.json`; anything else in the
+// directory is left alone. The predecessor wrote to /tmp with no retention; that is what this
 // replaces.
 //
 // Thread-safety: capture_exchange may be called from any thread (one internal mutex).
@@ -16,6 +20,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -50,5 +55,15 @@ CaptureResult capture_exchange(const registry::ModelEntry& model, const nlohmann
 /// Same, with explicit options (tests).
 CaptureResult capture_exchange(const registry::ModelEntry& model, const nlohmann::json& request,
                                const nlohmann::json& response, const CaptureOptions& options);
+
+/// Applies retention to the capture directory of configure_capture() (or `options`): deletes
+/// capture's own files beyond max_files and older than max_age. Returns how many it deleted; a
+/// missing directory is 0. Never throws.
+std::size_t apply_capture_retention();
+std::size_t apply_capture_retention(const CaptureOptions& options);
+
+/// True for a file name capture_exchange writes: `<digits>-<digits>-<digits>-<name>.json` with
+/// <name> made of [A-Za-z0-9._-].
+bool is_capture_file_name(std::string_view name);
 
 }  // namespace servedeck::policies

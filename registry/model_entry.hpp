@@ -142,6 +142,16 @@ struct ServerConfig {
   int log_max_bytes = 64 * 1024 * 1024;  // per-launch engine log rotation size
   int log_keep = 5;                 // rotated launch logs kept per model
   bool restore_previous_on_failed_start = false;
+  /// Host names, besides IP addresses and `localhost`, that the Host header may carry, and that an
+  /// Origin header may name (lower-cased). See docs/operations.md "Security".
+  std::vector<std::string> allowed_hosts;
+  /// How long a stored /v1/responses turn is kept for previous_response_id, seconds; 0 = never
+  /// stored. Enforced by deletion (at start and periodically).
+  int64_t responses_retention_s = 7 * 24 * 3600;
+  /// The request log and the events table: rows older than this are deleted, seconds.
+  int64_t history_retention_s = 30 * 24 * 3600;
+  /// The request log and the events table: at most this many rows each (the newest are kept).
+  int64_t history_max_rows = 100000;
 };
 
 /// A known-bad setting, as data ([[rules]]). See preflight/rules.{hpp,cpp}.

@@ -37,7 +37,9 @@ namespace detail {
 
 const std::vector<std::string>& server_keys() {
   static const std::vector<std::string> k = {"listen", "state_dir", "api_keys", "default_model", "max_body_bytes",
-                                             "log_max_bytes", "log_keep", "restore_previous_on_failed_start"};
+                                             "log_max_bytes", "log_keep", "restore_previous_on_failed_start",
+                                             "allowed_hosts", "responses_retention_s", "history_retention_s",
+                                             "history_max_rows"};
   return k;
 }
 
@@ -49,6 +51,43 @@ const std::vector<std::string>& rule_keys() {
 }  // namespace detail
 
 namespace {
+
+/// A name for server.allowed_hosts: a DNS name ([A-Za-z0-9.-], not starting with '.' or '-') or
+/// an IP address, without scheme, port or path.
+bool is_host_name(const std::string& h) {
+  if (h.empty() || h.size() > 253) return false;
+  bool ipv6 = h.find(':') != std::string::npos;
+  for (char c : h) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+              (ipv6 && ((c >= 'a' && c <= 'f') || c == ':'));
+    if (!ok) return false;
+  }
+  return h.front() != '.' && h.front() != '-';
+}
+
+/// The access and retention keys of [server] (docs/registry.md, docs/operations.md "Security").
+void parse_retention_and_hosts(TableReader& r, DiagnosticSink& sink, ServerConfig& s) {
+  if (auto v = r.string_array("allowed_hosts")) {
+    s.allowed_hosts.clear();
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      std::string h = (*v)[i];
+      std::transform(h.begin(), h.end(), h.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (is_host_name(h)) {
+        s.allowed_hosts.push_back(h);
+        continue;
+      }
+      std::string key = "server.allowed_hosts[" + std::to_string(i) + "]";
+      sink.error(r.line("allowed_hosts"), key,
+                 key + " = \"" + (*v)[i] + "\" is not a host name; valid: a DNS name or IP address without scheme, "
+                       "port or path, e.g. \"workstation.lan\"");
+    }
+  }
+  if (auto v = r.integer("responses_retention_s", 0, int64_t{366} * 24 * 3600, "seconds"))
+    s.responses_retention_s = *v;
+  if (auto v = r.integer("history_retention_s", 60, int64_t{10} * 366 * 24 * 3600, "seconds"))
+    s.history_retention_s = *v;
+  if (auto v = r.integer("history_max_rows", 100, int64_t{1} << 31, "rows")) s.history_max_rows = *v;
+}
 
 void parse_server(const toml::table& t, const std::string& config_dir, DiagnosticSink& sink, ServerConfig& s) {
   TableReader r(t, "server", sink, detail::server_keys());
@@ -82,6 +121,7 @@ void parse_server(const toml::table& t, const std::string& config_dir, Diagnosti
   if (auto v = r.integer("log_max_bytes", 4096, int64_t{1} << 31, "bytes")) s.log_max_bytes = static_cast<int>(*v);
   if (auto v = r.integer("log_keep", 0, 1000, "files")) s.log_keep = static_cast<int>(*v);
   if (auto v = r.boolean("restore_previous_on_failed_start")) s.restore_previous_on_failed_start = *v;
+  parse_retention_and_hosts(r, sink, s);
 }
 
 int line_for_pointer(const std::map<std::string, int>& lines, std::string ptr) {

@@ -62,7 +62,8 @@ class Conn {
   void write(int timeout_ms) {
     bhttp::request<bhttp::string_body> msg{bhttp::string_to_verb(req_.method), req_.target, 11};
     if (msg.method() == bhttp::verb::unknown) msg.method_string(req_.method);
-    msg.set(bhttp::field::host, req_.host + ":" + std::to_string(req_.port));
+    const bool ipv6 = req_.host.find(':') != std::string::npos;  // a literal: bracketed in Host (RFC 3986)
+    msg.set(bhttp::field::host, (ipv6 ? "[" + req_.host + "]" : req_.host) + ":" + std::to_string(req_.port));
     msg.set(bhttp::field::connection, "close");
     if (!req_.body.empty() || req_.method == "POST" || req_.method == "PUT") {
       msg.set(bhttp::field::content_type, req_.content_type);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -82,6 +83,20 @@ class Responder {
 
 using Handler = std::function<void(Request, std::shared_ptr<Responder>)>;
 
+/// The answer to a request refused on its head alone (method, target, headers, peer).
+struct HeadRejection {
+  int status = 400;
+  std::string body;                            // sent as application/json
+  Headers extra_headers;                       // e.g. WWW-Authenticate
+};
+
+/// Runs on an I/O thread once a request's head has arrived, before its body is read and before
+/// any `100 Continue`; `head.body` is empty. A rejection is sent at once and the connection is
+/// closed (after a bounded lingering read that discards what the peer still sends), so a
+/// refused client never gets its body read, buffered or parsed. Must not block; must not throw
+/// (a throw is answered 500 and the connection closed).
+using HeadCheck = std::function<std::optional<HeadRejection>(const Request& head)>;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                                // 0 = ephemeral; see Server::port()
@@ -93,6 +108,7 @@ struct ServerOptions {
   int write_timeout_ms = 60000;                // one write stuck longer → connection closed
   std::size_t max_connections = 4096;          // above → 503 and close
   std::size_t max_pending_write_bytes = 8 * 1024 * 1024;
+  HeadCheck head_check;                        // empty = every head is accepted
 };
 
 struct ServerError : std::runtime_error {

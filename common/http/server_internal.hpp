@@ -11,12 +11,19 @@
 // fails and the disconnect callbacks run at once (a streaming producer then cancels its
 // upstream). Bytes the watch read receives (a pipelined next request) stay in the read buffer.
 //
+// A head_check (ServerOptions) sees the request head before the body is read; a refusal is
+// answered at once with `Connection: close`. Every such answer (and 413/431/400) is followed by
+// a lingering close: half-close, then read and discard what the peer still sends for at most
+// k_linger_ms / k_linger_bytes, then close. Closing with unread bytes in the socket would make
+// the kernel send RST, and the client could lose the answer it has not read yet.
+//
 // Responses are written as raw HTTP/1.1 bytes (status line, headers, body or chunks) from a
 // queue; every queued piece is flushed as soon as the socket takes it, gathered into one write
 // when several are waiting. TCP_NODELAY is set on every connection so a small SSE event is not
 // held back by Nagle's algorithm.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -47,6 +54,9 @@ using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
 class Session;
+
+constexpr int k_linger_ms = 2000;                       // lingering close: longest wait
+constexpr std::size_t k_linger_bytes = 1024 * 1024;     // lingering close: most bytes discarded
 
 struct ServerCore {
   ServerOptions opt;
@@ -120,6 +130,8 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void read_header();
   void on_header(error_code ec);
+  /// The head as a Request (no body yet): method, target, path, query, headers, peer.
+  Request make_head() const;
   void read_body();
   std::string body_too_large() const;
   void on_read_error(error_code ec);
@@ -127,7 +139,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   std::shared_ptr<Responder> make_responder();  // in server_responder.cpp
 
-  void send_simple_and_close(int status, std::string body);
+  void send_simple_and_close(int status, std::string body, const Headers& extra = {});
+  /// The lingering close (see above); ends in close().
+  void linger();
   // The watch read: detects a peer that closes while its response is being produced.
   void start_watch();
   void on_watch(error_code ec, std::size_t n);
@@ -142,6 +156,10 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<Request> head_;  // the request being read, from on_header until on_body
+  std::array<char, 4096> linger_buf_{};
+  std::size_t linger_read_ = 0;
+  bool linger_ = false;          // the answer being written is followed by a lingering close
   std::string remote_;
   std::deque<std::string> out_;
   std::vector<std::string> writing_bufs_;

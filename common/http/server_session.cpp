@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <limits>
 
 #include "common/http/wire_format.hpp"
+#include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 
 namespace servedeck::http {
@@ -78,7 +81,10 @@ void Session::add_drain_cb(std::size_t below, std::function<void()> cb) {
 void Session::read_header() {
   if (closed_) return;
   parser_.emplace();
-  parser_->body_limit(srv_.opt.max_body_bytes);
+  // note: no body limit while the head is read, or the parser itself would answer an oversized
+  // Content-Length (413) before head_check saw the request; on_header sets the limit. (Not
+  // boost::none: Boost 1.74 compares the length against the empty optional and always refuses.)
+  parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
   parser_->header_limit(64 * 1024);
   stream_.expires_after(std::chrono::milliseconds(first_request_ ? srv_.opt.header_timeout_ms
                                                                  : srv_.opt.idle_timeout_ms));
@@ -86,13 +92,50 @@ void Session::read_header() {
                            [self = shared_from_this()](error_code ec, std::size_t) { self->on_header(ec); });
 }
 
+Request Session::make_head() const {
+  const auto& msg = parser_->get();
+  Request req;
+  req.method = std::string(msg.method_string());
+  req.target = std::string(msg.target());
+  auto q = req.target.find('?');
+  req.path = req.target.substr(0, q);
+  if (q != std::string::npos) req.query = req.target.substr(q + 1);
+  for (const auto& f : msg) {
+    std::string name(f.name_string());
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    auto [it, inserted] = req.headers.emplace(name, std::string(f.value()));
+    if (!inserted) it->second += ", " + std::string(f.value());
+  }
+  req.remote_address = remote_;
+  return req;
+}
+
 void Session::on_header(error_code ec) {
   if (ec) return on_read_error(ec);
   first_request_ = false;
   auto& req = parser_->get();
+  head_ = make_head();
+  if (srv_.opt.head_check) {
+    std::optional<HeadRejection> refused;
+    try {
+      refused = srv_.opt.head_check(*head_);
+    } catch (const std::exception& e) {
+      refused = HeadRejection{500, dump_safe(make_error(std::string("internal error while checking the request head: ") +
+                                                            e.what(), "server_error", "internal_error")), {}};
+    } catch (...) {
+      refused = HeadRejection{500, dump_safe(make_error("internal error while checking the request head", "server_error",
+                                                        "internal_error")), {}};
+    }
+    if (refused) {
+      head_.reset();
+      parser_.reset();
+      return send_simple_and_close(refused->status, std::move(refused->body), refused->extra_headers);
+    }
+  }
   if (auto len = parser_->content_length(); len && *len > srv_.opt.max_body_bytes) {
     return send_simple_and_close(413, body_too_large());
   }
+  parser_->body_limit(srv_.opt.max_body_bytes);
   if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
     auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
     stream_.expires_after(std::chrono::milliseconds(srv_.opt.write_timeout_ms));
@@ -133,21 +176,10 @@ void Session::on_body(error_code ec) {
   if (ec) return on_read_error(ec);
   auto msg = parser_->release();
   parser_.reset();
-  Request req;
-  req.method = std::string(msg.method_string());
+  Request req = head_ ? std::move(*head_) : Request{};
+  head_.reset();
   head_request = msg.method() == bhttp::verb::head;
-  req.target = std::string(msg.target());
-  auto q = req.target.find('?');
-  req.path = req.target.substr(0, q);
-  if (q != std::string::npos) req.query = req.target.substr(q + 1);
-  for (const auto& f : msg) {
-    std::string name(f.name_string());
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-    auto [it, inserted] = req.headers.emplace(name, std::string(f.value()));
-    if (!inserted) it->second += ", " + std::string(f.value());
-  }
   req.body = std::move(msg.body());
-  req.remote_address = remote_;
   keep_alive_ = msg.keep_alive();
   response_complete_queued_ = false;
   response_done_ = false;
@@ -171,11 +203,14 @@ void Session::on_body(error_code ec) {
   }
 }
 
-void Session::send_simple_and_close(int status, std::string body) {
+void Session::send_simple_and_close(int status, std::string body, const Headers& extra) {
   keep_alive_ = false;
   response_done_ = false;
+  linger_ = true;
   std::string bytes = status_line(status) + "Content-Type: application/json\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+                      std::to_string(body.size()) + "\r\n";
+  for (const auto& [k, v] : extra) bytes += k + ": " + v + "\r\n";
+  bytes += "Connection: close\r\n\r\n" + body;
   pending_bytes += bytes.size();
   queue(std::move(bytes), true);
 }
@@ -236,6 +271,7 @@ void Session::on_write(error_code ec, std::size_t n) {
     if (!keep_alive_) {
       error_code ignored;
       stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      if (linger_) return linger();
       return close();
     }
     if (watching_) {
@@ -245,6 +281,18 @@ void Session::on_write(error_code ec, std::size_t n) {
       read_header();
     }
   }
+}
+
+void Session::linger() {
+  if (closed_) return;
+  // One deadline for the whole linger (set at its first read): a peer that trickles bytes
+  // cannot extend it.
+  if (linger_read_ == 0) stream_.expires_after(std::chrono::milliseconds(k_linger_ms));
+  stream_.async_read_some(asio::buffer(linger_buf_), [self = shared_from_this()](error_code ec, std::size_t n) {
+    self->linger_read_ += std::max<std::size_t>(n, 1);  // a zero-byte read still counts as started
+    if (ec || self->linger_read_ >= k_linger_bytes) return self->close();
+    self->linger();
+  });
 }
 
 void Session::fire_drained() {

@@ -1,5 +1,6 @@
-// The admin API: what the `servedeck` CLI talks to. Loopback-only by default (the gateway
-// answers admin routes only for loopback peers). Routes:
+// The admin API: what the `servedeck` CLI talks to. The gateway answers these routes only with
+// the daemon's admin token (admin/admin_token.hpp) and only for loopback peers, checked from the
+// request head before any handler here runs (gateway/server/access.hpp). Routes:
 //
 //   POST /admin/switch    {"model": "glm53"}  → text/event-stream: one `data: <line>` event per
 //                         progress step as it happens (preflight lines, starting, loading: …,

@@ -1,12 +1,18 @@
 #include "gateway/cli/cli_common.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <stdexcept>
 
 #include "common/http/client.hpp"
+#include "gateway/admin/admin_token.hpp"
 #include "common/sse.hpp"
 #include "registry/registry.hpp"
 
@@ -73,6 +79,12 @@ std::string no_config_message() {
   return "no models.toml in " + cwd + " or /etc/servedeck; pass --config FILE";
 }
 
+std::string state_dir_for(const Args& a, const registry::Registry& reg) {
+  if (a.has("--state-dir")) return a.get("--state-dir");
+  if (const char* e = std::getenv("SERVEDECK_STATE_DIR"); e && *e) return e;
+  return reg.server.state_dir;
+}
+
 StateDir resolve_state_dir(const Args& a) {
   if (a.has("--state-dir")) return {a.get("--state-dir"), ""};
   if (const char* e = std::getenv("SERVEDECK_STATE_DIR"); e && *e) return {e, ""};
@@ -95,10 +107,27 @@ std::string state_dir(const Args& a) { return resolve_state_dir(a).dir; }
 
 std::string daemon_file(const std::string& dir) { return (std::filesystem::path(dir) / "daemon.json").string(); }
 
-std::optional<DaemonAddress> find_daemon(const std::string& dir, std::string& why) {
-  std::ifstream f(daemon_file(dir));
+std::string access_hint() {
+  return "run as the daemon's user or root, or as a member of the daemon's group (the systemd unit's: servedeck); "
+         "docs/operations.md, Security";
+}
+
+std::string admin_refusal_hint(const DaemonAddress& d, int status) {
+  if (status != 401 || !d.admin_token.empty()) return "";
+  return " (" + d.token_problem + "; " + access_hint() + ")";
+}
+
+std::optional<DaemonAddress> find_daemon(const std::string& dir, std::string& why, bool* denied) {
+  if (denied) *denied = false;
+  const std::string path = daemon_file(dir);
+  if (::access(path.c_str(), R_OK) != 0 && errno != ENOENT) {
+    why = "cannot read " + path + ": " + std::strerror(errno);
+    if (denied) *denied = true;
+    return std::nullopt;
+  }
+  std::ifstream f(path);
   if (!f) {
-    why = "no " + daemon_file(dir);
+    why = "no " + path;
     return std::nullopt;
   }
   auto j = nlohmann::json::parse(f, nullptr, false);
@@ -112,8 +141,15 @@ std::optional<DaemonAddress> find_daemon(const std::string& dir, std::string& wh
   if (d.host == "::") d.host = "::1";
   d.port = j["port"].get<int>();
   d.pid = j.value("pid", int64_t{0});
+  if (auto t = admin::read_admin_token(dir, d.token_problem)) d.admin_token = *t;
   return d;
 }
+
+namespace {
+void authorize(http::ClientRequest& r, const DaemonAddress& d) {
+  if (!d.admin_token.empty()) r.headers.push_back({"Authorization", "Bearer " + d.admin_token});
+}
+}  // namespace
 
 nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, const std::string& target,
                           const nlohmann::json& body, int& status) {
@@ -122,6 +158,7 @@ nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, con
   r.port = d.port;
   r.method = method;
   r.target = target;
+  authorize(r, d);
   if (method != "GET") r.body = body.dump();
   r.timeout_ms = 120000;  // preflight reads NVML; status reads /proc
   auto res = http::fetch(r);
@@ -138,6 +175,7 @@ nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, c
   r.port = d.port;
   r.method = "POST";
   r.target = target;
+  authorize(r, d);
   r.body = body.dump();
   // note: the gap between progress lines can be long (a silent model load is bounded by its
   // start_timeout_s, 600 s by default, times the extension cap): allow an hour of silence.
@@ -167,7 +205,7 @@ nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, c
   if (status != 200) {
     auto j = nlohmann::json::parse(error_body, nullptr, false);
     std::string msg = !j.is_discarded() && j.contains("error") ? j["error"].value("message", error_body) : error_body;
-    return {{"ok", false}, {"error", "daemon answered HTTP " + std::to_string(status) + ": " + msg}};
+    return {{"ok", false}, {"error", "daemon answered HTTP " + std::to_string(status) + ": " + msg + admin_refusal_hint(d, status)}};
   }
   if (auto e = parser.finish()) take(*e);
   if (result.is_null()) return {{"ok", false}, {"error", "the daemon closed the stream without a result"}};

@@ -10,6 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace servedeck::registry {
+struct Registry;
+}
+
 namespace servedeck::cli {
 
 /// Parsed command line: `servedeck [global flags] VERB [args] [flags]` (flags anywhere).
@@ -45,8 +49,13 @@ struct StateDir {
   std::string guessed_because;
 };
 
-/// --state-dir, else $SERVEDECK_STATE_DIR, else the registry's server.state_dir (when the config
-/// loads), else /var/lib/servedeck (guessed_because set).
+/// The one state-directory rule, shared by the daemon and the CLI: --state-dir, else
+/// $SERVEDECK_STATE_DIR, else `reg`'s server.state_dir. (The systemd unit passes neither flag nor
+/// variable, so the daemon it starts uses the config's state_dir, as the CLI does.)
+std::string state_dir_for(const Args& a, const registry::Registry& reg);
+
+/// state_dir_for() with the registry of the config the CLI would use (found_config) when it
+/// loads, else /var/lib/servedeck (guessed_because set).
 StateDir resolve_state_dir(const Args& a);
 
 /// resolve_state_dir(a).dir.
@@ -60,12 +69,26 @@ struct DaemonAddress {
   std::string host;
   int port = 0;
   int64_t pid = 0;
+  /// The admin token from <state_dir>/admin.token, sent as `Authorization: Bearer` on every
+  /// admin call; "" when it could not be read (token_problem says why).
+  std::string admin_token;
+  std::string token_problem;
 };
 
-/// The address in daemon.json, or nullopt (with `why`) when there is none.
-std::optional<DaemonAddress> find_daemon(const std::string& state_dir, std::string& why);
+/// The address in daemon.json (and the admin token beside it), or nullopt with `why` when there
+/// is none. `*denied` (when given) is set when the file exists but this user may not read it:
+/// the daemon may well be running, so verbs must not call it down.
+std::optional<DaemonAddress> find_daemon(const std::string& state_dir, std::string& why, bool* denied = nullptr);
 
-/// GET/POST to the admin API. Throws http::ClientError when the daemon does not answer.
+/// What to do when the state directory's files cannot be read by this user.
+std::string access_hint();
+
+/// For an admin call the daemon refused with 401 while the CLI had no token: " (<why the token
+/// could not be read>; <access_hint()>)"; "" otherwise.
+std::string admin_refusal_hint(const DaemonAddress& d, int status);
+
+/// GET/POST to the admin API (with the admin token). Throws http::ClientError when the daemon
+/// does not answer.
 nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, const std::string& target,
                           const nlohmann::json& body, int& status);
 

@@ -53,10 +53,13 @@ std::string fmt_time(int64_t ms) {
 /// directory is only a guess (no config found), says so instead of calling the daemon not running.
 std::optional<DaemonAddress> need_daemon(const Args& a) {
   std::string why;
+  bool denied = false;
   auto sd = resolve_state_dir(a);
-  auto d = find_daemon(sd.dir, why);
+  auto d = find_daemon(sd.dir, why, &denied);
   if (d) return d;
-  if (!sd.guessed_because.empty())
+  if (denied)
+    std::cerr << "servedeck: cannot tell whether the daemon runs: " << why << "; " << access_hint() << "\n";
+  else if (!sd.guessed_because.empty())
     std::cerr << "servedeck: cannot tell where the daemon is: " << sd.guessed_because << "\n";
   else
     std::cerr << "servedeck: the daemon is not running (" << why << "); start it with `servedeck serve`\n";
@@ -159,7 +162,12 @@ int cmd_status(const Args& a) {
   const StateDir sd = resolve_state_dir(a);
   const std::string& dir = sd.dir;
   std::string why;
-  auto d = find_daemon(dir, why);
+  bool denied = false;
+  auto d = find_daemon(dir, why, &denied);
+  if (denied) {
+    std::cerr << "servedeck: status: cannot tell whether the daemon runs: " << why << "; " << access_hint() << "\n";
+    return 2;
+  }
   if (!d) return sd.guessed_because.empty() ? status_offline(a, dir, why) : cannot_locate("status", sd);
   nlohmann::json s;
   int status = 0;
@@ -170,8 +178,9 @@ int cmd_status(const Args& a) {
     return status_offline(a, dir, "no answer at " + d->host + ":" + std::to_string(d->port) + ": " + e.what());
   }
   if (status != 200) {
-    std::cerr << "servedeck: status: daemon answered HTTP " << status << ": " << s.dump() << "\n";
-    return 1;
+    std::cerr << "servedeck: status: daemon answered HTTP " << status << ": " << s.dump() << admin_refusal_hint(*d, status)
+              << "\n";
+    return status == 401 ? 2 : 1;
   }
   if (a.has("--json")) {
     std::cout << s.dump(2) << "\n";
@@ -301,6 +310,7 @@ int cmd_logs(const Args& a) {
     r.target = "/admin/logs?lines=" + lines + (model.empty() ? "" : "&model=" + model) +
                (a.has("--follow") ? "&follow=1" : "");
     r.timeout_ms = a.has("--follow") ? 24 * 3600 * 1000 : 30000;
+    if (!d->admin_token.empty()) r.headers.push_back({"Authorization", "Bearer " + d->admin_token});
     int status = 0;
     std::string err;
     try {
@@ -311,7 +321,7 @@ int cmd_logs(const Args& a) {
                            return true;
                          });
       if (status == 200) return 0;
-      std::cerr << "servedeck: logs: HTTP " << status << ": " << err << "\n";
+      std::cerr << "servedeck: logs: HTTP " << status << ": " << err << admin_refusal_hint(*d, status) << "\n";
       return 1;
     } catch (const std::exception& e) {
       why = e.what();

@@ -26,9 +26,9 @@ verbs:
   compare --baseline HOST:PORT --candidate HOST:PORT [--model ID] [--prompts FILE] [--json]
                             prompt-logprob KL and top-1 agreement vs the baseline's own drift (exit 1 outside)
 
---config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir (where daemon.json
-tells the CLI the daemon's address) defaults to $SERVEDECK_STATE_DIR, else the config's
-server.state_dir. With no --config, no ./models.toml and no /etc/servedeck/models.toml, the CLI
+--config defaults to ./models.toml, else /etc/servedeck/models.toml. --state-dir (where the daemon
+keeps its state, and daemon.json and admin.token tell the CLI its address and admin credential)
+defaults to $SERVEDECK_STATE_DIR, else the config's server.state_dir, for serve and every verb. With no --config, no ./models.toml and no /etc/servedeck/models.toml, the CLI
 cannot know which daemon to ask: it says so and exits 2 (pass --config FILE or --state-dir DIR).
 
 exit status:

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,7 +23,9 @@
 #include <thread>
 
 #include "gateway/admin/admin_api.hpp"
+#include "gateway/admin/admin_token.hpp"
 #include "gateway/cli/cli_common.hpp"
+#include "gateway/cli/serve_state.hpp"
 #include "gateway/server/gateway.hpp"
 #include "gateway/service/notify.hpp"
 #include "gateway/state/store.hpp"
@@ -52,6 +55,7 @@ void write_daemon_file(const std::string& dir, const std::string& host, int port
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
+    ::chmod(tmp.c_str(), 0640);  // the CLI's group reads it (the state directory decides who reaches it)
     f << nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
                         {"config", config}, {"started_ms", state::now_ms()}}.dump()
       << "\n";
@@ -70,6 +74,9 @@ int cmd_serve(const Args& a) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Nothing the daemon (or an engine it starts) creates is readable by other users; the files
+  // the CLI needs get their group bit explicitly (docs/operations.md "Security").
+  ::umask(027);
 
   auto found = found_config(a);
   if (!found) {
@@ -88,7 +95,7 @@ int cmd_serve(const Args& a) {
     std::cerr << "servedeck: serve: " << e.what() << "\n";
     return 2;
   }
-  if (a.has("--state-dir")) reg.server.state_dir = a.get("--state-dir");
+  reg.server.state_dir = state_dir_for(a, reg);  // the CLI's rule: --state-dir, $SERVEDECK_STATE_DIR, config
   if (a.has("--port")) {
     try {
       std::size_t used = 0;
@@ -106,6 +113,10 @@ int cmd_serve(const Args& a) {
   }
   const std::string dir = reg.server.state_dir;
   try {
+    if (std::string refused = prepare_state_dir(dir, config, log_line); !refused.empty()) {
+      std::cerr << "servedeck: serve: " << refused << "\n";
+      return 2;
+    }
     state::Store store(dir);
     // One daemon per state directory: a second one would adopt (and later stop) the first one's
     // engine. The lock is held for the life of the process and released by the kernel on exit.
@@ -119,6 +130,7 @@ int cmd_serve(const Args& a) {
       if (lock_fd >= 0) ::close(lock_fd);
       return 1;
     }
+    const std::string admin_token = issue_admin_token(dir);
     // Capture (off unless a model's policy and SERVEDECK_CAPTURE=1 both say so) writes under the
     // state directory unless SERVEDECK_CAPTURE_DIR names another place.
     {
@@ -127,6 +139,7 @@ int cmd_serve(const Args& a) {
       co.dir = cdir && *cdir ? cdir : (std::filesystem::path(dir) / "capture").string();
       policies::configure_capture(co);
     }
+    auto janitor = start_janitor(store, reg.server, log_line);  // retention: now, then periodically
     auto readings = preflight::system_readings();
     int gpu = 0;
     if (const auto* dm = reg.find_by_name(reg.server.default_model)) gpu = dm->gpu;
@@ -141,6 +154,8 @@ int cmd_serve(const Args& a) {
     gateway::GatewayOptions gopt;
     gopt.host = reg.server.listen_host;
     gopt.port = reg.server.listen_port;
+    gopt.admin_token = admin_token;
+    gopt.admin_token_path = admin::admin_token_path(dir);
     gateway::Gateway gw(reg, store, sup, gopt);
     admin::AdminContext ctx;
     ctx.supervisor = &sup;
@@ -191,6 +206,7 @@ int cmd_serve(const Args& a) {
     auto r = sup.stop("daemon shutdown", log_line);
     std::error_code ec;
     std::filesystem::remove(daemon_file(dir), ec);
+    admin::remove_admin_token(dir, admin_token);
     if (!r.ok) {
       log_line("engine stop failed: " + r.error);
       return 1;

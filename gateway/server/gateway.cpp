@@ -11,6 +11,7 @@
 #include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
+#include "gateway/server/access.hpp"
 #include "gateway/server/metrics.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
@@ -27,9 +28,8 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-bool is_loopback(std::string_view address) {
-  return address.rfind("127.", 0) == 0 || address.rfind("::1", 0) == 0 || address.rfind("[::1]", 0) == 0 ||
-         address == "localhost";
+AccessRules access_rules(const registry::Registry& reg, const GatewayOptions& opt) {
+  return {reg.server.api_keys, opt.admin_token, opt.admin_token_path, opt.host, reg.server.allowed_hosts};
 }
 
 void send_json(http::Responder& res, int status, const json& body, http::Headers extra = {}) {
@@ -99,6 +99,7 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   so.port = im.opt.port;
   so.threads = im.opt.threads;
   so.max_body_bytes = reg.server.max_body_bytes;
+  so.head_check = [rules = access_rules(reg, im.opt)](const http::Request& head) { return check_access(rules, head); };
   Impl* p = impl_.get();
   im.server = std::make_unique<http::Server>(so, [p](http::Request req, std::shared_ptr<http::Responder> res) {
     p->handle(std::move(req), std::move(res));
@@ -114,6 +115,7 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
 Gateway::~Gateway() { stop(); }
 
 void Gateway::add_route(std::string method, std::string path, http::Handler handler) {
+  if (plane_of(path) != Plane::admin) throw std::invalid_argument("add_route: " + path + " is not under /admin/");
   impl_->routes[{std::move(method), std::move(path)}] = std::move(handler);
 }
 
@@ -159,18 +161,7 @@ void Gateway::set_reasoning_store(policies::ReasoningStore* store) { impl_->shar
 bool Gateway::post_blocking(std::function<void()> fn) { return impl_->server->post_blocking(std::move(fn)); }
 
 void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> res) {
-  if (req.path != "/health" && !reg.server.api_keys.empty()) {
-    std::string auth = req.header("authorization");
-    bool ok = false;
-    if (auth.rfind("Bearer ", 0) == 0) {
-      std::string key = auth.substr(7);
-      for (const auto& k : reg.server.api_keys) ok = ok || k == key;
-    }
-    if (!ok)
-      return http::send_error(*res, 401,
-                              auth.empty() ? "missing API key: send Authorization: Bearer <key>" : "invalid API key",
-                              "authentication_error", "invalid_api_key", false, {{"WWW-Authenticate", "Bearer"}});
-  }
+  // Host, Origin, credentials and Content-Type were checked from the head (check_access).
   if (req.method == "POST" && req.path == "/v1/chat/completions")
     return handle_completion(Route::chat_completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
@@ -181,12 +172,7 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   if (get && req.path == "/health") return handle_health(*res);
   if (get && req.path == "/metrics")
     return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
-  if (auto it = routes.find({req.method, req.path}); it != routes.end()) {
-    if (!is_loopback(opt.host) && !is_loopback(req.remote_address))
-      return http::send_error(*res, 403, "admin routes answer only loopback clients", "permission_error",
-                              "admin_loopback_only");
-    return it->second(std::move(req), std::move(res));
-  }
+  if (auto it = routes.find({req.method, req.path}); it != routes.end()) return it->second(std::move(req), std::move(res));
   std::string allowed;  // the admin methods registered on this path
   for (const auto& [key, h] : routes)
     if (key.second == req.path) allowed += (allowed.empty() ? "" : ", ") + key.first;
@@ -275,19 +261,23 @@ void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::R
   for (const auto& w : translated->warnings) std::cerr << "servedeck: /v1/responses (" << id << "): " << w << "\n";
   state::Store* st = &store;
   auto post = shared.post_blocking;
-  auto adapter = std::make_shared<responses::ResponsesResponder>(
-      res, translated, id, [st, post](const std::string& response_id, const json& messages) {
-        // note: stored turns expire after 7 days; previous_response_id past that is a 404.
-        auto write = [st, response_id, messages] {
-          try {
-            st->put_document("responses", response_id, json{{"messages", messages}},
-                             state::now_ms() + 7ll * 24 * 3600 * 1000);
-          } catch (const std::exception& e) {
-            std::cerr << "servedeck: could not store response " << response_id << ": " << e.what() << "\n";
-          }
-        };
-        if (!post || !post(write)) write();
-      });
+  // note: a stored turn expires server.responses_retention_s after it was written (0: nothing is
+  // stored) and the Janitor deletes it then; previous_response_id past that is a 404. A request
+  // with store: false is never written (ResponsesResponder checks TranslatedRequest::store).
+  const int64_t retention_ms = reg.server.responses_retention_s * 1000;
+  responses::StoreTurn store_turn;
+  if (retention_ms > 0)
+    store_turn = [st, post, retention_ms](const std::string& response_id, const json& messages) {
+      auto write = [st, response_id, messages, retention_ms] {
+        try {
+          st->put_document("responses", response_id, json{{"messages", messages}}, state::now_ms() + retention_ms);
+        } catch (const std::exception& e) {
+          std::cerr << "servedeck: could not store response " << response_id << ": " << e.what() << "\n";
+        }
+      };
+      if (!post || !post(write)) write();
+    };
+  auto adapter = std::make_shared<responses::ResponsesResponder>(res, translated, id, std::move(store_turn));
   handle_completion_body(Route::responses, translated->chat, std::move(adapter), t0);
 }
 

@@ -4,8 +4,10 @@
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (gateway/server/proxy.hpp),
 // GET /v1/models (every configured id with its own context), GET /health, GET /metrics
-// (gateway/server/metrics.hpp), plus add_route() routes. With `server.api_keys` set in the
-// registry every route but /health needs `Authorization: Bearer <key>` (401 otherwise).
+// (gateway/server/metrics.hpp), plus add_route() routes (the admin plane, under /admin). Every
+// request is first checked from its head alone, before its body is read (gateway/server/access.hpp):
+// Host and Origin, the admin token on /admin routes, `server.api_keys` on the data-plane routes
+// (every route but /health and /admin), and Content-Type application/json on POST.
 //
 // Routing: the request's `model` (served name, alias or preset alias) → its base model. When
 // that model holds the ready slot the request is proxied under a lease. Otherwise: with
@@ -40,6 +42,8 @@ struct GatewayOptions {
   int heartbeat_ms = 5000;     // SSE comment heartbeat interval to a streaming client that waits
                                // (queued for a switch, or before the engine's first token)
   int retry_after_s = 30;      // Retry-After on 503 (queue full, queue timeout, model loading)
+  std::string admin_token;     // bearer token of the /admin routes; empty = admin plane closed (403)
+  std::string admin_token_path;  // the file the CLI reads it from (named in 401 messages)
 };
 
 class Gateway {
@@ -50,8 +54,9 @@ class Gateway {
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;
 
-  /// Registers an extra exact-path route (admin API) before start(). Admin routes are
-  /// only answered on loopback peers unless the server listens on loopback anyway.
+  /// Registers an extra exact-path route (admin API) before start(). `path` must be under
+  /// /admin/ (std::invalid_argument otherwise): admin routes need the admin token and are only
+  /// answered on loopback peers unless the server listens on loopback anyway.
   void add_route(std::string method, std::string path, http::Handler handler);
   /// Binds and serves. Throws http::ServerError.
   void start();

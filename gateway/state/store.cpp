@@ -5,7 +5,10 @@
 // one transaction with the version bump, so a crash mid-migration leaves the old version.
 #include "gateway/state/store.hpp"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -175,6 +178,25 @@ void bind_launch(Stmt& s, const LaunchRecord& r) {
   s.bind(11, r.state).bind(12, r.why).bind(13, r.log_path).bind(14, r.port);
 }
 
+/// Makes `db` and its -wal/-shm 0600: creates a missing database file so (SQLite gives the -wal
+/// and -shm it creates the database file's mode) and chmods existing ones by path. A file this
+/// process may not chmod (another user's) is left as it is; opening it then fails or succeeds on
+/// its own.
+/// note: an existing database is never opened here: closing any descriptor of a file drops every
+/// POSIX lock this process holds on it, SQLite's included (another Store on the same file).
+void restrict_db_files(const std::string& db) {
+  int fd = ::open(db.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::fchmod(fd, 0600);  // independent of the umask
+    ::close(fd);
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string f = db + suffix;
+    struct stat st {};
+    if (::stat(f.c_str(), &st) == 0 && (st.st_mode & 0077) != 0) ::chmod(f.c_str(), 0600);
+  }
+}
+
 }  // namespace
 
 int64_t now_ms() {
@@ -187,6 +209,7 @@ Store::Store(const std::string& state_dir) {
   std::filesystem::create_directories(state_dir, ec);
   if (ec) throw StoreError("state directory '" + state_dir + "': cannot create: " + ec.message());
   path_ = (std::filesystem::path(state_dir) / "state.db").string();
+  restrict_db_files(path_);
   if (sqlite3_open_v2(path_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {
     std::string msg = errmsg(db_);
@@ -198,7 +221,9 @@ Store::Store(const std::string& state_dir) {
     // note: several processes open the store (the daemon, `servedeck status` when the daemon is
     // down); a 5 s busy timeout covers a concurrent writer's short transactions.
     sqlite3_busy_timeout(db_, 5000);
-    exec(db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", path_);
+    exec(db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON;",
+         path_);
+    restrict_db_files(path_);  // -wal and -shm exist now
     exec(db_, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);", path_);
     int version = 0;
     {
@@ -409,6 +434,53 @@ std::optional<nlohmann::json> Store::get_document(std::string_view ns, std::stri
   int64_t expires = s.i64(1);
   if (expires != 0 && expires <= now_ms()) return std::nullopt;
   return s.json_col(0);
+}
+
+PruneCounts Store::prune(const Retention& r, int64_t now) {
+  std::lock_guard lk(mu_);
+  PruneCounts n;
+  exec(db_, "BEGIN IMMEDIATE", path_);
+  try {
+    if (r.responses_max_ms) {
+      Stmt clamp(db_,
+                 "UPDATE documents SET expires_ms = ? WHERE ns = 'responses' AND (expires_ms = 0 OR expires_ms > ?)",
+                 path_);
+      clamp.bind(1, now + *r.responses_max_ms).bind(2, now + *r.responses_max_ms).step();
+    }
+    Stmt docs(db_, "DELETE FROM documents WHERE expires_ms != 0 AND expires_ms <= ?", path_);
+    docs.bind(1, now).step();
+    n.documents = sqlite3_changes(db_);
+    for (const char* table : {"requests", "events"}) {
+      int64_t& count = std::string_view(table) == "requests" ? n.requests : n.events;
+      if (r.history_max_age_ms > 0) {
+        Stmt old(db_, std::string("DELETE FROM ") + table + " WHERE time_ms < ?", path_);
+        old.bind(1, now - r.history_max_age_ms).step();
+        count += sqlite3_changes(db_);
+      }
+      if (r.history_max_rows > 0) {
+        Stmt extra(db_,
+                   std::string("DELETE FROM ") + table + " WHERE id <= (SELECT id FROM " + table +
+                       " ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                   path_);
+        extra.bind(1, r.history_max_rows).step();
+        count += sqlite3_changes(db_);
+      }
+    }
+    exec(db_, "COMMIT", path_);
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+  // The deleted pages are zeroed (secure_delete); a truncating checkpoint also drops the WAL
+  // frames that still held them. A reader holding the WAL open makes this a no-op until later.
+  if (n.total() > 0) sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr);
+  return n;
+}
+
+int64_t Store::count_events() const {
+  std::lock_guard lk(mu_);
+  Stmt s(db_, "SELECT COUNT(*) FROM events", path_);
+  return s.step() ? s.i64(0) : 0;
 }
 
 }  // namespace servedeck::state

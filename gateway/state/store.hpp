@@ -2,6 +2,10 @@
 // directory. It outlives the daemon: `servedeck status` reads it when the daemon is down, and a
 // restarted daemon adopts the engine it finds recorded here.
 //
+// The database and its -wal/-shm files are 0600 (created so; an existing file is chmod'ed at
+// open) and deleted rows are overwritten (secure_delete), so what prune() removes is gone from
+// the file too. Lifetimes: prune() (run by the daemon's Janitor, gateway/state/janitor.hpp).
+//
 // Thread-safety: every public method may be called from any thread; calls are serialised on
 // one connection by an internal mutex. Methods throw StoreError on SQLite failure (disk full,
 // corrupt file); callers on the gateway's request path catch it and log, they never fail a
@@ -61,6 +65,23 @@ struct RequestRecord {
   std::string error_code;               // empty when ok
 };
 
+/// What Store::prune() removes. docs/operations.md "Security" lists the defaults.
+struct Retention {
+  /// Stored /v1/responses turns (documents ns "responses"): no expiry later than now + this, ms
+  /// (0: every stored turn goes now). nullopt leaves the expiries they were written with.
+  std::optional<int64_t> responses_max_ms;
+  int64_t history_max_age_ms = 0;  // requests and events rows older than this go; 0 = no age bound
+  int64_t history_max_rows = 0;    // requests and events: rows beyond the newest N go; 0 = no bound
+};
+
+/// Rows Store::prune() deleted.
+struct PruneCounts {
+  int64_t documents = 0;
+  int64_t requests = 0;
+  int64_t events = 0;
+  int64_t total() const { return documents + requests + events; }
+};
+
 /// Memory measured after a launch reached ready.
 struct MeasuredMemory {
   std::string model;
@@ -113,6 +134,13 @@ class Store {
   void put_document(std::string_view ns, std::string_view key, const nlohmann::json& value,
                     int64_t expires_ms = 0);
   std::optional<nlohmann::json> get_document(std::string_view ns, std::string_view key) const;
+
+  /// Deletes every expired document (any namespace), clamps stored responses to `r`, and
+  /// bounds the requests and events tables by age and rows, in one transaction; then truncates
+  /// the WAL when anything went. Throws StoreError.
+  PruneCounts prune(const Retention& r, int64_t now_ms);
+  /// Rows in the events table (tests).
+  int64_t count_events() const;
 
   const std::string& path() const { return path_; }
 

@@ -193,3 +193,56 @@ TEST_CASE("capture writes only with policy AND SERVEDECK_CAPTURE=1; 0700 dir, 06
   ::unsetenv("SERVEDECK_CAPTURE");
   std::filesystem::remove_all(root);
 }
+
+TEST_CASE("capture retention deletes only capture's own files, and runs without a write (daemon start)") {
+  char tmpl[] = "/tmp/servedeck-capture-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::string root = tmpl;
+  namespace fs = std::filesystem;
+  CaptureOptions o;
+  o.dir = root + "/capture";
+  o.max_files = 2;
+  o.max_age = std::chrono::hours(24);
+  fs::create_directories(o.dir);
+  auto old = fs::file_time_type::clock::now() - std::chrono::hours(48);
+  auto put = [&](const std::string& name, bool aged) {
+    std::ofstream(o.dir + "/" + name) << "{}";
+    if (aged) fs::last_write_time(o.dir + "/" + name, old);
+  };
+  // Files an earlier daemon's capture wrote: two aged, three fresh.
+  put("1700000000000-41-0-glm53.json", true);
+  put("1700000000001-41-1-glm53.json", true);
+  put("1800000000000-42-0-glm53.json", false);
+  put("1800000000001-42-1-tiny-chat.json", false);
+  put("1800000000002-42-2-tiny.json", false);
+  // Not capture's: an operator's notes, a look-alike without the numeric fields, and a link
+  // named like a capture that points outside the directory.
+  put("notes.json", true);
+  put("glm53-export.json", true);
+  std::ofstream(root + "/precious.json") << "keep me";
+  fs::create_symlink(root + "/precious.json", o.dir + "/1600000000000-1-0-link.json");
+  fs::last_write_time(root + "/precious.json", old);
+
+  CHECK(is_capture_file_name("1800000000000-42-0-glm53.json"));
+  CHECK_FALSE(is_capture_file_name("notes.json"));
+  CHECK_FALSE(is_capture_file_name("glm53-export.json"));
+  CHECK_FALSE(is_capture_file_name("1-2-3-.json"));
+  CHECK_FALSE(is_capture_file_name("1-2-3-a b.json"));
+
+  // No capture_exchange call and SERVEDECK_CAPTURE unset: retention still applies (at start).
+  ::unsetenv("SERVEDECK_CAPTURE");
+  CHECK(apply_capture_retention(o) == 3);  // the two aged ones, then the oldest fresh one (max_files 2)
+  CHECK_FALSE(fs::exists(o.dir + "/1700000000000-41-0-glm53.json"));
+  CHECK_FALSE(fs::exists(o.dir + "/1800000000000-42-0-glm53.json"));
+  CHECK(fs::exists(o.dir + "/1800000000001-42-1-tiny-chat.json"));
+  CHECK(fs::exists(o.dir + "/1800000000002-42-2-tiny.json"));
+  CHECK(fs::exists(o.dir + "/notes.json"));
+  CHECK(fs::exists(o.dir + "/glm53-export.json"));
+  CHECK(fs::is_symlink(o.dir + "/1600000000000-1-0-link.json"));
+  CHECK(fs::exists(root + "/precious.json"));
+  CHECK(apply_capture_retention(o) == 0);
+  CaptureOptions missing = o;
+  missing.dir = root + "/nope";
+  CHECK(apply_capture_retention(missing) == 0);
+  fs::remove_all(root);
+}

@@ -388,3 +388,31 @@ TEST_CASE("Diagnostic::to_string without a line") {
   Diagnostic d{"error", SourceLocation{"m.toml", 0, 0}, "k", "m.toml: cannot be read (no such file)"};
   CHECK(d.to_string() == "m.toml: error: m.toml: cannot be read (no such file)");
 }
+
+TEST_CASE("[server] access and retention keys: defaults, values, and errors naming what is valid") {
+  Registry def = parse_registry(kMinimal, "/tmp/x/models.toml");
+  CHECK(def.server.allowed_hosts.empty());
+  CHECK(def.server.responses_retention_s == 7 * 24 * 3600);
+  CHECK(def.server.history_retention_s == 30 * 24 * 3600);
+  CHECK(def.server.history_max_rows == 100000);
+
+  Registry reg = parse_registry(std::string("[server]\nallowed_hosts = [\"Workstation.LAN\", \"192.168.1.5\", \"fe80::1\"]\n"
+                                            "responses_retention_s = 0\nhistory_retention_s = 3600\n"
+                                            "history_max_rows = 500\n") + kMinimal,
+                                "/tmp/x/models.toml");
+  CHECK(reg.server.allowed_hosts == std::vector<std::string>{"workstation.lan", "192.168.1.5", "fe80::1"});
+  CHECK(reg.server.responses_retention_s == 0);
+  CHECK(reg.server.history_retention_s == 3600);
+  CHECK(reg.server.history_max_rows == 500);
+
+  auto d = diagnose(std::string("[server]\nallowed_hosts = [\"http://evil.example:80\", \"ok.lan\"]\n"
+                                "responses_retention_s = -1\nhistory_retention_s = 1\nhistory_max_rows = 5\n") + kMinimal);
+  std::string all = all_text(d);
+  INFO(all);
+  CHECK(all.find("models.toml:2: error: server.allowed_hosts[0] = \"http://evil.example:80\" is not a host name") !=
+        std::string::npos);
+  CHECK(all.find("server.allowed_hosts[1]") == std::string::npos);
+  CHECK(all.find("models.toml:3: error: server.responses_retention_s = -1") != std::string::npos);
+  CHECK(all.find("models.toml:4: error: server.history_retention_s = 1") != std::string::npos);
+  CHECK(all.find("models.toml:5: error: server.history_max_rows = 5") != std::string::npos);
+}

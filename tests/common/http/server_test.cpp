@@ -215,6 +215,87 @@ TEST_CASE("Expect: 100-continue is honoured") {
   CHECK(got.find("HTTP/1.1 200") == 0);
 }
 
+TEST_CASE("a head_check refusal is sent before the body arrives; the handler never sees the request") {
+  ServerOptions opt;
+  opt.header_timeout_ms = 20000;  // a server that waited for the body would answer nothing for 20 s
+  opt.max_body_bytes = 1000;      // the 1 MB announced below is refused by the check first, not 413
+  std::atomic<int> handled{0};
+  std::mutex mu;
+  std::vector<std::string> seen;  // "METHOD path remote-has-port" per checked head
+  opt.head_check = [&](const Request& head) -> std::optional<HeadRejection> {
+    {
+      std::lock_guard lk(mu);
+      seen.push_back(head.method + " " + head.path + " " + head.query + " body=" + std::to_string(head.body.size()) +
+                     (head.remote_address.rfind("127.0.0.1:", 0) == 0 ? " peer" : " nopeer"));
+    }
+    if (head.header("authorization") == "Bearer ok") return std::nullopt;
+    return HeadRejection{401, R"({"error":"refused"})", {{"WWW-Authenticate", "Bearer"}}};
+  };
+  Server srv(opt, [&](Request req, std::shared_ptr<Responder> res) {
+    ++handled;
+    res->send(200, "text/plain", "got " + req.body);
+  });
+  srv.start();
+
+  // Head only, announcing 1 MB and asking for 100-continue: the refusal comes without waiting.
+  auto t0 = std::chrono::steady_clock::now();
+  auto got = raw_exchange(srv.port(),
+                          "POST /v1/x?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n"
+                          "Expect: 100-continue\r\n\r\n",
+                          R"({"error":"refused"})");
+  auto waited = std::chrono::steady_clock::now() - t0;
+  CAPTURE(got);
+  CHECK(got.find("HTTP/1.1 401") == 0);
+  CHECK(got.find("100 Continue") == std::string::npos);
+  CHECK(got.find("WWW-Authenticate: Bearer\r\n") != std::string::npos);
+  CHECK(got.find("Connection: close\r\n") != std::string::npos);
+  CHECK(waited < 10s);
+  CHECK(handled == 0);
+
+  // Head and a 256 KiB body sent at once: the refusal still arrives whole (lingering close, no
+  // reset that would discard it) and the body never reaches the handler.
+  auto whole = raw_exchange(srv.port(),
+                            "POST /v1/y HTTP/1.1\r\nHost: x\r\nContent-Length: 262144\r\n\r\n" +
+                                std::string(262144, 'b'),
+                            R"({"error":"refused"})");
+  CHECK(whole.find("HTTP/1.1 401") == 0);
+  CHECK(whole.find(R"({"error":"refused"})") != std::string::npos);
+  CHECK(handled == 0);
+
+  // An accepted head: the body is read and the handler runs as before.
+  ClientRequest cr;
+  cr.port = srv.port();
+  cr.method = "POST";
+  cr.target = "/v1/z";
+  cr.body = "hello";
+  cr.headers = {{"Authorization", "Bearer ok"}};
+  auto ok = fetch(cr);
+  CHECK(ok.status == 200);
+  CHECK(ok.body == "got hello");
+  CHECK(handled == 1);
+  std::lock_guard lk(mu);
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == "POST /v1/x q=1 body=0 peer");
+  CHECK(seen[2] == "POST /v1/z  body=0 peer");
+}
+
+TEST_CASE("a head_check that throws is answered 500 and the connection closed") {
+  ServerOptions opt;
+  opt.head_check = [](const Request&) -> std::optional<HeadRejection> { throw std::runtime_error("boom"); };
+  std::atomic<int> handled{0};
+  Server srv(opt, [&](Request, std::shared_ptr<Responder> res) {
+    ++handled;
+    res->send(200, "text/plain", "ok");
+  });
+  srv.start();
+  ClientRequest cr;
+  cr.port = srv.port();
+  auto r = fetch(cr);
+  CHECK(r.status == 500);
+  CHECK(nlohmann::json::parse(r.body)["error"]["message"].get<std::string>().find("boom") != std::string::npos);
+  CHECK(handled == 0);
+}
+
 TEST_CASE("client disconnect mid-stream fires on_disconnect and makes write() fail") {
   std::atomic<bool> disconnected{false};
   std::shared_ptr<Responder> held;

@@ -1,7 +1,12 @@
 // The gateway's routes end to end (same rig as gateway_test.cpp): request errors it answers
 // itself, aliases and /v1/models, switch_on_request queueing, API keys, /metrics, completions,
-// an unreachable engine, admin routes and the methods each route takes.
+// an unreachable engine, admin routes and the methods each route takes, the access checks made
+// from a request's head (API keys, Host, Origin, Content-Type).
 #include "tests/gateway/server/gateway_rig.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio.hpp>
 
 using namespace servedeck;
 using namespace servedeck::test::gateway_rig;
@@ -178,6 +183,65 @@ TEST_CASE("API keys: 401 envelope without a valid bearer token; /health stays op
   CHECK(http::fetch(r).status == 200);
 }
 
+TEST_CASE("API keys are checked from the head: a refused client's body is never waited for") {
+  TempDir dir;
+  FakeEngine engine;
+  auto reg = make_registry();
+  reg.server.api_keys = {"sk-local"};
+  state::Store store(dir.path);
+  FakeSlotControl slots("glm53", engine.port());
+  gateway::Gateway gw(reg, store, slots, {});
+  gw.start();
+  // The head announces 10 MB and no body follows: the answer must not wait for it (the server's
+  // header timeout is 30 s; this socket gives up after 10 s).
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket s(ioc);
+  s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(gw.port())});
+  boost::asio::write(s, boost::asio::buffer(std::string(
+                            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer wrong\r\n"
+                            "Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n")));
+  struct timeval tv{10, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string got;
+  char buf[4096];
+  boost::system::error_code ec;
+  while (!ec && got.find("invalid_api_key") == std::string::npos) got.append(buf, s.read_some(boost::asio::buffer(buf), ec));
+  CAPTURE(got);
+  CHECK(got.rfind("HTTP/1.1 401", 0) == 0);
+  CHECK(got.find("invalid API key") != std::string::npos);
+  CHECK(store.count_requests("/v1/chat/completions") == 0);
+}
+
+TEST_CASE("Host, Origin and Content-Type are enforced on the data plane") {
+  Rig rig;
+  auto get_with = [&](const std::string& path, http::Headers h) {
+    http::ClientRequest r;
+    r.port = rig.gw.port();
+    r.target = path;
+    r.headers = std::move(h);
+    return http::fetch(r);
+  };
+  // DNS rebinding: a page on rebind.example reads /v1/models only if the Host check lets it.
+  auto rebound = get_with("/v1/models", {{"Host", "rebind.example:8090"}});
+  CHECK(rebound.status == 403);
+  CHECK(json::parse(rebound.body)["error"]["code"] == "host_not_allowed");
+  auto foreign = get_with("/v1/models", {{"Origin", "https://evil.example"}});
+  CHECK(foreign.status == 403);
+  CHECK(json::parse(foreign.body)["error"]["code"] == "origin_not_allowed");
+  CHECK(get_with("/v1/models", {{"Origin", "http://localhost:3000"}}).status == 200);
+  // A form post (text/plain needs no CORS preflight) never reaches the engine.
+  http::ClientRequest form;
+  form.port = rig.gw.port();
+  form.method = "POST";
+  form.target = "/v1/chat/completions";
+  form.content_type = "text/plain";
+  form.body = chat();
+  auto f = http::fetch(form);
+  CHECK(f.status == 415);
+  CHECK(json::parse(f.body)["error"]["code"] == "unsupported_media_type");
+  CHECK(rig.engine.requests() == 0);
+}
+
 TEST_CASE("/metrics: requests by model and status, repairs, slot state; admin routes") {
   Rig rig;
   rig.engine.push(test::sse_script({role_ev(), content_ev("x"), finish_ev(), "[DONE]"}));
@@ -250,16 +314,23 @@ TEST_CASE("admin routes registered with add_route are served") {
   auto reg = make_registry();
   state::Store store(dir.path);
   FakeSlotControl slots("glm53", engine.port());
-  gateway::Gateway gw(reg, store, slots, {});
+  gateway::GatewayOptions opt;
+  opt.admin_token = "adm-test";
+  gateway::Gateway gw(reg, store, slots, opt);
   gw.add_route("POST", "/admin/switch", [](http::Request req, std::shared_ptr<http::Responder> res) {
     res->send(202, "application/json", R"({"accepted":)" + req.body + "}");
   });
+  CHECK_THROWS_AS(gw.add_route("GET", "/v1/secret", nullptr), std::invalid_argument);
   gw.start();
   http::ClientRequest r;
   r.port = gw.port();
   r.method = "POST";
   r.target = "/admin/switch";
   r.body = "1";
+  auto anonymous = http::fetch(r);  // no admin token: refused before the handler
+  CHECK(anonymous.status == 401);
+  CHECK(json::parse(anonymous.body)["error"]["code"] == "admin_credential_required");
+  r.headers = {{"Authorization", "Bearer adm-test"}};
   auto a = http::fetch(r);
   CHECK(a.status == 202);
   CHECK(json::parse(a.body)["accepted"] == 1);
