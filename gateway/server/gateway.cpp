@@ -11,6 +11,7 @@
 #include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
+#include "gateway/server/messages_route.hpp"
 #include "gateway/server/metrics.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
@@ -65,6 +66,7 @@ struct Gateway::Impl {
   std::unique_ptr<http::Server> server;
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
   ProxyShared shared;
+  MessagesRoutes messages;  // /v1/messages and count_tokens (messages_route.hpp)
   std::mutex queue_mu;
   std::map<std::string, int> queued;  // by base model name
   /// Guards SlotControl callbacks that may run after the Gateway stopped (the supervisor can
@@ -83,6 +85,9 @@ struct Gateway::Impl {
   /// POST /v1/responses: translate onto a chat completion, answer through ResponsesResponder.
   void handle_responses(http::Request& req, std::shared_ptr<http::Responder> res);
   void handle_models(http::Responder& res);
+  /// GET /v1/models/{id}: one model object, or 404 (Anthropic's envelope when the client sent
+  /// an anthropic-version header, else OpenAI's).
+  void handle_model(const http::Request& req, http::Responder& res);
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
   void release_waiter(const std::shared_ptr<Waiter>& w);
@@ -109,6 +114,12 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   im.shared.heartbeat_ms = im.opt.heartbeat_ms;
   http::Server* srv = im.server.get();
   im.shared.post_blocking = [srv](std::function<void()> fn) { return srv->post_blocking(std::move(fn)); };
+  im.messages.reg = &im.reg;
+  im.messages.slots = &im.slots;
+  im.messages.shared = &im.shared;
+  im.messages.run_chat = [p](json chat, std::shared_ptr<http::Responder> res, clock_type::time_point t0) {
+    p->handle_completion_body(Route::messages, std::move(chat), std::move(res), t0);
+  };
 }
 
 Gateway::~Gateway() { stop(); }
@@ -161,23 +172,31 @@ bool Gateway::post_blocking(std::function<void()> fn) { return impl_->server->po
 void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> res) {
   if (req.path != "/health" && !reg.server.api_keys.empty()) {
     std::string auth = req.header("authorization");
+    // Anthropic clients send the key as x-api-key (ANTHROPIC_API_KEY), or as a Bearer token
+    // (ANTHROPIC_AUTH_TOKEN).
+    std::string key = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : req.header("x-api-key");
     bool ok = false;
-    if (auth.rfind("Bearer ", 0) == 0) {
-      std::string key = auth.substr(7);
+    if (!key.empty())
       for (const auto& k : reg.server.api_keys) ok = ok || k == key;
+    if (!ok) {
+      const std::string why = key.empty() ? "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)"
+                                          : "invalid API key";
+      if (is_messages_path(req.path)) return send_messages_error(*res, 401, why, {{"WWW-Authenticate", "Bearer"}});
+      return http::send_error(*res, 401, why, "authentication_error", "invalid_api_key", false,
+                              {{"WWW-Authenticate", "Bearer"}});
     }
-    if (!ok)
-      return http::send_error(*res, 401,
-                              auth.empty() ? "missing API key: send Authorization: Bearer <key>" : "invalid API key",
-                              "authentication_error", "invalid_api_key", false, {{"WWW-Authenticate", "Bearer"}});
   }
   if (req.method == "POST" && req.path == "/v1/chat/completions")
     return handle_completion(Route::chat_completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/responses") return handle_responses(req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/messages") return handle_messages(messages, req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/messages/count_tokens")
+    return handle_count_tokens(messages, req, std::move(res));
   // HEAD is answered as GET on the read-only routes; the server sends the head only (RFC 9110 9.3.2).
   const bool get = req.method == "GET" || req.method == "HEAD";
   if (get && req.path == "/v1/models") return handle_models(*res);
+  if (get && req.path.rfind("/v1/models/", 0) == 0) return handle_model(req, *res);
   if (get && req.path == "/health") return handle_health(*res);
   if (get && req.path == "/metrics")
     return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
@@ -193,32 +212,59 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   if (!allowed.empty())
     return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path + "; expected " + allowed,
                             "invalid_request_error", "method_not_allowed", false, {{"Allow", allowed}});
-  const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/responses";
+  const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                          req.path == "/v1/responses" || is_messages_path(req.path);
   const bool get_route = req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
-  if (post_route || get_route)
-    return http::send_error(*res, 405,
-                            "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET"),
-                            "invalid_request_error", "method_not_allowed", false,
+  const std::string not_allowed =
+      "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET");
+  if (post_route && is_messages_path(req.path) && (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens"))
+    return send_messages_error(*res, 405, not_allowed, {{"Allow", "POST"}});
+  if ((post_route && !is_messages_path(req.path)) || get_route)
+    return http::send_error(*res, 405, not_allowed, "invalid_request_error", "method_not_allowed", false,
                             {{"Allow", post_route ? "POST" : "GET, HEAD"}});
+  // A client pointed at an API the gateway does not serve shows up in /metrics by path.
+  metrics.count_unserved(req.path);
+  if (is_messages_path(req.path)) return send_messages_error(*res, 404, "no route " + req.method + " " + req.path);
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
 }
+
+namespace {
+
+/// One /v1/models entry in both vocabularies: OpenAI's (id, object, created, owned_by) with
+/// servedeck's root and max_model_len, and Anthropic's (type, display_name, created_at).
+json model_object(const registry::ModelEntry& m, const std::string& id) {
+  return json{{"id", id},
+              {"object", "model"},
+              {"created", 0},
+              {"owned_by", "servedeck"},
+              {"root", m.served_name},
+              {"max_model_len", m.ctx},
+              {"type", "model"},
+              {"display_name", id},
+              {"created_at", "1970-01-01T00:00:00Z"}};
+}
+
+}  // namespace
 
 void Gateway::Impl::handle_models(http::Responder& res) {
   json data = json::array();
   for (const auto& m : reg.models) {
-    auto add = [&](const std::string& id) {
-      data.push_back(json{{"id", id},
-                          {"object", "model"},
-                          {"created", 0},
-                          {"owned_by", "servedeck"},
-                          {"root", m.served_name},
-                          {"max_model_len", m.ctx}});
-    };
-    add(m.served_name);
-    for (const auto& a : m.aliases) add(a);
-    for (const auto& p : m.presets) add(p.alias);
+    data.push_back(model_object(m, m.served_name));
+    for (const auto& a : m.aliases) data.push_back(model_object(m, a));
+    for (const auto& p : m.presets) data.push_back(model_object(m, p.alias));
   }
-  send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
+  json first = data.empty() ? json(nullptr) : data.front()["id"];
+  json last = data.empty() ? json(nullptr) : data.back()["id"];
+  send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}, {"has_more", false},
+                           {"first_id", std::move(first)}, {"last_id", std::move(last)}});
+}
+
+void Gateway::Impl::handle_model(const http::Request& req, http::Responder& res) {
+  const std::string id = req.path.substr(std::string_view("/v1/models/").size());
+  if (const registry::ModelEntry* m = reg.find_by_id(id)) return send_json(res, 200, model_object(*m, id));
+  const std::string message = "model: '" + id + "' is not configured";
+  if (!req.header("anthropic-version").empty()) return send_messages_error(res, 404, message);
+  http::send_error(res, 404, message, "invalid_request_error", "model_not_found");
 }
 
 void Gateway::Impl::handle_health(http::Responder& res) {
