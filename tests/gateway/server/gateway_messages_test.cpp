@@ -5,6 +5,7 @@
 #include "tests/gateway/server/gateway_rig.hpp"
 
 #include "policies/fit_output_budget.hpp"
+#include "tests/gateway/cli/cli_run.hpp"
 
 using namespace servedeck;
 using namespace servedeck::test::gateway_rig;
@@ -302,4 +303,31 @@ TEST_CASE("/v1/models answers in OpenAI's and Anthropic's shape; /v1/models/{id}
   CHECK(missing.status == 404);
   CHECK(json::parse(missing.body)["error"]["type"] == "not_found_error");
   CHECK(json::parse(rig.get("/v1/models/nope").body)["error"]["code"] == "model_not_found");
+}
+
+TEST_CASE("Anthropic's TypeScript SDK: create, stream with thinking, tool use, tool result, countTokens, NotFoundError") {
+  Rig rig;
+  auto completion = [](const std::string& text) {
+    return json_script(200, json{{"id", "c"}, {"object", "chat.completion"}, {"created", 1}, {"model", "glm53-flash"},
+                                 {"choices", json::array({{{"index", 0}, {"finish_reason", "stop"},
+                                                           {"message", {{"role", "assistant"}, {"content", text}}}}})},
+                                 {"usage", {{"prompt_tokens", 12}, {"completion_tokens", 3}, {"total_tokens", 15}}}}.dump());
+  };
+  const std::string usage = R"({"id":"c1","choices":[],"usage":{"prompt_tokens":30,"completion_tokens":5,"total_tokens":35}})";
+  rig.engine.push(completion("Sunny."));
+  rig.engine.push(sse_script({role_ev(), reasoning_ev("Let me "), reasoning_ev("think."), content_ev("Hel"), content_ev("lo."),
+                              finish_ev(), usage, "[DONE]"}));
+  rig.engine.push(sse_script({role_ev(), tool_ev(R"("id":"call_w1","type":"function","function":{"name":"get_weather","arguments":"{\"ci"})"),
+                              tool_ev(R"("function":{"arguments":"ty\":\"Paris\"}"})"),
+                              R"({"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})", usage, "[DONE]"}));
+  rig.engine.push(completion("It is sunny in Paris."));
+  rig.engine.push(json_script(200, R"({"count":42})"));
+  const std::string src = SERVEDECK_SOURCE_DIR;
+  const sdtest::Run run = sdtest::cli_cmd("node '" + src + "/tests/gateway/anthropic/anthropic_sdk_client.mjs' 'http://127.0.0.1:" +
+                                          std::to_string(rig.gw.port()) + "' glm 2>&1");
+  REQUIRE_MESSAGE(run.rc == 0, "node failed: " << run.out);
+  CHECK(run.out.find("sdk: all checks passed") != std::string::npos);
+  // Four answered turns and the 404, each logged under /v1/messages (count_tokens is not a turn).
+  CHECK(wait_for([&] { return rig.store.count_requests("/v1/messages") == 5; }));
+  CHECK(rig.engine.last_body()["messages"][0] == json{{"role", "user"}, {"content", "hi"}});  // the /tokenize body
 }
