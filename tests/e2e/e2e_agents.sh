@@ -5,7 +5,9 @@
 # background installs are switched off with its own documented setting.
 #   - Anthropic's TypeScript SDK on /v1/messages (create, stream, countTokens);
 #   - Claude Code (`claude -p`) on /v1/messages: exits 0 with the planted reply; the engine never
-#     sees its per-request x-anthropic-billing-header block (capture files);
+#     sees its per-request x-anthropic-billing-header block (capture files); then a tool-using
+#     turn on the tiny tool model (make-tiny-model --variant tool: a Bash call, then, after the
+#     tool result, the reply): Claude Code runs the tool (the file appears) and finishes;
 #   - opencode (`opencode run`), Qwen Code (`qwen -p`) and pi (`pi -p`) on /v1/chat/completions,
 #     configured with their base URL and model only — no output-token settings: opencode and pi
 #     send budgets larger than the tiny model's context, which fit_output_budget lowers;
@@ -19,7 +21,7 @@ src=$(cd "$2" && pwd)
 servedeck="$build/gateway/servedeck"
 worker="$build/worker/servedeck-worker"
 nm="$src/node_modules"
-for f in "$servedeck" "$worker" "$src/models/tiny-chat/config.json" "$nm/@anthropic-ai/sdk/package.json" \
+for f in "$servedeck" "$worker" "$src/models/tiny-chat/config.json" "$src/models/tiny-tool/config.json" "$nm/@anthropic-ai/sdk/package.json" \
          "$nm/.bin/claude" "$nm/.bin/opencode" "$nm/.bin/qwen" "$nm/.bin/pi"; do
   [ -e "$f" ] || { echo "FAIL: missing $f (scripts/dev.sh test builds it; npm ci installs the agents)"; exit 1; }
 done
@@ -62,6 +64,21 @@ start_timeout_s = 120
 
 [models.tiny-chat.policies]
 capture = true                 # also needs SERVEDECK_CAPTURE=1 (set below): the engine bodies are checked
+
+# The same with a planted tool call: \`touch ran.txt\` through Bash, then the reply after the result.
+[models.tiny-tool]
+engine = "native"
+served_name = "tiny-tool"
+checkpoint = "$src/models/tiny-tool"
+program = "$worker"
+args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
+        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "64"]
+port = 0
+ctx = 16384
+validated_ctx = 16384
+kv_cache_bytes_per_token = 512
+requires_gpu = false
+start_timeout_s = 120
 TOML
 "$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
 SERVEDECK_CAPTURE=1 "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
@@ -72,7 +89,9 @@ port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1
 root="http://127.0.0.1:$port"
 "$servedeck" --config "$tmp/models.toml" switch tiny-chat > /dev/null || fail "switch tiny-chat"
 echo "daemon up on port $port, tiny-chat ready"
-repairs() { curl -s "$root/metrics" | awk -F' ' '/^servedeck_policy_repairs_total\{policy="fit_output_budget"/ {print $2}'; }
+repairs() {  # fit_output_budget repairs on tiny-chat so far
+  curl -s "$root/metrics" | awk '/^servedeck_policy_repairs_total\{policy="fit_output_budget",model="tiny-chat"\}/ {n = $2} END {print n + 0}'
+}
 expect_reply() {  # NAME RC FILE
   [ "$2" -eq 0 ] || { tail -20 "$3"; fail "$1 exited $2"; }
   grep -qF "$reply" "$3" || { tail -20 "$3"; fail "$1 did not print the model's reply"; }
@@ -106,8 +125,27 @@ n=$(sqlite3 "$tmp/state/state.db" "SELECT COUNT(*) FROM requests WHERE route = '
 [ "$n" -ge 3 ] || fail "expected the SDK's and Claude Code's /v1/messages turns in the request log, found $n"
 echo "ok: $n /v1/messages turns logged; no x-anthropic-billing-header in the engine requests"
 
+step "Claude Code, a tool-using turn"
+"$servedeck" --config "$tmp/models.toml" switch tiny-tool > /dev/null || fail "switch tiny-tool"
+mkdir -p "$tmp/tool-work"
+t=$(date +%s)
+rc=0
+# --allowedTools Bash: -p mode has nobody to ask for the permission to run it.
+( cd "$tmp/tool-work" && HOME="$tmp/claude-home" ANTHROPIC_BASE_URL="$root" ANTHROPIC_AUTH_TOKEN=unused \
+    ANTHROPIC_MODEL=tiny-tool ANTHROPIC_SMALL_FAST_MODEL=tiny-tool ANTHROPIC_DEFAULT_HAIKU_MODEL=tiny-tool \
+    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
+    timeout 300 "$nm/.bin/claude" -p --tools Bash --allowedTools Bash --system-prompt "You are a coding agent." \
+    "Create the file ran.txt." > "$tmp/claude-tool.out" 2>&1 ) || rc=$?
+took "Claude Code tool turn" "$t"
+expect_reply "claude -p (tool turn)" "$rc" "$tmp/claude-tool.out"
+[ -f "$tmp/tool-work/ran.txt" ] || { cat "$tmp/claude-tool.out"; fail "Claude Code did not run the model's Bash call (no ran.txt)"; }
+n=$(sqlite3 "$tmp/state/state.db" "SELECT COUNT(*) FROM requests WHERE route = '/v1/messages' AND model = 'tiny-tool' AND status = 200;")
+[ "$n" -ge 2 ] || fail "expected the tool call turn and the answer turn in the request log, found $n"
+echo "ok: Claude Code ran the tool call (ran.txt exists) and finished on the answer ($n turns)"
+"$servedeck" --config "$tmp/models.toml" switch tiny-chat > /dev/null || fail "switch back to tiny-chat"
+
 step "opencode"
-before=$(repairs); before=${before:-0}
+before=$(repairs)
 mkdir -p "$tmp/opencode-home" "$tmp/opencode-work"
 cat > "$tmp/opencode-work/opencode.json" <<JSON
 {
@@ -131,7 +169,7 @@ rc=0
 took "opencode" "$t"
 expect_reply "opencode run" "$rc" "$tmp/opencode.out"
 after=$(repairs)
-[ "${after:-0}" -gt "$before" ] || fail "opencode's max_tokens 32000 was not fitted (fit_output_budget $before -> ${after:-0})"
+[ "$after" -gt "$before" ] || fail "opencode's max_tokens 32000 was not fitted (fit_output_budget $before -> $after)"
 echo "ok: fit_output_budget lowered opencode's budget (counter $before -> $after)"
 
 step "Qwen Code"
@@ -165,7 +203,7 @@ rc=0
 took "pi" "$t"
 expect_reply "pi -p" "$rc" "$tmp/pi.out"
 after=$(repairs)
-[ "${after:-0}" -gt "${before:-0}" ] || fail "pi's max_completion_tokens 16384 was not fitted"
+[ "$after" -gt "$before" ] || fail "pi's max_completion_tokens 16384 was not fitted"
 echo "ok: fit_output_budget lowered pi's max_completion_tokens (counter $before -> $after)"
 
 step "Codex's Responses shapes"
