@@ -331,3 +331,20 @@ TEST_CASE("Anthropic's TypeScript SDK: create, stream with thinking, tool use, t
   CHECK(wait_for([&] { return rig.store.count_requests("/v1/messages") == 5; }));
   CHECK(rig.engine.last_body()["messages"][0] == json{{"role", "user"}, {"content", "hi"}});  // the /tokenize body
 }
+
+TEST_CASE("a long prefill: message_start comes first, then ping events, then the blocks") {
+  Rig rig("glm53", 40);  // heartbeat every 40 ms while the engine has produced nothing
+  Script s = sse_script({role_ev(), content_ev("late"), finish_ev(), "[DONE]"}, 4096);
+  s.pieces.front().delay_ms = 300;
+  rig.engine.push(s);
+  auto got = stream_messages(rig, messages_body("glm53-flash", true).dump());
+  CHECK(got.status == 200);
+  REQUIRE(got.types.size() >= 6);
+  CHECK(got.types[0] == "message_start");
+  CHECK(got.types[1] == "ping");
+  CHECK(std::count(got.types.begin(), got.types.end(), "message_start") == 1);
+  CHECK(got.types.back() == "message_stop");
+  const auto first_block = std::find(got.types.begin(), got.types.end(), "content_block_start");
+  REQUIRE(first_block != got.types.end());
+  CHECK(std::count(got.types.begin(), first_block, "ping") >= 2);
+}
