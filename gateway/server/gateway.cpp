@@ -13,6 +13,7 @@
 #include "common/sse.hpp"
 #include "gateway/server/messages_route.hpp"
 #include "gateway/server/metrics.hpp"
+#include "gateway/server/models_route.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
 #include "gateway/server/stream_normalizer.hpp"
@@ -84,10 +85,6 @@ struct Gateway::Impl {
                               clock_type::time_point t0);
   /// POST /v1/responses: translate onto a chat completion, answer through ResponsesResponder.
   void handle_responses(http::Request& req, std::shared_ptr<http::Responder> res);
-  void handle_models(http::Responder& res);
-  /// GET /v1/models/{id}: one model object, or 404 (Anthropic's envelope when the client sent
-  /// an anthropic-version header, else OpenAI's).
-  void handle_model(const http::Request& req, http::Responder& res);
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
   void release_waiter(const std::shared_ptr<Waiter>& w);
@@ -195,8 +192,8 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
     return handle_count_tokens(messages, req, std::move(res));
   // HEAD is answered as GET on the read-only routes; the server sends the head only (RFC 9110 9.3.2).
   const bool get = req.method == "GET" || req.method == "HEAD";
-  if (get && req.path == "/v1/models") return handle_models(*res);
-  if (get && req.path.rfind("/v1/models/", 0) == 0) return handle_model(req, *res);
+  if (get && req.path == "/v1/models") return handle_models(reg, *res);
+  if (get && req.path.rfind("/v1/models/", 0) == 0) return handle_model(reg, req, *res);
   if (get && req.path == "/health") return handle_health(*res);
   if (get && req.path == "/metrics")
     return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
@@ -226,45 +223,6 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   metrics.count_unserved(req.path);
   if (is_messages_path(req.path)) return send_messages_error(*res, 404, "no route " + req.method + " " + req.path);
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
-}
-
-namespace {
-
-/// One /v1/models entry in both vocabularies: OpenAI's (id, object, created, owned_by) with
-/// servedeck's root and max_model_len, and Anthropic's (type, display_name, created_at).
-json model_object(const registry::ModelEntry& m, const std::string& id) {
-  return json{{"id", id},
-              {"object", "model"},
-              {"created", 0},
-              {"owned_by", "servedeck"},
-              {"root", m.served_name},
-              {"max_model_len", m.ctx},
-              {"type", "model"},
-              {"display_name", id},
-              {"created_at", "1970-01-01T00:00:00Z"}};
-}
-
-}  // namespace
-
-void Gateway::Impl::handle_models(http::Responder& res) {
-  json data = json::array();
-  for (const auto& m : reg.models) {
-    data.push_back(model_object(m, m.served_name));
-    for (const auto& a : m.aliases) data.push_back(model_object(m, a));
-    for (const auto& p : m.presets) data.push_back(model_object(m, p.alias));
-  }
-  json first = data.empty() ? json(nullptr) : data.front()["id"];
-  json last = data.empty() ? json(nullptr) : data.back()["id"];
-  send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}, {"has_more", false},
-                           {"first_id", std::move(first)}, {"last_id", std::move(last)}});
-}
-
-void Gateway::Impl::handle_model(const http::Request& req, http::Responder& res) {
-  const std::string id = req.path.substr(std::string_view("/v1/models/").size());
-  if (const registry::ModelEntry* m = reg.find_by_id(id)) return send_json(res, 200, model_object(*m, id));
-  const std::string message = "model: '" + id + "' is not configured";
-  if (!req.header("anthropic-version").empty()) return send_messages_error(res, 404, message);
-  http::send_error(res, 404, message, "invalid_request_error", "model_not_found");
 }
 
 void Gateway::Impl::handle_health(http::Responder& res) {
