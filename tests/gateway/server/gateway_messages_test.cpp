@@ -348,3 +348,15 @@ TEST_CASE("a long prefill: message_start comes first, then ping events, then the
   REQUIRE(first_block != got.types.end());
   CHECK(std::count(got.types.begin(), first_block, "ping") >= 2);
 }
+
+TEST_CASE("effort-preset aliases work on /v1/messages: the preset's kwargs reach the engine, the alias is echoed") {
+  Rig rig;
+  rig.engine.push(json_script(200, R"({"id":"c","object":"chat.completion","created":1,"model":"glm53-flash","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}})"));
+  auto r = rig.post("/v1/messages", messages_body("glm53-flash-high", false, {{"thinking", {{"type", "disabled"}}}}).dump());
+  CHECK(r.status == 200);
+  CHECK(json::parse(r.body)["model"] == "glm53-flash-high");
+  const json sent = rig.engine.last_body();
+  CHECK(sent["model"] == "glm53-flash");
+  CHECK(sent["chat_template_kwargs"]["reasoning_effort"] == "high");
+  CHECK(sent["chat_template_kwargs"]["enable_thinking"] == false);  // the client's thinking switch
+}
