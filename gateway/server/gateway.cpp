@@ -214,7 +214,7 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   const bool get_route = req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
   const std::string not_allowed =
       "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET");
-  if (post_route && is_messages_path(req.path) && (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens"))
+  if (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens")
     return send_messages_error(*res, 405, not_allowed, {{"Allow", "POST"}});
   if ((post_route && !is_messages_path(req.path)) || get_route)
     return http::send_error(*res, 405, not_allowed, "invalid_request_error", "method_not_allowed", false,
