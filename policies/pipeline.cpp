@@ -3,6 +3,7 @@
 
 #include "policies/answer_rescue.hpp"
 #include "policies/effort_presets.hpp"
+#include "policies/fit_output_budget.hpp"
 #include "policies/flatten_content.hpp"
 #include "policies/json_util.hpp"
 #include "policies/min_output_tokens.hpp"
@@ -72,8 +73,10 @@ void sanitize_history(json& body, RequestContext& ctx) {
 RequestPipeline::RequestPipeline(RequestContext& ctx) : ctx_(ctx) {}
 
 bool RequestPipeline::wants_prompt_tokens(const json& body) const {
-  return ctx_.model && ctx_.model->policies.min_output_tokens &&
-         budget_below_floor(body, *ctx_.model->policies.min_output_tokens);
+  if (!ctx_.model) return false;
+  const auto& config = ctx_.model->policies;
+  return (config.min_output_tokens && budget_below_floor(body, *config.min_output_tokens)) ||
+         (config.fit_output_budget && budget_may_overflow(body, ctx_.model->ctx));
 }
 
 std::optional<std::string> RequestPipeline::apply(json& body) {
@@ -94,6 +97,7 @@ std::optional<std::string> RequestPipeline::apply(json& body) {
   apply_unsupported_kwargs(body, ctx_);
   apply_effort_presets(body, ctx_);
   apply_min_output_tokens(body, ctx_);
+  apply_fit_output_budget(body, ctx_);
   apply_thinking_token_budget(body, ctx_);
   apply_restore_reasoning(body, ctx_);
   return std::nullopt;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,9 @@ struct RequestContext {
   RepairCounter count_repair;
   ReasoningStore* reasoning_store = nullptr;      // shared, may be null when restore_reasoning is off
   std::vector<std::string> log;                   // notes the gateway writes to its log ("min_output_tokens: 200 → 8192")
+  /// Headers the gateway adds to the client's response (name, value), e.g. fit_output_budget's
+  /// "x-servedeck-output-budget".
+  std::vector<std::pair<std::string, std::string>> response_headers;
 };
 
 /// The request side. Construct per request.
@@ -51,7 +55,8 @@ class RequestPipeline {
   explicit RequestPipeline(RequestContext& ctx);
 
   /// True when a configured policy needs the prompt's token count (min_output_tokens with a
-  /// budget present in `body`). The gateway then fills ctx.prompt_tokens before apply().
+  /// budget below its floor, or fit_output_budget with a budget that may not fit the context).
+  /// The gateway then fills ctx.prompt_tokens before apply().
   bool wants_prompt_tokens(const nlohmann::json& body) const;
 
   /// Applies every configured request policy to a /v1/chat/completions body in place.

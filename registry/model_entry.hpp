@@ -54,6 +54,9 @@ struct PolicyConfig {
   std::vector<std::string> unsupported_kwargs;  // chat_template_kwargs the template ignores (G16)
   bool thinking_token_budget = false;           // engine supports thinking_token_budget
   bool coerce_tool_argument_types = false;      // G07: coerce streamed args to schema types
+  bool fit_output_budget = true;                // lower budgets that cannot fit ctx − prompt
+  int64_t fit_output_budget_floor = 256;        // never lower a budget below this, tokens
+  bool strip_billing_header = true;             // /v1/messages: drop Claude Code's x-anthropic-billing-header block
   nlohmann::json extra = nlohmann::json::object();  // policy-specific settings, by policy name
 };
 
@@ -67,6 +70,7 @@ struct ModelEntry {
   std::vector<std::string> aliases; // extra ids that reach this model with no preset
   std::vector<EffortPreset> presets;
   std::string description;
+  bool vision = false;              // the model accepts images (/v1/messages refuses image blocks otherwise)
 
   // Checkpoint and engine.
   std::string checkpoint;           // directory in Hugging Face layout (or a GGUF file for llama.cpp)

@@ -29,7 +29,7 @@ const std::vector<std::string>& model_keys() {
       "load_floor_offload_gib", "pins_host_memory", "uses_cuda_ipc", "hot_profile", "hot_profile_offload_gib",
       "health_path", "start_timeout_s", "stop_timeout_s", "drain_timeout_s", "vram_release_timeout_s",
       "shm_globs", "warmup", "switch_on_request", "queue_max", "queue_timeout_s", "min_residency_s",
-      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "policies"};
+      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "vision", "policies"};
   return k;
 }
 
@@ -37,7 +37,8 @@ const std::vector<std::string>& policy_keys() {
   static const std::vector<std::string> k = {
       "min_output_tokens", "sanitize_tool_tags", "restore_reasoning", "mirror_content", "answer_rescue",
       "flatten_content", "capture", "accepted_reasoning_efforts", "default_reasoning_effort",
-      "unsupported_kwargs", "thinking_token_budget", "coerce_tool_argument_types", "extra"};
+      "unsupported_kwargs", "thinking_token_budget", "coerce_tool_argument_types", "fit_output_budget",
+      "fit_output_budget_floor", "strip_billing_header", "extra"};
   return k;
 }
 
@@ -65,6 +66,9 @@ PolicyConfig parse_policies(const toml::table& t, const std::string& prefix, Dia
   if (auto v = r.string_array("unsupported_kwargs")) p.unsupported_kwargs = *v;
   if (auto v = r.boolean("thinking_token_budget")) p.thinking_token_budget = *v;
   if (auto v = r.boolean("coerce_tool_argument_types")) p.coerce_tool_argument_types = *v;
+  if (auto v = r.boolean("fit_output_budget")) p.fit_output_budget = *v;
+  if (auto v = r.integer("fit_output_budget_floor", 1, kMaxTokens, "tokens")) p.fit_output_budget_floor = *v;
+  if (auto v = r.boolean("strip_billing_header")) p.strip_billing_header = *v;
   if (auto e = r.subtable("extra")) p.extra = to_json(*e);
   const auto& acc = p.accepted_reasoning_efforts;
   if (p.default_reasoning_effort && !acc.empty() &&
@@ -279,6 +283,7 @@ ModelEntry parse_model(const std::string& name, const toml::table& t, const std:
   }
   if (auto v = r.boolean("warmup")) m.warmup = *v;
   if (auto v = r.boolean("switch_on_request")) m.switch_on_request = *v;
+  if (auto v = r.boolean("vision")) m.vision = *v;
   if (auto v = r.integer("queue_max", 0, 100000, "requests")) m.queue_max = static_cast<int>(*v);
   if (auto v = r.integer("queue_timeout_s", 0, 86400, "seconds")) m.queue_timeout_s = static_cast<int>(*v);
   if (auto v = r.integer("min_residency_s", 0, 86400 * 7, "seconds")) m.min_residency_s = static_cast<int>(*v);

@@ -42,11 +42,12 @@ build() {  # build DIR TYPE [extra cmake args...]
   cmake --build "$dir" -j "$jobs"
 }
 
-tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random) and models/tiny-chat (planted reply)
+tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random), models/tiny-chat (planted reply), models/tiny-tool (planted tool call)
   local dir=$1 variant
-  for variant in random chat; do
+  for variant in random chat tool; do
     local out=models/tiny
     [[ $variant == chat ]] && out=models/tiny-chat
+    [[ $variant == tool ]] && out=models/tiny-tool
     if [[ ! -f $out/config.json || ! -f $out/model.safetensors ]]; then
       echo "== writing the tiny qwen3_moe checkpoint ($variant) to $out"
       "$dir/worker/servedeck-worker" make-tiny-model --out "$out" --variant "$variant" \

@@ -138,11 +138,15 @@ std::optional<http::HeadRejection> check_admin(const AccessRules& rules, const h
 std::optional<http::HeadRejection> check_api_key(const AccessRules& rules, const http::Request& head) {
   if (rules.api_keys.empty()) return std::nullopt;
   const std::string auth = head.header("authorization");
-  const std::string presented = bearer_of(auth);
+  // Anthropic clients send the key as x-api-key (ANTHROPIC_API_KEY) or as a bearer token
+  // (ANTHROPIC_AUTH_TOKEN).
+  const std::string presented = auth.empty() ? trim(head.header("x-api-key")) : bearer_of(auth);
   bool ok = false;
   for (const auto& k : rules.api_keys) ok = (!presented.empty() && same_secret(presented, k)) || ok;
   if (ok) return std::nullopt;
-  return refuse(401, auth.empty() ? "missing API key: send Authorization: Bearer <key>" : "invalid API key",
+  return refuse(401,
+                presented.empty() && auth.empty() ? "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)"
+                                                  : "invalid API key",
                 "authentication_error", "invalid_api_key", {{"WWW-Authenticate", "Bearer"}});
 }
 

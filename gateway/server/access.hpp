@@ -18,7 +18,8 @@
 //      403 admin_loopback_only) and send `Authorization: Bearer <admin token>`: 401
 //      admin_credential_required without it, not_an_admin_credential for a client API key,
 //      invalid_admin_token for anything else; 403 admin_disabled when no token was configured.
-//   4. Data plane: with server.api_keys set, `Authorization: Bearer <key>` (401 invalid_api_key).
+//   4. Data plane: with server.api_keys set, `Authorization: Bearer <key>`, or `x-api-key: <key>`
+//      as Anthropic clients send it (401 invalid_api_key; Anthropic's envelope on /v1/messages).
 //   5. POST on any route: Content-Type application/json (parameters allowed); otherwise 415
 //      unsupported_media_type. A browser page cannot send that type cross-origin without a CORS
 //      preflight, which this server never grants.

@@ -11,8 +11,11 @@
 #include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
+#include "gateway/anthropic/messages_responder.hpp"
 #include "gateway/server/access.hpp"
+#include "gateway/server/messages_route.hpp"
 #include "gateway/server/metrics.hpp"
+#include "gateway/server/models_route.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
 #include "gateway/server/stream_normalizer.hpp"
@@ -65,6 +68,7 @@ struct Gateway::Impl {
   std::unique_ptr<http::Server> server;
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
   ProxyShared shared;
+  MessagesRoutes messages;  // /v1/messages and count_tokens (messages_route.hpp)
   std::mutex queue_mu;
   std::map<std::string, int> queued;  // by base model name
   /// Guards SlotControl callbacks that may run after the Gateway stopped (the supervisor can
@@ -82,7 +86,6 @@ struct Gateway::Impl {
                               clock_type::time_point t0);
   /// POST /v1/responses: translate onto a chat completion, answer through ResponsesResponder.
   void handle_responses(http::Request& req, std::shared_ptr<http::Responder> res);
-  void handle_models(http::Responder& res);
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
   void release_waiter(const std::shared_ptr<Waiter>& w);
@@ -99,7 +102,13 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   so.port = im.opt.port;
   so.threads = im.opt.threads;
   so.max_body_bytes = reg.server.max_body_bytes;
-  so.head_check = [rules = access_rules(reg, im.opt)](const http::Request& head) { return check_access(rules, head); };
+  so.head_check = [rules = access_rules(reg, im.opt)](const http::Request& head) {
+    auto refusal = check_access(rules, head);
+    // Anthropic clients read Anthropic's error envelope on their routes.
+    if (refusal && is_messages_path(head.path))
+      refusal->body = dump_safe(anthropic::error_from_openai(refusal->status, refusal->body));
+    return refusal;
+  };
   Impl* p = impl_.get();
   im.server = std::make_unique<http::Server>(so, [p](http::Request req, std::shared_ptr<http::Responder> res) {
     p->handle(std::move(req), std::move(res));
@@ -110,6 +119,12 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   im.shared.heartbeat_ms = im.opt.heartbeat_ms;
   http::Server* srv = im.server.get();
   im.shared.post_blocking = [srv](std::function<void()> fn) { return srv->post_blocking(std::move(fn)); };
+  im.messages.reg = &im.reg;
+  im.messages.slots = &im.slots;
+  im.messages.shared = &im.shared;
+  im.messages.run_chat = [p](json chat, std::shared_ptr<http::Responder> res, clock_type::time_point t0) {
+    p->handle_completion_body(Route::messages, std::move(chat), std::move(res), t0);
+  };
 }
 
 Gateway::~Gateway() { stop(); }
@@ -166,9 +181,13 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
     return handle_completion(Route::chat_completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/completions") return handle_completion(Route::completions, req, std::move(res));
   if (req.method == "POST" && req.path == "/v1/responses") return handle_responses(req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/messages") return handle_messages(messages, req, std::move(res));
+  if (req.method == "POST" && req.path == "/v1/messages/count_tokens")
+    return handle_count_tokens(messages, req, std::move(res));
   // HEAD is answered as GET on the read-only routes; the server sends the head only (RFC 9110 9.3.2).
   const bool get = req.method == "GET" || req.method == "HEAD";
-  if (get && req.path == "/v1/models") return handle_models(*res);
+  if (get && req.path == "/v1/models") return handle_models(reg, *res);
+  if (get && req.path.rfind("/v1/models/", 0) == 0) return handle_model(reg, req, *res);
   if (get && req.path == "/health") return handle_health(*res);
   if (get && req.path == "/metrics")
     return res->send(200, "text/plain; version=0.0.4", metrics.render(slots.snapshot()));
@@ -179,32 +198,20 @@ void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> r
   if (!allowed.empty())
     return http::send_error(*res, 405, "method " + req.method + " not allowed on " + req.path + "; expected " + allowed,
                             "invalid_request_error", "method_not_allowed", false, {{"Allow", allowed}});
-  const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/responses";
+  const bool post_route = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                          req.path == "/v1/responses" || is_messages_path(req.path);
   const bool get_route = req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
-  if (post_route || get_route)
-    return http::send_error(*res, 405,
-                            "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET"),
-                            "invalid_request_error", "method_not_allowed", false,
+  const std::string not_allowed =
+      "method " + req.method + " not allowed on " + req.path + "; expected " + (post_route ? "POST" : "GET");
+  if (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens")
+    return send_messages_error(*res, 405, not_allowed, {{"Allow", "POST"}});
+  if ((post_route && !is_messages_path(req.path)) || get_route)
+    return http::send_error(*res, 405, not_allowed, "invalid_request_error", "method_not_allowed", false,
                             {{"Allow", post_route ? "POST" : "GET, HEAD"}});
+  // A client pointed at an API the gateway does not serve shows up in /metrics by path.
+  metrics.count_unserved(req.path);
+  if (is_messages_path(req.path)) return send_messages_error(*res, 404, "no route " + req.method + " " + req.path);
   http::send_error(*res, 404, "no route " + req.method + " " + req.path, "not_found_error", "route_not_found");
-}
-
-void Gateway::Impl::handle_models(http::Responder& res) {
-  json data = json::array();
-  for (const auto& m : reg.models) {
-    auto add = [&](const std::string& id) {
-      data.push_back(json{{"id", id},
-                          {"object", "model"},
-                          {"created", 0},
-                          {"owned_by", "servedeck"},
-                          {"root", m.served_name},
-                          {"max_model_len", m.ctx}});
-    };
-    add(m.served_name);
-    for (const auto& a : m.aliases) add(a);
-    for (const auto& p : m.presets) add(p.alias);
-  }
-  send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
 }
 
 void Gateway::Impl::handle_health(http::Responder& res) {

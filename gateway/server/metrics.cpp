@@ -82,6 +82,21 @@ void Metrics::count_repair(std::string_view policy, std::string_view model) {
   ++repairs_[{std::string(policy), std::string(model)}];
 }
 
+void Metrics::count_unserved(std::string_view path) {
+  std::string key(path.substr(0, 128));
+  std::lock_guard lk(mu_);
+  auto it = unserved_.find(key);
+  if (it == unserved_.end() && unserved_.size() >= k_max_unserved_paths) it = unserved_.try_emplace("other", 0).first;
+  if (it == unserved_.end()) it = unserved_.emplace(std::move(key), 0).first;
+  ++it->second;
+}
+
+int64_t Metrics::unserved(std::string_view path) const {
+  std::lock_guard lk(mu_);
+  auto it = unserved_.find(path);
+  return it == unserved_.end() ? 0 : it->second;
+}
+
 int64_t Metrics::requests(std::string_view model, int status) const {
   std::lock_guard lk(mu_);
   auto it = requests_.find({std::string(model), status});
@@ -150,6 +165,10 @@ std::string Metrics::render(const SlotSnapshot& slot) const {
   for (const auto& [k, v] : repairs_)
     out += "servedeck_policy_repairs_total{policy=\"" + prometheus_escape(k.first) + "\",model=\"" +
            prometheus_escape(k.second) + "\"} " + std::to_string(v) + "\n";
+  out += "# HELP servedeck_unserved_requests_total Requests to paths the gateway does not serve.\n";
+  out += "# TYPE servedeck_unserved_requests_total counter\n";
+  for (const auto& [path, v] : unserved_)
+    out += "servedeck_unserved_requests_total{path=\"" + prometheus_escape(path) + "\"} " + std::to_string(v) + "\n";
   return out;
 }
 

@@ -9,6 +9,9 @@
 //   servedeck_queued_requests                        gauge     requests waiting for a model switch
 //   servedeck_slot_state{model,state}                gauge     1 for the slot's current state
 //   servedeck_policy_repairs_total{policy,model}     counter   repairs made by policies (RepairCounter)
+//   servedeck_unserved_requests_total{path}          counter   requests to paths the gateway does not serve
+//                                                              (first k_max_unserved_paths distinct paths,
+//                                                              later ones under path="other")
 //
 // Thread-safety: every method may be called from any thread (one mutex; updates are a few
 // map operations).
@@ -39,6 +42,12 @@ class Metrics {
   void add_queued(int delta);
   /// The repair counter policies call (policies::RepairCounter has this signature).
   void count_repair(std::string_view policy, std::string_view model);
+  /// A request to a path no route serves (a client pointed at an API the gateway lacks). The
+  /// label set is bounded: paths are cut at 128 bytes, and past k_max_unserved_paths distinct
+  /// paths every new one counts under "other".
+  void count_unserved(std::string_view path);
+  int64_t unserved(std::string_view path) const;
+  static constexpr std::size_t k_max_unserved_paths = 32;
 
   int64_t requests(std::string_view model, int status) const;
   int64_t repairs(std::string_view policy, std::string_view model) const;
@@ -61,6 +70,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::pair<std::string, std::string>, int64_t> errors_;
   std::map<std::pair<std::string, std::string>, int64_t> repairs_;
+  std::map<std::string, int64_t, std::less<>> unserved_;
   std::map<std::string, Histogram, std::less<>> ttft_;
   std::map<std::string, Histogram, std::less<>> decode_;
   std::vector<double> ttft_bounds_;

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 
+#include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/proxy_internal.hpp"
 #include "gateway/server/request_body.hpp"
 
@@ -19,6 +20,7 @@ std::string_view route_path(Route r) {
     case Route::chat_completions: return "/v1/chat/completions";
     case Route::completions: return "/v1/completions";
     case Route::responses: return "/v1/responses";
+    case Route::messages: return "/v1/messages";
   }
   return "/v1/chat/completions";
 }
@@ -84,7 +86,8 @@ void ProxyCall::begin() {
   if (chat_) {
     clean_chat_request(engine_body_);
 #ifdef SERVEDECK_HAVE_POLICIES
-    policies::RequestContext rc;
+    request_ctx_ = std::make_unique<policies::RequestContext>();
+    auto& rc = *request_ctx_;
     rc.model = job_.model;
     rc.requested_id = job_.requested_id;
     rc.preset = job_.preset;
@@ -92,22 +95,51 @@ void ProxyCall::begin() {
     rc.reasoning_store = shared_.reasoning_store;
     policies::RequestPipeline rp(rc);
     if (rp.wants_prompt_tokens(engine_body_)) {
-      // note: a conservative estimate (policies/min_output_tokens.hpp: message and tool bytes / 2
-      // + 8 per message, an overcount) instead of a blocking /tokenize call on the request
-      // path; overcounting can only make the raised budget smaller, never past the context.
-      rc.prompt_tokens = policies::estimate_prompt_tokens(engine_body_);
-      rc.prompt_tokens_estimated = true;
+      if (engine_tokenizes_chat(*job_.model)) {
+        // The engine's own template and tokenizer count the prompt (fit_output_budget lowers a
+        // budget by it); on any failure the estimate below stands in.
+        auto self = shared_from_this();
+        count_chat_tokens(strand_, job_.engine_host, job_.engine_port, *job_.model, engine_body_, k_tokenize_timeout_ms,
+                          [self](TokenCount c) { self->apply_request_policies(std::move(c)); });
+        return;
+      }
+      return apply_request_policies(TokenCount{std::nullopt, "the engine has no chat /tokenize"});
     }
-    if (auto err = rp.apply(engine_body_)) return answer_local(400, *err, "invalid_request_error", "policy_rejected");
-    response_ctx_ = std::make_unique<policies::ResponseContext>();
-    response_ctx_->model = job_.model;
-    response_ctx_->requested_id = job_.requested_id;
-    response_ctx_->request = engine_body_;
-    response_ctx_->count_repair = repair_counter();
-    response_ctx_->reasoning_store = shared_.reasoning_store;
-    if (stream_) stream_pipeline_.emplace(*response_ctx_);
+    return apply_request_policies(TokenCount{std::nullopt, ""});
 #endif
   }
+  send_prepared();
+}
+
+#ifdef SERVEDECK_HAVE_POLICIES
+void ProxyCall::apply_request_policies(TokenCount count) {
+  if (done_) return;
+  auto& rc = *request_ctx_;
+  policies::RequestPipeline rp(rc);
+  if (count.tokens) {
+    rc.prompt_tokens = count.tokens;
+    rc.prompt_tokens_estimated = false;
+  } else if (rp.wants_prompt_tokens(engine_body_)) {
+    // note: a conservative estimate (policies/min_output_tokens.hpp: message and tool bytes / 2
+    // + 8 per message, an overcount): a raised budget can only come out smaller, a lowered one
+    // only lower, never past the context.
+    rc.prompt_tokens = policies::estimate_prompt_tokens(engine_body_);
+    rc.prompt_tokens_estimated = true;
+  }
+  if (auto err = rp.apply(engine_body_)) return answer_local(400, *err, "invalid_request_error", "policy_rejected");
+  for (auto& h : rc.response_headers) client_headers_.push_back(std::move(h));
+  response_ctx_ = std::make_unique<policies::ResponseContext>();
+  response_ctx_->model = job_.model;
+  response_ctx_->requested_id = job_.requested_id;
+  response_ctx_->request = engine_body_;
+  response_ctx_->count_repair = repair_counter();
+  response_ctx_->reasoning_store = shared_.reasoning_store;
+  if (stream_) stream_pipeline_.emplace(*response_ctx_);
+  send_prepared();
+}
+#endif
+
+void ProxyCall::send_prepared() {
   // G12: the prompt as the engine gets it, estimated once for a usage the engine may not report
   // (a byte count, no tokenizer on the request path); the normaliser is fresh, nothing fed yet.
   prompt_estimate_ = estimate_request_tokens(engine_body_);
@@ -179,7 +211,7 @@ void ProxyCall::arm_heartbeat() {
 void ProxyCall::start_client_stream() {
   if (client_started_) return;
   client_started_ = true;
-  if (!job_.res->start_stream(200)) on_client_gone();
+  if (!job_.res->start_stream(200, "text/event-stream", client_headers_)) on_client_gone();
 }
 
 void ProxyCall::write_client(std::string_view bytes) {
@@ -201,7 +233,7 @@ void ProxyCall::fail(int status, const std::string& message, const std::string& 
   done_ = true;
   if (upstream_) upstream_->cancel();
   heartbeat_.cancel();
-  job_.res->send(status, "application/json", dump_json(make_error(message, type, code, source)));
+  job_.res->send(status, "application/json", dump_json(make_error(message, type, code, source)), client_headers_);
   record(status);
 }
 

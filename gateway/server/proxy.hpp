@@ -35,9 +35,10 @@ class ReasoningStore;
 
 namespace servedeck::gateway {
 
-/// The client-facing route. `responses` is the Responses bridge: it is proxied upstream as a chat
-/// completion (gateway/responses translates both ways) and logged under /v1/responses.
-enum class Route { chat_completions, completions, responses };
+/// The client-facing route. `responses` and `messages` are the Responses and Anthropic Messages
+/// bridges: proxied upstream as chat completions (gateway/responses, gateway/anthropic translate
+/// both ways) and logged under /v1/responses and /v1/messages.
+enum class Route { chat_completions, completions, responses, messages };
 /// The path the client called, as logged ("/v1/responses" for the bridge).
 std::string_view route_path(Route r);
 /// The engine path a route is proxied to ("/v1/chat/completions" for the bridge).

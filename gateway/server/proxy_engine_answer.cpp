@@ -222,7 +222,7 @@ void ProxyCall::answer_body() {
   ttft_ms_ = ms_since(job_.start);
   done_ = true;
   if (capture_) captured_body_ = body;
-  job_.res->send(200, "application/json", dump_json(body));
+  job_.res->send(200, "application/json", dump_json(body), client_headers_);
   record(200);
 }
 

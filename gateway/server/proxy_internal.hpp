@@ -22,6 +22,7 @@
 
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
+#include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/stream_normalizer.hpp"
 #include "gateway/server/upstream.hpp"
@@ -42,6 +43,9 @@ using clock_type = std::chrono::steady_clock;
 namespace servedeck::gateway::detail {
 
 constexpr std::size_t k_max_engine_body = 64u * 1024 * 1024;  // a non-streaming engine answer, bytes
+// note: rendering and tokenizing a 30k-token prompt takes the worker well under a second; a
+// /tokenize slower than this is given up and the prompt estimated instead.
+constexpr int k_tokenize_timeout_ms = 10000;
 
 inline double ms_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
@@ -60,6 +64,12 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   StreamNormalizer::Options normalizer_options() const;
 
   void begin();
+#ifdef SERVEDECK_HAVE_POLICIES
+  /// The request policies, once the prompt's tokens are counted (or could not be).
+  void apply_request_policies(TokenCount count);
+#endif
+  /// Everything after the policies: usage estimate, normaliser, heartbeats, the upstream call.
+  void send_prepared();
 
 #ifdef SERVEDECK_HAVE_POLICIES
   policies::RepairCounter repair_counter();
@@ -114,7 +124,9 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   std::string engine_text_;       // non-streaming or error body from the engine
   sse::Parser parser_;
   std::optional<StreamNormalizer> normalizer_;
+  http::Headers client_headers_;  // added to the client's response (policies' notes)
 #ifdef SERVEDECK_HAVE_POLICIES
+  std::unique_ptr<policies::RequestContext> request_ctx_;
   std::unique_ptr<policies::ResponseContext> response_ctx_;
   std::optional<policies::StreamPipeline> stream_pipeline_;
 #endif

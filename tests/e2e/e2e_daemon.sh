@@ -62,6 +62,7 @@ aliases = ["tiny-alias"]
 
 [models.tiny.policies]
 capture = true                 # also needs SERVEDECK_CAPTURE=1, which this test sets for the daemon
+fit_output_budget = false      # the KV-cap refusal below must reach the engine (e2e_agents.sh tests the fit)
 
 # The same shape with a planted reply that ends its turn (make-tiny-model --variant chat).
 TOML

@@ -416,3 +416,21 @@ TEST_CASE("[server] access and retention keys: defaults, values, and errors nami
   CHECK(all.find("models.toml:4: error: server.history_retention_s = 1") != std::string::npos);
   CHECK(all.find("models.toml:5: error: server.history_max_rows = 5") != std::string::npos);
 }
+
+TEST_CASE("the Messages bridge's and the budget fit's keys: defaults, settings, and a floor out of range") {
+  const ModelEntry d = parse_registry(kMinimal, "/tmp/x/models.toml").models.at(0);
+  CHECK(d.policies.fit_output_budget);
+  CHECK(d.policies.fit_output_budget_floor == 256);
+  CHECK(d.policies.strip_billing_header);
+  CHECK_FALSE(d.vision);
+  const std::string set = std::string(kMinimal) +
+                          "vision = true\n[models.m.policies]\nfit_output_budget = false\nfit_output_budget_floor = 1024\n"
+                          "strip_billing_header = false\n";
+  const ModelEntry m = parse_registry(set, "/tmp/x/models.toml").models.at(0);
+  CHECK(m.vision);
+  CHECK_FALSE(m.policies.fit_output_budget);
+  CHECK(m.policies.fit_output_budget_floor == 1024);
+  CHECK_FALSE(m.policies.strip_billing_header);
+  const std::string bad = std::string(kMinimal) + "[models.m.policies]\nfit_output_budget_floor = 0\n";
+  CHECK(all_text(diagnose(bad)).find("fit_output_budget_floor") != std::string::npos);
+}

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "worker/model/planted_switch.hpp"
 #include "worker/model/safetensors_writer.hpp"
 
 namespace servedeck::worker {
@@ -181,6 +182,8 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     throw std::runtime_error("write_model: model_type '" + o.model_type + "' (supported: qwen3_moe, qwen3)");
   if (o.shards < 1) throw std::runtime_error("write_model: shards must be >= 1");
   if (planted) check_planted(o.planted_reply, o.vocab_size);
+  const bool switched = !o.planted_switch.tokens.empty();
+  if (switched && !planted) throw std::runtime_error("write_model: a planted switch needs a planted reply");
   if (!(o.residual_scale > 0.0 && o.residual_scale <= 1.0))
     throw std::runtime_error("write_model: residual_scale " + std::to_string(o.residual_scale) + " (expected (0, 1])");
   fs::create_directories(out_dir);
@@ -227,6 +230,7 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
       out.push_back(random_tensor(p + "mlp.down_proj.weight", {h, m}, 0.0, rs / std::sqrt(double(m)), seed));
     }
   }
+  if (switched) plant_switch(o, o.planted_switch, shards[0]);
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (o.shards == 1) {

@@ -33,6 +33,17 @@ struct PlantedReply {
   double gain = 2.0;
 };
 
+/// A second reply that replaces PlantedReply when `marker` occurs earlier in the context
+/// (worker/model/planted_switch.hpp explains the head that looks for it). It starts after the
+/// same tokens as the first reply; its tokens must be distinct from the first reply's.
+struct PlantedSwitch {
+  std::int64_t marker = -1;          // e.g. Qwen3's <tool_response>
+  std::vector<std::int64_t> tokens;  // the reply once the marker was seen; empty: no switch
+  double epsilon = 0.3;              // the first reply's lead without the marker (fraction of its row)
+  double signal = 8.0;               // length of the marker signal written into the residual
+  double gain_z = 3.0;               // weight of that signal in the switch reply's first row
+};
+
 /// Shape of a generated model. Defaults: the tiny default model (qwen3_moe, 2 layers, hidden 64,
 /// 4 heads / 2 KV heads of 16, 8 experts top-2 of width 32, Qwen3's vocab of 151,936 tied with
 /// the embedding, 32,768 positions). ~20 MiB on disk, nearly all of it the embedding.
@@ -64,6 +75,8 @@ struct TinyModelOptions {
   /// a repeated id, an id of `after` inside the reply, the end token inside the reply or among
   /// `after`, no start token, or an id outside the vocabulary.
   PlantedReply planted_reply;
+  /// Non-empty tokens: plant a switch to this reply after `marker` (needs planted_reply).
+  PlantedSwitch planted_switch;
 };
 
 /// Writes the tiny default model (TinyModelOptions{} with `seed`) to `out_dir` (created if

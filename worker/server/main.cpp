@@ -4,7 +4,7 @@
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
-//   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]
+//   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]
 //     random (default): the random tiny model; chat: the same shape with a planted reply that
 //     ends its turn (worker/server/tiny_chat_model.hpp).
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
@@ -37,7 +37,7 @@ constexpr const char* k_usage =
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
-    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat]\n";
+    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]\n";
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -121,13 +121,15 @@ int make_tiny_model(int argc, char** argv) {
   std::size_t seed = 0;
   if (!to_size(a, "seed", seed)) return 2;
   const std::string variant = a.values.count("variant") ? a.values.at("variant") : "random";
-  if (variant != "random" && variant != "chat") {
-    std::cerr << "servedeck-worker make-tiny-model: --variant " << variant << ": expected random or chat\n";
+  if (variant != "random" && variant != "chat" && variant != "tool") {
+    std::cerr << "servedeck-worker make-tiny-model: --variant " << variant << ": expected random, chat or tool\n";
     return 2;
   }
   try {
     if (variant == "chat")
       write_tiny_chat_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
+    else if (variant == "tool")
+      write_tiny_tool_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
     else
       write_tiny_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
   } catch (const std::exception& e) {

@@ -18,10 +18,7 @@ std::int64_t single_token(const Tokenizer& tok, const std::string& text) {
   return ids[0];
 }
 
-}  // namespace
-
-void write_tiny_chat_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
-  const auto tok = Tokenizer::from_file(tokenizer_dir + "/tokenizer.json");
+TinyModelOptions chat_options(const Tokenizer& tok, const std::string& tokenizer_dir, std::uint64_t seed) {
   TinyModelOptions o;
   o.seed = seed;
   o.residual_scale = 0.05;
@@ -31,6 +28,29 @@ void write_tiny_chat_model(const std::string& out_dir, const std::string& tokeni
   const auto end = tok.token_id("<|im_end|>");
   if (!end) throw std::runtime_error("tiny chat model: the tokenizer in '" + tokenizer_dir + "' has no <|im_end|>");
   o.planted_reply.end_token = *end;
+  return o;
+}
+
+std::int64_t special_token(const Tokenizer& tok, const std::string& text, const std::string& dir) {
+  const auto id = tok.token_id(text);
+  if (!id) throw std::runtime_error("tiny tool model: the tokenizer in '" + dir + "' has no " + text);
+  return *id;
+}
+
+}  // namespace
+
+void write_tiny_chat_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+  const auto tok = Tokenizer::from_file(tokenizer_dir + "/tokenizer.json");
+  write_model(out_dir, chat_options(tok, tokenizer_dir, seed), tokenizer_dir);
+}
+
+void write_tiny_tool_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+  const auto tok = Tokenizer::from_file(tokenizer_dir + "/tokenizer.json");
+  TinyModelOptions o = chat_options(tok, tokenizer_dir, seed);
+  o.planted_switch.tokens = o.planted_reply.tokens;  // the answer, once a tool result is in the context
+  o.planted_switch.marker = special_token(tok, "<tool_response>", tokenizer_dir);
+  o.planted_reply.tokens.clear();
+  for (auto id : tok.encode(k_tiny_tool_call, /*parse_special=*/true)) o.planted_reply.tokens.push_back(id);
   write_model(out_dir, o, tokenizer_dir);
 }
 

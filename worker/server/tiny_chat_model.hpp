@@ -13,6 +13,18 @@ namespace servedeck::worker {
 /// The planted reply (9 Qwen3 tokens, all distinct).
 inline constexpr const char* k_tiny_chat_reply = "Hello from servedeck's tiny model.";
 
+/// The tool call the "tool" tiny model makes after a prompt (Hermes markup, as Qwen3's template
+/// asks; spaced so that its 17 tokens are all distinct): Claude Code's Bash tool creating
+/// ran.txt in the working directory.
+inline constexpr const char* k_tiny_tool_call =
+    "<tool_call>{\"name\":\"Bash\",\"arguments\":{\"command\": \"touch ran.txt\"}}</tool_call>";
+
+/// Writes the "tool" tiny model to `out_dir`: the chat tiny model whose first turn is
+/// k_tiny_tool_call (then <|im_end|>), and whose turn after a tool result (a <tool_response> in
+/// the context; PlantedSwitch) is k_tiny_chat_reply. Throws std::runtime_error as
+/// write_tiny_chat_model.
+void write_tiny_tool_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed = 0);
+
 /// Writes the chat tiny model to `out_dir` (as write_tiny_model; the reply and its start tokens
 /// are tokenized with `tokenizer_dir`/tokenizer.json). Residual writes are scaled by 0.05
 /// (PlantedReply explains why). Throws std::runtime_error naming the file or token that failed.

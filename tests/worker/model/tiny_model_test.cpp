@@ -125,3 +125,21 @@ TEST_CASE("a planted reply that cannot be planted is refused with the offending 
   o.residual_scale = 0.0;
   CHECK(write_error(o).find("residual_scale") != std::string::npos);
 }
+
+TEST_CASE("a planted switch that cannot be planted is refused, naming the token") {
+  auto o = small_planted();
+  o.planted_switch.marker = 50;
+  o.planted_switch.tokens = {400, o.planted_reply.tokens[0]};
+  CHECK(write_error(o).find("token id " + std::to_string(o.planted_reply.tokens[0])) != std::string::npos);
+
+  o = small_planted();
+  o.planted_switch.marker = 5000;
+  o.planted_switch.tokens = {400, 401};
+  CHECK(write_error(o).find("marker id 5000 is outside the vocabulary") != std::string::npos);
+
+  o = small_planted();
+  o.planted_reply.tokens.clear();
+  o.planted_switch.marker = 50;
+  o.planted_switch.tokens = {400, 401};
+  CHECK(write_error(o).find("a planted switch needs a planted reply") != std::string::npos);
+}

