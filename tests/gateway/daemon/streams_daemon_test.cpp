@@ -50,7 +50,7 @@ TEST_CASE("daemon: a tool call the policies cannot repair ends the stream at onc
 }
 
 TEST_CASE("daemon: a drain that expires tells the client the switch ended its stream (model_switched)") {
-  Daemon d({fake_model("a", "drain_timeout_s = 1\n") + fake_model("b"), "a"});
+  Daemon d({fake_model("a", "drain_timeout_s = 1\n") + fake_model("b", "drain_timeout_s = 1\n"), "a"});
   std::vector<json> evs;
   for (int i = 0; i < 60; ++i) evs.push_back(content_chunk("tok "));
   d.script("long_answer", stream_script(evs, "stop", 200));  // 12 s of tokens
@@ -79,6 +79,25 @@ TEST_CASE("daemon: a drain that expires tells the client the switch ended its st
   CHECK(d.wait_model("b", 10000));
   CHECK(d.metric("servedeck_in_flight_requests") == 0);
   CHECK(d.metric("servedeck_request_errors_total{model=\"a\",code=\"model_switched\"}") == 1);
+
+  // `servedeck stop` with a stream in flight: the same, as model_stopped.
+  started = false;
+  std::thread client2([&] {
+    r = d.stream(chat_body("b-served", script_messages("long_answer"), true), [&](const Received& so_far) {
+      if (!so_far.data.empty()) started = true;
+      return true;
+    });
+  });
+  REQUIRE(sdtest::wait_for([&] { return started.load(); }, 10000));
+  auto st = d.cli("stop");
+  client2.join();
+  CAPTURE(st.out);
+  CAPTURE(r.raw);
+  CHECK(st.rc == 0);
+  REQUIRE(r.error().is_object());
+  CHECK(r.error()["code"] == "model_stopped");
+  CHECK_FALSE(r.done());
+  CHECK(d.metric("servedeck_in_flight_requests") == 0);
 }
 
 TEST_CASE("daemon: a non-streaming request has its own total deadline (request_timeout_s)") {
