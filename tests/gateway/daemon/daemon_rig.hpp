@@ -441,6 +441,12 @@ class Daemon {
     return std::nullopt;
   }
 
+  /// True when servedeck_in_flight_requests is 0 within 3 s (a call's row is written just after
+  /// the client saw its end); a gauge left above or below 0 (a call recorded twice) stays false.
+  bool in_flight_settles() {
+    return sdtest::wait_for([&] { return metric("servedeck_in_flight_requests") == 0; }, 3000);
+  }
+
   /// Runs the servedeck CLI against this daemon's config, stdout and stderr captured.
   sdtest::Run cli(const std::string& args) const {
     return sdtest::cli_cmd(std::string(SERVEDECK_CLI) + " --config " + config_ + " " + args + " 2>&1");
