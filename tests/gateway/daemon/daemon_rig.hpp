@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <fstream>
 #include <map>
@@ -290,13 +291,14 @@ class Daemon {
                            << (opt_.default_model.empty() ? "" : "default_model = \"" + opt_.default_model + "\"\n")
                            << opt_.server_extra << "\n"
                            << opt_.models;
-    start();
+    try {
+      start();
+    } catch (...) {  // a failed REQUIRE: the destructor will not run
+      clean_up();
+      throw;
+    }
   }
-  ~Daemon() {
-    stop();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  ~Daemon() { clean_up(); }
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
@@ -463,6 +465,21 @@ class Daemon {
   }
 
   bool alive() const { return proc_ && !proc_->exit_status().has_value() && sdtest::alive(proc_->pid()); }
+
+  /// Stops the daemon, then SIGKILLs any engine it left (one that died, or was killed, leaves
+  /// its engine running): every process whose command line names this rig's directory.
+  void clean_up() {
+    stop();
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(e.path() / "cmdline");
+      std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (cmdline.find(dir_ + "/") != std::string::npos) ::kill(static_cast<pid_t>(std::stol(name)), SIGKILL);
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
   std::string log() const { return servedeck::supervisor::tail_lines(dir_ + "/daemon.log", 60); }
   int port() const { return port_; }
   const std::string& dir() const { return dir_; }
