@@ -2,10 +2,12 @@
 
 namespace servedeck::sse {
 
-Parser::Parser(std::size_t max_event_bytes) : max_event_bytes_(max_event_bytes) {}
+Parser::Parser(std::size_t max_event_bytes, OnOverflow on_overflow)
+    : max_event_bytes_(max_event_bytes), on_overflow_(on_overflow) {}
 
 std::vector<Event> Parser::feed(std::string_view bytes) {
   std::vector<Event> out;
+  if (overflow_ && on_overflow_ == OnOverflow::stop) return out;
   for (char c : bytes) {
     if (last_was_cr_) {
       last_was_cr_ = false;
@@ -19,6 +21,12 @@ std::vector<Event> Parser::feed(std::string_view bytes) {
     }
     if (line_.size() + current_.data.size() >= max_event_bytes_) {
       overflow_ = true;
+      if (on_overflow_ == OnOverflow::stop) {
+        line_.clear();
+        current_ = Event{};
+        has_data_ = false;
+        return out;
+      }
       skipping_ = true;
       line_.clear();
       current_ = Event{};
@@ -69,6 +77,7 @@ void Parser::take_line(std::string_view line, std::vector<Event>& out) {
 }
 
 std::optional<Event> Parser::finish() {
+  if (overflow_ && on_overflow_ == OnOverflow::stop) return std::nullopt;
   std::vector<Event> out;
   if (!line_.empty()) {
     take_line(line_, out);

@@ -27,9 +27,15 @@ struct Event {
 /// Not thread-safe: one parser per stream.
 class Parser {
  public:
-  /// `max_event_bytes` bounds one event's size; a larger event sets `overflow()` and the
-  /// parser drops input until the next blank line.
-  explicit Parser(std::size_t max_event_bytes = 16 * 1024 * 1024);
+  /// What an event larger than `max_event_bytes` does.
+  enum class OnOverflow {
+    skip_event,  // overflow() is set, the event is dropped, parsing goes on after its blank line
+    stop,        // overflow() is set and the parser stops: feed() returns the events completed
+                 // before the oversized one, and nothing after (the stream is to be failed)
+  };
+
+  /// `max_event_bytes` bounds one event's size (its data and the line being read), bytes.
+  explicit Parser(std::size_t max_event_bytes = 16 * 1024 * 1024, OnOverflow on_overflow = OnOverflow::skip_event);
 
   /// Appends `bytes` and returns every event completed by them.
   std::vector<Event> feed(std::string_view bytes);
@@ -48,6 +54,7 @@ class Parser {
   void take_line(std::string_view line, std::vector<Event>& out);
 
   std::size_t max_event_bytes_;
+  OnOverflow on_overflow_;
   std::string line_;
   Event current_;
   bool has_data_ = false;

@@ -6,13 +6,16 @@
 //     sent as one content delta before the finish chunk). Never for finish "length" (a budget
 //     problem, min_output_tokens' business).
 //   - A closing think tag inside `content` with no opening one ("…reasoning…</think>FINAL: B")
-//     splits there: before → reasoning, after → content.
+//     splits there: before → reasoning, after → content (non-streamed bodies).
 //   - Tools offered, none returned, and a complete <tool_call>…</tool_call> block naming a
 //     declared tool inside reasoning or content (hermes JSON or GLM arg_key markup) → extracted as
 //     a tool call, the block removed from the text, finish "tool_calls".
-// Streams: while answer_rescue is on and no reasoning has arrived yet, content is held (at most
-// extra["answer_rescue"]["think_split_hold_chars"], default 16384 chars) so a stray </think> can
-// still split it; any reasoning delta or the limit releases it.
+// Streams: content is passed on as it arrives (only a <tool_call> block naming a declared tool is
+// held, from its opening tag: it may become a call) and the rescues happen at the end, with the
+// finish chunk. While no reasoning has arrived, a stray </think> in the
+// content is cut out (only a tail that could be the tag's start waits for the next delta, at most
+// 7 bytes): the text before it was already sent as content and stays content, the answer after
+// it follows a blank line.
 #pragma once
 
 #include <cstddef>
@@ -28,8 +31,5 @@ bool split_stray_think(std::string& content, std::string& reasoning);
 /// The condition for moving reasoning into content (see above).
 bool reasoning_is_the_answer(std::string_view finish_reason, bool has_tool_calls, std::string_view content,
                              std::string_view reasoning, bool saw_think_close);
-
-/// Default for think_split_hold_chars, chars.
-inline constexpr std::size_t kThinkSplitHoldChars = 16384;
 
 }  // namespace servedeck::policies

@@ -2,9 +2,11 @@
 //
 // Per choice, in arrival order:
 //   reasoning deltas  → passed on at once (mirror_content: under both names); never dropped (G20)
-//   content deltas    → answer_rescue may hold them while a stray </think> could still split them,
-//                       and holds a <tool_call>…</tool_call> block naming a declared tool (extracted
-//                       at the end when no real call came; otherwise sent on as content)
+//   content deltas    → passed on as they arrive; answer_rescue cuts a stray </think> out of them
+//                       while no reasoning came (only a tail that could be the tag's start waits
+//                       for the next delta), and holds a <tool_call>…</tool_call> block naming a
+//                       declared tool (extracted at the end when no real call came; otherwise
+//                       sent on as content)
 //   tool_call deltas  → the name is held until the arguments start (G04: never emit an undeclared
 //                       name); the arguments go through ArgumentRepair (sanitize_tool_tags, G02,
 //                       G07), and are held while they are only "{" for a tool with required
@@ -57,8 +59,9 @@ struct ChoiceState {
   std::string reasoning_all;
   std::string content_all;   // every content byte received
   std::string content_sent;  // content passed on
-  bool think_hold_active = false;
-  std::string think_hold;
+  bool think_watch = false;   // answer_rescue: content is watched for a stray </think> (G16)
+  std::string think_tail;    // the end of the content that could still begin a think tag
+  bool trim_lead = false;    // after a stray </think>: leading whitespace of the answer dropped
   std::string scan_hold;
   std::vector<std::string> candidates;  // held <tool_call> blocks naming a declared tool
   std::vector<EmittedCall> emitted_calls;
@@ -78,7 +81,6 @@ struct StreamPipeline::State {
   std::map<int, ChoiceState> choices;
   std::vector<DeclaredTool> tools;
   bool repair_on = false, sanitize = false, coerce = false, rescue = false, mirror = false;
-  std::size_t hold_limit = kThinkSplitHoldChars;
   std::optional<PolicyError> error;
   json last_chunk = json::object();
 
@@ -253,32 +255,53 @@ struct StreamPipeline::State {
     return out;
   }
 
-  std::string release_think_hold(ChoiceState& st) {
-    st.think_hold_active = false;
-    std::string held = std::move(st.think_hold);
-    st.think_hold.clear();
-    return scan_content(st, held);
+  std::string release_think_watch(ChoiceState& st) {
+    st.think_watch = false;
+    std::string tail = std::move(st.think_tail);
+    st.think_tail.clear();
+    return scan_content(st, tail);
   }
 
-  std::string content_in(ChoiceState& st, std::string_view text, std::string& reasoning_out) {
+  // G16 in a stream: the content before a stray </think> was passed on as it arrived and stays
+  // content (a stream cannot take text back); the tag is cut out, the answer after it follows a
+  // blank line. The non-streamed body is split properly (split_stray_think).
+  std::string content_in(ChoiceState& st, std::string_view text) {
     st.content_all += text;
-    if (!st.think_hold_active) return scan_content(st, text);
-    st.think_hold += text;
-    if (markup::stray_think_close(st.think_hold) != std::string::npos) {
-      std::string content = std::move(st.think_hold);
-      st.think_hold.clear();
-      st.think_hold_active = false;
-      std::string split_reasoning;
-      split_stray_think(content, split_reasoning);
-      count_repair(*ctx, "answer_rescue");
-      st.reasoning_all += split_reasoning;
-      reasoning_out += split_reasoning;
-      return scan_content(st, content);
+    std::string piece;
+    if (st.think_watch) {
+      st.think_tail += text;
+      const std::size_t open = st.think_tail.find(markup::kThinkOpen);
+      const std::size_t close = st.think_tail.find(markup::kThinkClose);
+      if (close != std::string::npos && (open == std::string::npos || close < open)) {
+        piece = st.think_tail.substr(0, close);
+        std::string after = st.think_tail.substr(close + markup::kThinkClose.size());
+        st.think_tail.clear();
+        st.think_watch = false;
+        count_repair(*ctx, "answer_rescue");
+        if (!markup::trim(st.content_sent + piece).empty()) piece += "\n\n";
+        st.trim_lead = true;
+        std::string out = scan_content(st, piece);
+        return out + answer_after_think(st, after);
+      }
+      if (open != std::string::npos) return release_think_watch(st);  // the model opened its own block
+      const std::size_t keep = std::max(partial_suffix(st.think_tail, markup::kThinkClose),
+                                        partial_suffix(st.think_tail, markup::kThinkOpen));
+      piece = st.think_tail.substr(0, st.think_tail.size() - keep);
+      st.think_tail.erase(0, st.think_tail.size() - keep);
+      return scan_content(st, piece);
     }
-    if (st.think_hold.find(markup::kThinkOpen) != std::string::npos || st.think_hold.size() > hold_limit) {
-      return release_think_hold(st);
+    return answer_after_think(st, text);
+  }
+
+  // Content after a stray </think>: its leading whitespace dropped, as split_stray_think does.
+  std::string answer_after_think(ChoiceState& st, std::string_view text) {
+    if (st.trim_lead) {
+      const std::size_t lead = text.find_first_not_of(" \n\r\t");
+      if (lead == std::string_view::npos) return {};
+      text.remove_prefix(lead);
+      st.trim_lead = false;
     }
-    return {};
+    return scan_content(st, text);
   }
 
   void finalize(ChoiceState& st, int idx, std::optional<std::string> finish, const json* upstream_choice,
@@ -286,7 +309,7 @@ struct StreamPipeline::State {
     st.finished = true;
     json deltas = json::array();
     std::string content_out;
-    if (st.think_hold_active) content_out += release_think_hold(st);
+    if (st.think_watch) content_out += release_think_watch(st);
     for (int i : st.order) {
       end_call(st, st.calls[i], deltas);
       if (error) return;
@@ -375,12 +398,6 @@ StreamPipeline::StreamPipeline(ResponseContext& ctx) : state_(std::make_unique<S
     state_->coerce = config.coerce_tool_argument_types;
     state_->rescue = config.answer_rescue;
     state_->mirror = config.mirror_content;
-    if (config.extra.is_object() && config.extra.contains("answer_rescue") && config.extra["answer_rescue"].is_object()) {
-      const auto& a = config.extra["answer_rescue"];
-      if (a.contains("think_split_hold_chars") && a["think_split_hold_chars"].is_number_unsigned()) {
-        state_->hold_limit = a["think_split_hold_chars"].get<std::size_t>();
-      }
-    }
   }
 }
 
@@ -405,7 +422,7 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
     int idx = choice.contains("index") && choice["index"].is_number_integer() ? choice["index"].get<int>() : 0;
     auto [it, inserted] = s.choices.try_emplace(idx);
     ChoiceState& st = it->second;
-    if (inserted) st.think_hold_active = s.rescue;
+    if (inserted) st.think_watch = s.rescue;
     const json delta = choice.contains("delta") && choice["delta"].is_object() ? choice["delta"] : json::object();
     json out_delta = json::object();
     for (auto d = delta.begin(); d != delta.end(); ++d) {
@@ -417,11 +434,11 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
     bool upstream_named_reasoning = delta.contains("reasoning") && !delta.contains("reasoning_content");
     if (auto r = reasoning_of(delta); r && !r->empty()) {
       st.reasoning_all += *r;
-      if (st.think_hold_active) content_out += s.release_think_hold(st);
+      if (st.think_watch) content_out += s.release_think_watch(st);
       reasoning_out += *r;
     }
     if (delta.contains("content") && delta["content"].is_string()) {
-      content_out += s.content_in(st, delta["content"].get<std::string>(), reasoning_out);
+      content_out += s.content_in(st, delta["content"].get<std::string>());
     }
     json tool_deltas = json::array();
     if (delta.contains("tool_calls") && delta["tool_calls"].is_array()) {

@@ -116,6 +116,9 @@ struct ModelEntry {
   int connect_timeout_ms = 5000;
   int first_byte_timeout_ms = 600000;  // TTFT deadline (long prefill at 300k context ≈ 205 s)
   int max_gap_ms = 120000;          // longest silence between streamed events
+  // note: a non-streamed answer arrives whole at its end: 16k tokens at GLM's ~16 tok/s take
+  // ~1000 s after a prefill of up to ~205 s (docs seed), so the default leaves room for both.
+  int request_timeout_s = 1800;     // a non-streaming request's whole exchange with the engine
 
   PolicyConfig policies;
 

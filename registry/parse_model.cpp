@@ -29,7 +29,7 @@ const std::vector<std::string>& model_keys() {
       "load_floor_offload_gib", "pins_host_memory", "uses_cuda_ipc", "hot_profile", "hot_profile_offload_gib",
       "health_path", "start_timeout_s", "stop_timeout_s", "drain_timeout_s", "vram_release_timeout_s",
       "shm_globs", "warmup", "switch_on_request", "queue_max", "queue_timeout_s", "min_residency_s",
-      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "vision", "policies"};
+      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "request_timeout_s", "vision", "policies"};
   return k;
 }
 
@@ -290,6 +290,7 @@ ModelEntry parse_model(const std::string& name, const toml::table& t, const std:
   if (auto v = r.integer("connect_timeout_ms", 1, 3600000, "milliseconds")) m.connect_timeout_ms = static_cast<int>(*v);
   if (auto v = r.integer("first_byte_timeout_ms", 1, 86400000, "milliseconds")) m.first_byte_timeout_ms = static_cast<int>(*v);
   if (auto v = r.integer("max_gap_ms", 1, 86400000, "milliseconds")) m.max_gap_ms = static_cast<int>(*v);
+  if (auto v = r.integer("request_timeout_s", 1, 86400, "seconds")) m.request_timeout_s = static_cast<int>(*v);
   if (auto p = r.subtable("policies")) m.policies = parse_policies(*p, prefix + ".policies", sink, lines);
 
   // Discovery: config.json's max_position_embeddings (through text_config when nested).

@@ -1,6 +1,7 @@
-// `servedeck serve`: the daemon. Loads the registry, opens the state store, adopts or reaps the
-// engine a previous daemon left, serves the gateway and the admin API, starts the default model,
-// and on SIGTERM/SIGINT stops serving, then stops the engine cleanly.
+// `servedeck serve`: the daemon. Loads the registry, opens the state store, serves the gateway
+// and the admin API, then (listening already: completions get 503 `slot_recovering` meanwhile)
+// adopts or reaps the engine a previous daemon left, starts the default model, and on
+// SIGTERM/SIGINT stops serving, then stops the engine cleanly.
 //
 // note: on SIGTERM the engine is stopped, not left for adoption. A daemon stop is how an operator
 // (and systemd, KillMode=mixed) says "give the GPU back"; leaving a 100 GiB engine without a
@@ -31,6 +32,7 @@
 #include "gateway/state/store.hpp"
 #include "gateway/supervisor/supervisor.hpp"
 #include "policies/capture.hpp"
+#include "policies/restore_reasoning.hpp"
 #include "preflight/preflight.hpp"
 #include "registry/registry.hpp"
 
@@ -149,14 +151,19 @@ int cmd_serve(const Args& a) {
     supervisor::SupervisorOptions opt;
     opt.state_dir = dir;
     supervisor::Supervisor sup(reg, store, *readings, std::move(probe), opt);
-    sup.recover(log_line);
 
     gateway::GatewayOptions gopt;
     gopt.host = reg.server.listen_host;
     gopt.port = reg.server.listen_port;
     gopt.admin_token = admin_token;
     gopt.admin_token_path = admin::admin_token_path(dir);
+    // restore_reasoning's memory of each answer's reasoning, shared by every request (declared
+    // before the gateway, which uses it until it stops); in memory only, bounded by its defaults
+    // (policies/restore_reasoning.hpp: 4,096 keys, 64 MiB of text, 6 h expiry).
+    policies::ReasoningStore reasoning;
     gateway::Gateway gw(reg, store, sup, gopt);
+    gw.set_reasoning_store(&reasoning);
+    gw.set_recovering(true);
     admin::AdminContext ctx;
     ctx.supervisor = &sup;
     ctx.registry = &reg;
@@ -178,22 +185,26 @@ int cmd_serve(const Args& a) {
     service::notify_ready("listening on port " + std::to_string(gw.port()));
     service::Watchdog watchdog;
 
-    std::thread starter;
-    const std::string& def = reg.server.default_model;
-    if (!def.empty()) {
-      auto snap = sup.snapshot();
-      if (!(snap.state == gateway::SlotState::ready && snap.model == def)) {
-        starter = std::thread([&sup, def] {
-          service::notify_status("starting " + def);
-          auto r = sup.switch_to(def, [](const std::string& l) {
-            log_line(l);
-            service::notify_status(l);
-          });
-          if (r.ok) service::notify_status(def + " ready");
-          else log_line("default model " + def + " did not start: " + r.error);
-        });
+    // Recovery (adopting an engine a previous daemon left: its health wait and warm-up) and the
+    // default model's start run here, while the gateway already answers.
+    std::thread starter([&sup, &gw, def = reg.server.default_model] {
+      try {
+        sup.recover(log_line);
+      } catch (const std::exception& e) {
+        log_line(std::string("recovery of the previous daemon's engine failed: ") + e.what());
       }
-    }
+      gw.set_recovering(false);
+      if (def.empty()) return;
+      auto snap = sup.snapshot();
+      if (snap.state == gateway::SlotState::ready && snap.model == def) return;
+      service::notify_status("starting " + def);
+      auto r = sup.switch_to(def, [](const std::string& l) {
+        log_line(l);
+        service::notify_status(l);
+      });
+      if (r.ok) service::notify_status(def + " ready");
+      else log_line("default model " + def + " did not start: " + r.error);
+    });
 
     int sig = 0;
     sigwait(&stop_signals, &sig);

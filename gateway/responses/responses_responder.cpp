@@ -100,6 +100,8 @@ bool ResponsesResponder::write(std::string_view bytes) {
     }
     ok = emit(translator_.on_chunk(chunk)) && ok;
   }
+  if (parser_.overflow() && !translator_.ended())
+    ok = emit(translator_.fail("event_too_large", "a chat event of more than 64 MiB cannot be translated")) && ok;
   return ok;
 }
 

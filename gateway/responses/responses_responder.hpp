@@ -57,7 +57,10 @@ class ResponsesResponder : public http::Responder {
   std::string id_;
   StreamTranslator translator_;
   StoreTurn store_turn_;
-  sse::Parser parser_;
+  // note: the gateway's own events, one per write; a policy may join a call's argument deltas
+  // into one (G07), so the bound is the non-streamed body's (64 MiB), and an event over it ends
+  // the response as failed instead of being dropped.
+  sse::Parser parser_{64u * 1024 * 1024, sse::Parser::OnOverflow::stop};
   std::mutex mu_;
   bool streaming_ = false;
   bool ended_ = false;

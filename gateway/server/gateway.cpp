@@ -2,6 +2,7 @@
 
 #include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -69,6 +70,7 @@ struct Gateway::Impl {
   std::map<std::pair<std::string, std::string>, http::Handler> routes;
   ProxyShared shared;
   MessagesRoutes messages;  // /v1/messages and count_tokens (messages_route.hpp)
+  std::atomic<bool> recovering{false};  // set_recovering()
   std::mutex queue_mu;
   std::map<std::string, int> queued;  // by base model name
   /// Guards SlotControl callbacks that may run after the Gateway stopped (the supervisor can
@@ -117,6 +119,8 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   im.shared.metrics = &im.metrics;
   im.shared.store = &im.store;
   im.shared.heartbeat_ms = im.opt.heartbeat_ms;
+  im.shared.retry_after_s = im.opt.retry_after_s;
+  im.shared.slots = &im.slots;
   http::Server* srv = im.server.get();
   im.shared.post_blocking = [srv](std::function<void()> fn) { return srv->post_blocking(std::move(fn)); };
   im.messages.reg = &im.reg;
@@ -173,6 +177,8 @@ Metrics& Gateway::metrics() { return impl_->metrics; }
 
 void Gateway::set_reasoning_store(policies::ReasoningStore* store) { impl_->shared.reasoning_store = store; }
 
+void Gateway::set_recovering(bool recovering) { impl_->recovering = recovering; }
+
 bool Gateway::post_blocking(std::function<void()> fn) { return impl_->server->post_blocking(std::move(fn)); }
 
 void Gateway::Impl::handle(http::Request req, std::shared_ptr<http::Responder> res) {
@@ -219,6 +225,7 @@ void Gateway::Impl::handle_health(http::Responder& res) {
   json j{{"status", "ok"},
          {"slot", {{"state", std::string(to_string(snap.state))}, {"model", snap.model}, {"in_flight", snap.in_flight}}}};
   if (!snap.switching_to.empty()) j["slot"]["switching_to"] = snap.switching_to;
+  if (recovering) j["recovering"] = true;
   send_json(res, 200, j);
 }
 
@@ -313,6 +320,11 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   if (route == Route::completions && !body.contains("prompt"))
     return local(400, entry->name, id, stream, "a completion needs a `prompt`", "invalid_request_error", "missing_prompt");
 
+  if (recovering)
+    return local(503, entry->name, id, stream,
+                 "the daemon has just started and is adopting or reaping the engine a previous daemon left; "
+                 "model '" + entry->name + "' can be asked for once that is done",
+                 "overloaded_error", "slot_recovering", {{"Retry-After", std::to_string(opt.retry_after_s)}});
   ProxyJob job;
   job.route = route;
   job.model = entry;

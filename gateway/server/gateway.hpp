@@ -19,6 +19,7 @@
 // Thread-safety: add_route() before start(); everything else from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -69,6 +70,10 @@ class Gateway {
   Metrics& metrics();
   /// The shared reasoning store for restore_reasoning (may be null). Before start().
   void set_reasoning_store(policies::ReasoningStore* store);
+  /// While true (the daemon adopts or reaps the engine a previous daemon left, listening
+  /// already), completion requests get 503 `slot_recovering` with Retry-After and /health says
+  /// `"recovering": true`. Any thread.
+  void set_recovering(bool recovering);
   /// Runs `fn` on the server's blocking pool (for admin handlers that wait, e.g. switch).
   bool post_blocking(std::function<void()> fn);
 

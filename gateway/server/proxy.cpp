@@ -144,7 +144,7 @@ void ProxyCall::send_prepared() {
   // (a byte count, no tokenizer on the request path); the normaliser is fresh, nothing fed yet.
   prompt_estimate_ = estimate_request_tokens(engine_body_);
   normalizer_.emplace(normalizer_options());
-  if (stream_ && !client_started_) arm_heartbeat();
+  if (stream_) arm_heartbeat(std::chrono::milliseconds(shared_.heartbeat_ms));
   send_upstream();
 }
 
@@ -164,6 +164,9 @@ void ProxyCall::send_upstream() {
   req.connect_timeout_ms = job_.model->connect_timeout_ms;
   req.first_byte_timeout_ms = job_.model->first_byte_timeout_ms;
   req.max_gap_ms = job_.model->max_gap_ms;
+  // A non-streamed answer arrives whole at its end: its own total deadline, not the first byte's.
+  if (!stream_) req.total_timeout_ms = job_.model->request_timeout_s * 1000;
+  upstream_ended_ = false;
   auto self = shared_from_this();
   UpstreamCallbacks cb;
   // Each callback pins the call on its own stack (`keep`): the std::function holding `self` may
@@ -197,15 +200,27 @@ bool ProxyCall::should_pause() {
   return true;
 }
 
-void ProxyCall::arm_heartbeat() {
+void ProxyCall::arm_heartbeat(std::chrono::milliseconds after) {
   if (shared_.heartbeat_ms <= 0) return;
-  heartbeat_.expires_after(std::chrono::milliseconds(shared_.heartbeat_ms));
+  heartbeat_.expires_after(after);
   heartbeat_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-    if (ec || self->done_ || self->normalizer_->produced_output()) return;
-    self->start_client_stream();
-    self->write_client(sse::format_comment("waiting for the engine's first token"));
-    self->arm_heartbeat();
+    if (!ec) self->on_heartbeat();
   });
+}
+
+void ProxyCall::on_heartbeat() {
+  if (done_) return;
+  const auto period = std::chrono::milliseconds(shared_.heartbeat_ms);
+  if (client_started_) {
+    // note: one timer per call, re-armed for the rest of the period instead of on every write.
+    auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - last_write_);
+    if (idle < period) return arm_heartbeat(period - idle);
+  } else {
+    start_client_stream();  // no output yet (a long prefill): later failures become error events
+  }
+  write_client(sse::format_comment(normalizer_->produced_output() ? "waiting for the engine's next event"
+                                                                  : "waiting for the engine's first token"));
+  if (!done_) arm_heartbeat(period);
 }
 
 void ProxyCall::start_client_stream() {
@@ -217,11 +232,12 @@ void ProxyCall::start_client_stream() {
 void ProxyCall::write_client(std::string_view bytes) {
   if (bytes.empty() || done_) return;
   if (capture_ && captured_stream_.size() < k_max_engine_body) captured_stream_.append(bytes);
+  last_write_ = clock_type::now();
   if (!job_.res->write(bytes)) on_client_gone();
 }
 
 void ProxyCall::fail(int status, const std::string& message, const std::string& type, const std::string& code,
-                     ErrorSource source) {
+                     ErrorSource source, http::Headers extra_headers) {
   if (done_) return;
   error_code_ = code;
   if (client_started_) {
@@ -233,7 +249,9 @@ void ProxyCall::fail(int status, const std::string& message, const std::string& 
   done_ = true;
   if (upstream_) upstream_->cancel();
   heartbeat_.cancel();
-  job_.res->send(status, "application/json", dump_json(make_error(message, type, code, source)), client_headers_);
+  http::Headers headers = client_headers_;
+  for (auto& h : extra_headers) headers.push_back(std::move(h));
+  job_.res->send(status, "application/json", dump_json(make_error(message, type, code, source)), std::move(headers));
   record(status);
 }
 
@@ -245,6 +263,7 @@ void ProxyCall::end_stream(std::string out) {
   if (done_) return;
   start_client_stream();
   write_client(out);
+  if (done_) return;  // the client went away on that write: on_client_gone recorded the 499
   done_ = true;
   heartbeat_.cancel();
   if (upstream_) upstream_->cancel();
@@ -264,6 +283,8 @@ void ProxyCall::on_client_gone() {
 }
 
 void ProxyCall::record(int status) {
+  if (recorded_) return;
+  recorded_ = true;
   shared_.metrics->add_in_flight(-1);
   job_.lease.reset();
   double total = ms_since(job_.start);

@@ -1,15 +1,22 @@
 // One proxied completion: client request → engine → client, streaming or not, with honest
-// endings (issue 3 §3):
+// endings:
 //   - the client's stream starts only with the first output (content, reasoning, tool call), so
 //     an engine that fails first (HTTP error, an error event, nothing at all) gets a real error
 //     status, not a 200 — unless `heartbeat_ms` passed first, when the stream starts with SSE
-//     comment heartbeats and errors become error events;
+//     comment heartbeats and errors become error events; once started, a heartbeat is written
+//     whenever nothing else was for `heartbeat_ms`;
 //   - an engine error event after only the role chunk is retried once, transparently (G09);
 //   - upstream closing before a finish chunk or [DONE], an error event mid-stream (G23), a
-//     stream with no output, or a tripped deadline → an error event and no [DONE]; the
-//     non-streaming equivalents are 502 (engine fault), 504 (deadline) JSON bodies;
+//     stream with no output, an event over k_max_engine_event bytes, or a tripped deadline → an
+//     error event and no [DONE]; the non-streaming equivalents are 502 (engine fault), 504
+//     (deadline) JSON bodies;
+//   - a stream policy that finds the answer unrepairable ends the stream with its error at once
+//     and cancels the upstream request;
+//   - the engine going away because a switch (or stop) ended the drain → `model_switched`
+//     (`model_stopped`), not `upstream_closed`;
 //   - the client going away cancels the upstream request at once.
-// Every call ends with one request-log row (never bodies) and metrics.
+// Every call ends with exactly one request-log row (never bodies) and one metrics update; the
+// in-flight gauge goes up once at start and down once at that row.
 //
 // Threading: a call runs on its own strand of the upstream io_context; the Responder is
 // thread-safe. No exceptions on this path.
@@ -51,8 +58,10 @@ struct ProxyShared {
   state::Store* store = nullptr;
   /// Runs `fn` off the I/O threads (request-log writes); runs it inline when it returns false.
   std::function<bool(std::function<void()>)> post_blocking;
-  int heartbeat_ms = 5000;                        // SSE comment heartbeat interval while waiting
+  int heartbeat_ms = 5000;                        // SSE comment heartbeat after this long without a write
+  int retry_after_s = 30;                         // Retry-After on a 503 the call answers itself
   policies::ReasoningStore* reasoning_store = nullptr;
+  SlotControl* slots = nullptr;                   // to tell an engine stopped by a switch from a crash
 };
 
 /// One request, resolved and admitted (the model is running and `lease` holds it).

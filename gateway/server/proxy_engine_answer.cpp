@@ -26,6 +26,8 @@ int status_for_engine_error(const json& err) {
 
 namespace detail {
 
+sse::Parser ProxyCall::make_parser() { return sse::Parser(k_max_engine_event, sse::Parser::OnOverflow::stop); }
+
 void ProxyCall::on_upstream_data(std::string_view bytes) {
   if (done_) return;
   if (upstream_status_ != 200 || !stream_) {
@@ -40,16 +42,24 @@ void ProxyCall::on_upstream_data(std::string_view bytes) {
     handle_event(ev);
     if (done_ || attempt != attempt_) return;  // ended, or retried (G09): the rest is stale
   }
+  if (parser_.overflow())
+    return fail(502, "the engine sent an SSE event of more than " + std::to_string(k_max_engine_event) + " bytes",
+                "server_error", "engine_event_too_large", ErrorSource::engine);
 }
 
-void ProxyCall::handle_event(const sse::Event& ev) {
+void ProxyCall::handle_event(const sse::Event& ev, bool at_end) {
   if (ev.comment) return;
   if (ev.data == "[DONE]") return finish_stream();
   JsonError perr;
   json chunk = parse_untrusted(ev.data, &perr);
-  if (chunk.is_discarded())
+  if (chunk.is_discarded()) {
+    if (at_end)
+      return fail(502, "the engine closed the stream inside an event (" + std::to_string(ev.data.size()) +
+                           " bytes of it read: " + perr.message + ")",
+                  "server_error", "upstream_closed", ErrorSource::engine);
     return fail(502, "the engine sent a malformed event: " + perr.message, "server_error", "engine_bad_event",
                 ErrorSource::engine);
+  }
   if (chunk.is_object() && chunk.contains("error")) return on_engine_error(chunk["error"]);
   std::vector<json> chunks;
 #ifdef SERVEDECK_HAVE_POLICIES
@@ -63,6 +73,20 @@ void ProxyCall::handle_event(const sse::Event& ev) {
   std::string out;
   for (const auto& c : chunks) normalizer_->on_chunk(c, out);
   deliver(std::move(out));
+  if (!done_) end_on_policy_error();
+}
+
+bool ProxyCall::end_on_policy_error() {
+#ifdef SERVEDECK_HAVE_POLICIES
+  if (!stream_pipeline_ || !stream_pipeline_->error()) return false;
+  // The answer cannot be repaired into a valid one: nothing more the engine sends can change
+  // that, so it is not read any further (fail cancels the upstream call).
+  const policies::PolicyError perr = *stream_pipeline_->error();
+  fail(502, perr.message, "server_error", perr.code, ErrorSource::servedeck);
+  return true;
+#else
+  return false;
+#endif
 }
 
 void ProxyCall::deliver(std::string out) {
@@ -84,8 +108,9 @@ void ProxyCall::on_engine_error(const json& err) {
   if (!normalizer_->produced_output() && !retried_ && normalizer_->emitted_any()) {
     // G09: only the role chunk came before the error: retry once, transparently.
     retried_ = true;
-    retrying_ = true;
     ++attempt_;  // the rest of this attempt's events are stale (the cancel lands later)
+    if (upstream_ended_) return restart_attempt();  // the error was the last event of a closed stream
+    retrying_ = true;
     upstream_->cancel();
     return;
   }
@@ -144,16 +169,46 @@ void ProxyCall::finish_stream() {
   end_stream(std::move(out));
 }
 
-void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
-  if (retrying_) {
-    retrying_ = false;
-    parser_ = sse::Parser();
-    normalizer_.emplace(normalizer_options());
-    held_.clear();
-    return send_upstream();
+void ProxyCall::restart_attempt() {
+  retrying_ = false;
+  parser_ = make_parser();
+  normalizer_.emplace(normalizer_options());
+  held_.clear();
+  upstream_status_ = 0;
+  send_upstream();
+}
+
+bool ProxyCall::fail_if_switched(const std::string& detail) {
+  if (!shared_.slots) return false;
+  const SlotSnapshot snap = shared_.slots->snapshot();
+  const std::string& mine = job_.model->name;
+  if (snap.model == mine && snap.state == SlotState::ready) return false;  // nobody stopped it
+  std::string target;  // the model the slot is being switched to; "" for a stop
+  if (!snap.switching_to.empty() && snap.switching_to != mine) target = snap.switching_to;
+  else if (!snap.model.empty() && snap.model != mine) target = snap.model;
+  const bool stopped = snap.model == mine && (snap.state == SlotState::stopping || snap.state == SlotState::stopped);
+  if (target.empty() && !stopped) return false;  // still this model's slot (a crash, a restart)
+  const http::Headers retry{{"Retry-After", std::to_string(shared_.retry_after_s)}};
+  if (!target.empty()) {
+    fail(503,
+         "the switch to model '" + target + "' ended this request: model '" + mine + "' was stopped (its drain_timeout_s is " +
+             std::to_string(job_.model->drain_timeout_s) + " s) while the request was in flight (" + detail + ")",
+         "overloaded_error", "model_switched", ErrorSource::servedeck, retry);
+  } else {
+    fail(503, "model '" + mine + "' was stopped while this request was in flight (" + detail + ")", "overloaded_error",
+         "model_stopped", ErrorSource::servedeck, retry);
   }
+  return true;
+}
+
+void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
+  upstream_ended_ = true;
+  if (retrying_) return restart_attempt();
   if (done_) return;
   if (f == UpstreamFailure::cancelled) return on_client_gone();
+  if (f == UpstreamFailure::closed || f == UpstreamFailure::io || f == UpstreamFailure::connect) {
+    if (fail_if_switched(detail)) return;
+  }
   if (f == UpstreamFailure::none || f == UpstreamFailure::closed) {
     if (upstream_status_ != 200) {
       if (f == UpstreamFailure::closed && upstream_status_ == 0)
@@ -168,13 +223,16 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
       return answer_body();
     }
     if (auto last = parser_.finish()) {
-      handle_event(*last);
-      if (done_) return;
+      handle_event(*last, true);
+      if (done_ || !upstream_ended_) return;  // ended, or a G09 retry started a new attempt
     }
     if (normalizer_->finish_seen()) return finish_stream();
     return fail(502, "the engine closed the stream before its finish chunk or [DONE] (" + detail + ")",
                 "server_error", "upstream_closed", ErrorSource::engine);
   }
+  if (f == UpstreamFailure::request_timeout)
+    return fail(504, detail + "; request_timeout_s = " + std::to_string(job_.model->request_timeout_s) + " s",
+                "timeout_error", "upstream_request_timeout", ErrorSource::servedeck);
   if (f == UpstreamFailure::connect_timeout || f == UpstreamFailure::first_byte_timeout ||
       f == UpstreamFailure::gap_timeout)
     return fail(504, detail, "timeout_error", std::string("upstream_") + std::string(to_string(f)),

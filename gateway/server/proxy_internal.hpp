@@ -47,6 +47,10 @@ constexpr std::size_t k_max_engine_body = 64u * 1024 * 1024;  // a non-streaming
 // /tokenize slower than this is given up and the prompt estimated instead.
 constexpr int k_tokenize_timeout_ms = 10000;
 
+// note: one event carries one delta; vLLM can send a tool call's whole arguments in one, so the
+// bound is far above any real event (a 1 MiB file written by a tool is ~1 MiB), far below memory.
+constexpr std::size_t k_max_engine_event = 16u * 1024 * 1024;  // one SSE event from the engine, bytes
+
 inline double ms_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
 }
@@ -81,14 +85,22 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   /// until the client took all but k_low_water.
   bool should_pause();
 
-  // --- heartbeats while the engine has not produced its first output --------------------
-  void arm_heartbeat();
+  // --- heartbeats: before the first output, and whenever nothing was written -----------
+  /// Arms the heartbeat timer to fire `after` from now.
+  void arm_heartbeat(std::chrono::milliseconds after);
+  void on_heartbeat();
   void start_client_stream();
   void write_client(std::string_view bytes);
 
   // --- upstream data (proxy_engine_answer.cpp) -------------------------------------------
+  static sse::Parser make_parser();
   void on_upstream_data(std::string_view bytes);
-  void handle_event(const sse::Event& ev);
+  /// `at_end`: the event the engine left unterminated when it closed (a parse failure there is
+  /// a stream cut inside an event, `upstream_closed`, not a malformed event).
+  void handle_event(const sse::Event& ev, bool at_end = false);
+  /// After the stream pipeline took a chunk: true when it found the answer unrepairable, and
+  /// the call was ended with that error (the upstream cancelled).
+  bool end_on_policy_error();
   /// Sends normalised output; a role-only prefix is held until the first real output.
   void deliver(std::string out);
   void on_engine_error(const json& err);
@@ -97,6 +109,11 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   static std::string engine_code(const json& err);
   void finish_stream();
   void on_upstream_end(UpstreamFailure f, const std::string& detail);
+  /// Starts the G09 retry's second attempt: fresh parser and normaliser, a new upstream call.
+  void restart_attempt();
+  /// When the engine went away because the slot is being switched or stopped (a drain that
+  /// expired): ends the call with `model_switched` / `model_stopped` and returns true.
+  bool fail_if_switched(const std::string& detail);
   /// The engine answered with a non-200 status: pass it on with source "engine".
   void answer_engine_error_body();
   /// A complete non-streaming answer from the engine.
@@ -105,10 +122,11 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   // --- endings ----------------------------------------------------------------------------
   /// An error: a real status when the client's stream has not started, else an error event.
   void fail(int status, const std::string& message, const std::string& type, const std::string& code,
-            ErrorSource source);
+            ErrorSource source, http::Headers extra_headers = {});
   void answer_local(int status, const std::string& message, const std::string& type, const std::string& code);
   void end_stream(std::string out);
   void on_client_gone();
+  /// The call's one request-log row and metrics update; later calls do nothing.
   void record(int status);
 
  public:
@@ -122,7 +140,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   std::shared_ptr<UpstreamCall> upstream_;
   json engine_body_;
   std::string engine_text_;       // non-streaming or error body from the engine
-  sse::Parser parser_;
+  sse::Parser parser_ = make_parser();
   std::optional<StreamNormalizer> normalizer_;
   http::Headers client_headers_;  // added to the client's response (policies' notes)
 #ifdef SERVEDECK_HAVE_POLICIES
@@ -142,8 +160,11 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   bool client_started_ = false;
   bool retried_ = false;
   bool retrying_ = false;
+  bool upstream_ended_ = false;     // on_end of the current attempt has run (cancel() is a no-op)
   int attempt_ = 0;
-  bool done_ = false;
+  bool done_ = false;               // the client's answer is complete (or the client is gone)
+  bool recorded_ = false;           // record() ran
+  clock_type::time_point last_write_ = clock_type::now();  // the last bytes written to the client
   bool capture_ = false;            // policies/capture.hpp: policy on and SERVEDECK_CAPTURE=1
   std::string captured_stream_;     // SSE bytes sent to the client (capture only), bounded
   json captured_body_;              // non-streaming body sent to the client (capture only)

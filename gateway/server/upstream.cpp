@@ -25,6 +25,7 @@ std::string_view to_string(UpstreamFailure f) {
     case UpstreamFailure::connect_timeout: return "connect_timeout";
     case UpstreamFailure::first_byte_timeout: return "first_byte_timeout";
     case UpstreamFailure::gap_timeout: return "gap_timeout";
+    case UpstreamFailure::request_timeout: return "request_timeout";
     case UpstreamFailure::closed: return "closed";
     case UpstreamFailure::io: return "io";
     case UpstreamFailure::cancelled: return "cancelled";
@@ -37,7 +38,13 @@ namespace {
 class Call final : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
   Call(asio::any_io_executor ex, UpstreamRequest req, UpstreamCallbacks cb)
-      : ex_(std::move(ex)), req_(std::move(req)), cb_(std::move(cb)), socket_(ex_), timer_(ex_), resolver_(ex_) {}
+      : ex_(std::move(ex)),
+        req_(std::move(req)),
+        cb_(std::move(cb)),
+        socket_(ex_),
+        timer_(ex_),
+        total_timer_(ex_),
+        resolver_(ex_) {}
 
   void start() {
     asio::dispatch(ex_, [self = shared_from_this()] { self->do_connect(); });
@@ -75,8 +82,20 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     });
   }
 
+  void arm_total() {
+    if (req_.total_timeout_ms <= 0) return;
+    total_timer_.expires_after(std::chrono::milliseconds(req_.total_timeout_ms));
+    total_timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (ec || self->done_) return;
+      self->finish(UpstreamFailure::request_timeout, "the engine did not complete its answer within " +
+                                                         std::to_string(self->req_.total_timeout_ms) + " ms (" +
+                                                         self->where() + ")");
+    });
+  }
+
   void do_connect() {
     if (done_) return;
+    arm_total();
     arm(req_.connect_timeout_ms, UpstreamFailure::connect_timeout);
     error_code ec;
     auto addr = asio::ip::make_address(req_.host, ec);
@@ -100,7 +119,12 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     if (ec) return finish(UpstreamFailure::connect, "connect " + where() + ": " + ec.message());
     error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);
-    arm(req_.first_byte_timeout_ms, UpstreamFailure::first_byte_timeout);
+    if (req_.total_timeout_ms > 0) {
+      ++timer_gen_;  // the total deadline alone bounds the wait for the answer
+      timer_.cancel();
+    } else {
+      arm(req_.first_byte_timeout_ms, UpstreamFailure::first_byte_timeout);
+    }
     msg_.emplace(bhttp::string_to_verb(req_.method), req_.target, 11);
     msg_->set(bhttp::field::host, req_.host + ":" + std::to_string(req_.port));
     msg_->set(bhttp::field::content_type, "application/json");
@@ -179,6 +203,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     done_ = true;
     ++timer_gen_;
     timer_.cancel();
+    total_timer_.cancel();
     resolver_.cancel();
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
@@ -193,6 +218,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   UpstreamCallbacks cb_;
   tcp::socket socket_;
   asio::steady_timer timer_;
+  asio::steady_timer total_timer_;  // UpstreamRequest::total_timeout_ms
   tcp::resolver resolver_;
   boost::beast::flat_buffer buffer_;
   std::optional<bhttp::request<bhttp::string_body>> msg_;

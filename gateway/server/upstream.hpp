@@ -7,7 +7,10 @@
 //   first byte  — from the request being written until the first body bytes arrive (for a
 //                 stream that is the first event, i.e. TTFT; for a non-streaming request the
 //                 whole generation);
-//   gap         — between two body reads after the first.
+//   gap         — between two body reads after the first;
+//   total       — when set (a non-streaming request: ModelEntry::request_timeout_s), the whole
+//                 exchange from connect to the end of the body; it replaces the first-byte
+//                 deadline, which for a body that arrives at once would bound the generation.
 //
 // Threading: every callback runs on `executor` (a strand the caller owns), one at a time, and
 // on_end runs exactly once unless cancel() came first (then it runs with `cancelled`).
@@ -32,6 +35,7 @@ enum class UpstreamFailure {
   connect_timeout,
   first_byte_timeout,
   gap_timeout,
+  request_timeout,     // the total deadline (UpstreamRequest::total_timeout_ms)
   closed,              // the engine closed the connection before the body ended
   io,                  // other read/write failure, malformed HTTP
   cancelled,
@@ -47,6 +51,7 @@ struct UpstreamRequest {
   int connect_timeout_ms = 5000;
   int first_byte_timeout_ms = 600000;
   int max_gap_ms = 120000;
+  int total_timeout_ms = 0;  // 0 = none; otherwise the whole exchange, and no first-byte deadline
 };
 
 struct UpstreamCallbacks {

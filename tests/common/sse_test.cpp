@@ -45,3 +45,13 @@ TEST_CASE("format_data splits payload lines") {
   CHECK(servedeck::sse::format_data("a\nb") == "data: a\ndata: b\n\n");
   CHECK(servedeck::sse::format_comment("hb") == ": hb\n\n");
 }
+
+TEST_CASE("sse parser in stop mode: the events before an oversized one, nothing after") {
+  Parser p(16, Parser::OnOverflow::stop);
+  auto ev = p.feed("data: a\n\ndata: 0123456789abcdefghij\n\ndata: ok\n\n");
+  CHECK(p.overflow());
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].data == "a");
+  CHECK(p.feed("data: later\n\n").empty());
+  CHECK_FALSE(p.finish().has_value());
+}

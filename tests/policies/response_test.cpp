@@ -278,7 +278,9 @@ TEST_CASE("G16: a stray closing think tag in content splits there (body and stre
   CHECK(msg["content"] == "FINAL: B");
   CHECK(msg["reasoning_content"] == "Option A costs 3, option B costs 2, so B is cheaper.");
 
-  std::string content = "Option A costs 3, option B costs 2, so B is cheaper.</think>FINAL: B";
+  // Streamed, the text before the tag was already passed on as content: the tag is cut out and
+  // the answer follows a blank line, wherever the chunk boundary falls.
+  std::string content = "Option A costs 3, option B costs 2, so B is cheaper.</think> FINAL: B";
   for (std::size_t cut = 0; cut <= content.size(); ++cut) {
     CAPTURE(cut);
     Resp s;
@@ -286,9 +288,34 @@ TEST_CASE("G16: a stray closing think tag in content splits there (body and stre
     auto sctx = s.ctx(json::object());
     auto a = assemble(run_stream(sctx, {chunk({{"role", "assistant"}}), chunk({{"content", content.substr(0, cut)}}),
                                         chunk({{"content", content.substr(cut)}}), chunk(json::object(), "stop")}));
-    CHECK(a.content == "FINAL: B");
-    CHECK(a.reasoning_content == "Option A costs 3, option B costs 2, so B is cheaper.");
+    CHECK(a.content == "Option A costs 3, option B costs 2, so B is cheaper.\n\nFINAL: B");
+    CHECK(a.reasoning_content.empty());
+    CHECK(s.counter["answer_rescue"] == 1);
   }
+}
+
+TEST_CASE("answer_rescue streams a plain answer as it arrives; only a possible tag start waits") {
+  Resp r;
+  r.model.policies.answer_rescue = true;
+  auto ctx = r.ctx(json::object());
+  StreamPipeline p(ctx);
+  auto content_of = [](const std::vector<json>& out) {
+    std::string c;
+    for (const auto& o : out) c += assemble({o}).content;
+    return c;
+  };
+  // Each delta is passed on by the chunk that brought it (no reasoning ever arrives).
+  CHECK(content_of(p.on_chunk(chunk({{"role", "assistant"}, {"content", ""}}))).empty());
+  CHECK(content_of(p.on_chunk(chunk({{"content", "The answer "}}))) == "The answer ");
+  CHECK(content_of(p.on_chunk(chunk({{"content", "is 42 <"}}))) == "is 42 ");  // "<" may begin </think>
+  CHECK(content_of(p.on_chunk(chunk({{"content", "b>bold</b>"}}))) == "<b>bold</b>");
+  CHECK(content_of(p.on_chunk(chunk({{"content", std::string(20000, 'x')}}))) == std::string(20000, 'x'));
+  auto end = p.on_chunk(chunk(json::object(), "stop"));
+  CHECK(content_of(end).empty());
+  std::optional<PolicyError> err;
+  CHECK(p.finish(err).empty());
+  CHECK_FALSE(err.has_value());
+  CHECK(r.counter["answer_rescue"] == 0);
 }
 
 TEST_CASE("G20: delta.reasoning and delta.reasoning_content both accepted; reasoning-only chunks kept") {

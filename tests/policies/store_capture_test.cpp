@@ -41,6 +41,14 @@ TEST_CASE("ReasoningStore keys: tool-call ids, else a hash of normalised content
   CHECK(ReasoningStore::keys_of(json{{"role", "assistant"}, {"content", ""}}).empty());
 }
 
+TEST_CASE("ReasoningStore keys of arguments nested 100,000 deep: keyed as text, no recursion") {
+  const std::string nested = std::string(100000, '[') + std::string(100000, ']');
+  auto keys = ReasoningStore::keys_of(assistant_call("call_n", nested));
+  REQUIRE(keys.size() == 2);
+  CHECK(keys[0] == "id:call_n");
+  CHECK(keys[1] != ReasoningStore::keys_of(assistant_call("call_n", "[[]]"))[1]);
+}
+
 TEST_CASE("ReasoningStore expires entries and stays bounded") {
   auto t = ReasoningStore::Clock::now();
   ReasoningStore::Options o;

@@ -150,6 +150,7 @@ TEST_CASE("defaults of an entry") {
   CHECK(m.health_path == "/health");
   CHECK(m.start_timeout_s == 600);
   CHECK(m.stop_timeout_s == 30);
+  CHECK(m.request_timeout_s == 1800);
   CHECK_FALSE(m.kv_cache_bytes().has_value());
   CHECK(m.location.line == 1);
   CHECK(reg.server.listen_port == 8090);
@@ -433,4 +434,12 @@ TEST_CASE("the Messages bridge's and the budget fit's keys: defaults, settings, 
   CHECK_FALSE(m.policies.strip_billing_header);
   const std::string bad = std::string(kMinimal) + "[models.m.policies]\nfit_output_budget_floor = 0\n";
   CHECK(all_text(diagnose(bad)).find("fit_output_budget_floor") != std::string::npos);
+}
+
+TEST_CASE("request_timeout_s: a non-streaming request's deadline, 1 to 86400 s") {
+  CHECK(parse_registry(std::string(kMinimal) + "request_timeout_s = 90\n", "/tmp/x/models.toml").models[0].request_timeout_s == 90);
+  auto d = diagnose(std::string(kMinimal) + "request_timeout_s = 0\n");
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].key == "models.m.request_timeout_s");
+  CHECK(d[0].message.find("out of range") != std::string::npos);
 }

@@ -18,6 +18,22 @@
 //   --health-ok-but-completions-fail   /health 200, every completion 500 (G26)
 //   --chunks N               content chunks per stream (default 5)
 //   --stream-delay-ms N      delay between stream chunks (default 20)
+//   --script-dir DIR         a completion whose last user message is "script:NAME" is answered
+//                            with DIR/NAME.json (below), byte for byte
+//   --request-log FILE       appends one JSON line per completion request ({"path","body"}, the
+//                            body as parsed, or {"raw_bytes": n} when it is not JSON) and one per
+//                            scripted answer when it ends ({"script","written","pieces",
+//                            "client_gone","ms"})
+//   --health-fail-file PATH  /health answers 503 while PATH exists (an engine still loading)
+//
+// A script: {"status": 200, "content_type": "text/event-stream", "chunked": true,
+//            "pieces": [{"text": "...", "hex": "ff00", "repeat": N, "delay_ms": N}, ...],
+//            "ending": "end" | "cut" | "hang"}
+// Each piece is its text (or hex bytes) `repeat` times (default 1), written after `delay_ms`;
+// "cut" closes the connection without the final chunk, "hang" keeps it open until the client
+// goes (at most 60 s). "chunked": false sends the joined pieces as one Content-Length body after
+// all the delays. Writes wait while more than 2 MiB are queued for the client (like an engine);
+// delays end early when the client goes.
 //
 // Prints one line per event to stdout (the supervisor's launch log).
 #include <fcntl.h>
@@ -26,11 +42,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -57,6 +76,9 @@ struct Options {
   bool completions_fail = false;
   int chunks = 5;
   int stream_delay_ms = 20;
+  std::string script_dir;
+  std::string request_log;
+  std::string health_fail_file;
 };
 
 void say(const std::string& s) {
@@ -93,6 +115,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--health-ok-but-completions-fail") o.completions_fail = true;
     else if (a == "--chunks") o.chunks = std::atoi(value().c_str());
     else if (a == "--stream-delay-ms") o.stream_delay_ms = std::atoi(value().c_str());
+    else if (a == "--script-dir") o.script_dir = value();
+    else if (a == "--request-log") o.request_log = value();
+    else if (a == "--health-fail-file") o.health_fail_file = value();
     else usage("unknown option " + a);
   }
   if (o.fork_grandchild != "" && o.fork_grandchild != "session" && o.fork_grandchild != "setpgid")
@@ -167,6 +192,106 @@ void stream(const Options& o, bool chat, const std::shared_ptr<servedeck::http::
   res->end();
 }
 
+std::mutex g_log_mu;
+
+void log_request(const Options& o, const nlohmann::json& line) {
+  if (o.request_log.empty()) return;
+  std::lock_guard lk(g_log_mu);
+  std::ofstream(o.request_log, std::ios::app)
+      << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+/// "NAME" when the last user message is the string "script:NAME"; "" otherwise.
+std::string script_name(const nlohmann::json& body) {
+  if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) return "";
+  std::string name;
+  for (const auto& m : body["messages"]) {
+    if (!m.is_object() || m.value("role", "") != "user") continue;
+    name.clear();
+    if (m.contains("content") && m["content"].is_string()) {
+      const std::string c = m["content"].get<std::string>();
+      if (c.rfind("script:", 0) == 0) name = c.substr(7);
+    }
+  }
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return "";
+  return name;
+}
+
+std::string piece_bytes(const nlohmann::json& p) {
+  std::string unit;
+  if (p.contains("text")) unit = p["text"].get<std::string>();
+  if (p.contains("hex")) {
+    const std::string h = p["hex"].get<std::string>();
+    for (std::size_t i = 0; i + 1 < h.size(); i += 2) unit.push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  }
+  std::string out;
+  const long repeat = p.value("repeat", 1L);
+  out.reserve(unit.size() * static_cast<std::size_t>(repeat));
+  for (long i = 0; i < repeat; ++i) out += unit;
+  return out;
+}
+
+/// Sleeps `ms`, returning early (false) when the client went away.
+bool wait_ms(const std::shared_ptr<servedeck::http::Responder>& res, int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (res->client_gone()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return !res->client_gone();
+}
+
+void play_script(const Options& o, const std::string& name, const std::shared_ptr<servedeck::http::Responder>& res) {
+  std::ifstream f(o.script_dir + "/" + name + ".json");
+  std::stringstream text;
+  text << f.rdbuf();
+  auto script = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!f || script.is_discarded() || !script.is_object()) {
+    servedeck::http::send_error(*res, 500, "no readable script " + name, "server_error", "no_script", true);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& pieces = script.value("pieces", nlohmann::json::array());
+  const int status = script.value("status", 200);
+  const std::string type = script.value("content_type", std::string("text/event-stream"));
+  int written = 0;
+  auto report = [&] {
+    log_request(o, {{"script", name},
+                    {"written", written},
+                    {"pieces", pieces.size()},
+                    {"client_gone", res->client_gone()},
+                    {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()}});
+  };
+  if (!script.value("chunked", true)) {
+    std::string body;
+    for (const auto& p : pieces) {
+      wait_ms(res, p.value("delay_ms", 0));
+      body += piece_bytes(p);
+      ++written;
+    }
+    res->send(status, type, body);
+    report();
+    return;
+  }
+  if (!res->start_stream(status, type)) return report();
+  for (const auto& p : pieces) {
+    if (!wait_ms(res, p.value("delay_ms", 0))) return report();
+    const std::string bytes = piece_bytes(p);
+    for (std::size_t at = 0; at < bytes.size(); at += 256 * 1024) {
+      while (res->queued_bytes() > 2 * 1024 * 1024 && !res->client_gone())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (!res->write(std::string_view(bytes).substr(at, 256 * 1024))) return report();
+    }
+    ++written;
+  }
+  const std::string ending = script.value("ending", std::string("end"));
+  if (ending == "end") res->end();
+  else if (ending == "hang") wait_ms(res, 60000);
+  // "cut": dropping the responder mid-stream closes the connection without the final chunk.
+  report();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,7 +326,10 @@ int main(int argc, char** argv) {
   servedeck::http::Server server(so, [&o, &server_ptr](servedeck::http::Request req,
                                                        std::shared_ptr<servedeck::http::Responder> res) {
     if (req.method == "GET" && req.path == "/health") {
-      res->send(200, "application/json", "{}");
+      if (!o.health_fail_file.empty() && access(o.health_fail_file.c_str(), F_OK) == 0)
+        servedeck::http::send_error(*res, 503, "loading (simulated)", "server_error", "loading", true);
+      else
+        res->send(200, "application/json", "{}");
       return;
     }
     if (req.method == "GET" && req.path == "/v1/models") {
@@ -218,6 +346,13 @@ int main(int argc, char** argv) {
         return;
       }
       auto body = nlohmann::json::parse(req.body, nullptr, false);
+      log_request(o, body.is_discarded() ? nlohmann::json{{"path", req.path}, {"raw_bytes", req.body.size()}}
+                                         : nlohmann::json{{"path", req.path}, {"body", body}});
+      if (const std::string name = script_name(body); !name.empty() && !o.script_dir.empty()) {
+        if (!server_ptr->post_blocking([&o, name, res] { play_script(o, name, res); }))
+          servedeck::http::send_error(*res, 503, "busy", "server_error", "busy", true);
+        return;
+      }
       if (body.is_discarded() || !body.is_object()) {
         servedeck::http::send_error(*res, 400, "body is not a JSON object", "invalid_request_error",
                                     "invalid_json", true);

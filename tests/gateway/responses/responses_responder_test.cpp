@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -187,4 +188,19 @@ TEST_CASE("G12: a usage the gateway synthesised keeps its servedeck marker in re
       }
     }
   }
+}
+
+TEST_CASE("a chat event over 64 MiB ends the Responses stream as failed, never dropped silently") {
+  auto client = std::make_shared<RecordingResponder>();
+  ResponsesResponder r(client, request(false), "tiny", nullptr);
+  REQUIRE(r.start_stream(200));
+  r.write(chunk({{"role", "assistant"}}) + chunk({{"content", "Hel"}}));
+  r.write("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + std::string(65u * 1024 * 1024, 'x'));
+  r.write("\"}}]}\n\n" + chunk(json::object(), "stop") + std::string(sse::k_done));
+  r.end();
+  auto types = client->event_types();
+  REQUIRE_FALSE(types.empty());
+  CHECK(types.back() == "response.failed");
+  CHECK(client->stream.find("event_too_large") != std::string::npos);
+  CHECK(std::count(types.begin(), types.end(), "response.completed") == 0);
 }

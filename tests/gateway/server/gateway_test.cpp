@@ -249,3 +249,25 @@ TEST_CASE("stopping the gateway mid-stream cancels the upstream call and release
   CHECK(rig.slots.leases() == 0);
   CHECK(wait_for([&] { return rig.engine.disconnects() == 1; }, 3000));
 }
+
+TEST_CASE("heartbeats continue after the first token whenever nothing was written for heartbeat_ms") {
+  Rig rig("glm53", 100);
+  Script s;
+  s.pieces = {{"data: " + role_ev() + "\n\ndata: " + content_ev("a") + "\n\n", 0},
+              {"data: " + content_ev("b") + "\n\n", 800},
+              {"data: " + finish_ev() + "\n\ndata: [DONE]\n\n", 0}};
+  rig.engine.push(s);
+  std::size_t comments_at_a = 0, comments_at_b = 0;
+  auto r = stream(rig, chat(), [&](const Received& got) {
+    if (got.data.size() >= 2 && comments_at_a == 0) comments_at_a = got.comments.size() + 1;
+    if (got.data.size() >= 3 && comments_at_b == 0) comments_at_b = got.comments.size() + 1;
+    return true;
+  });
+  CHECK(r.status == 200);
+  CHECK(r.done());
+  REQUIRE(comments_at_a > 0);
+  REQUIRE(comments_at_b > 0);
+  // 800 ms of engine silence after "a", heartbeats every 100 ms of client silence.
+  CHECK(comments_at_b - comments_at_a >= 3);
+  for (const auto& c : r.comments) CHECK(c == "waiting for the engine's next event");
+}
