@@ -27,9 +27,9 @@ namespace servedeck::worker::cuda::detail {
 // One per translation unit (no relocatable device code); set_decode_trace_buffer() sets each.
 // In constant memory: a record's pointer is then read through the constant cache, not by a
 // global load that could queue in the SM's memory queue behind copies still in flight and date
-// the mark late by their drain (until session 15 it was such a load: the "waited" marks of
-// staging kernels, whose own copies are in flight at their wait, include that queue, and any
-// mark may include the copies of other blocks on the same SM, e.g. a successor's pre-wait stage).
+// the mark late by their drain (the "waited" marks of staging kernels, whose own copies are in
+// flight at their wait, and any mark behind the copies of other blocks on the same SM, e.g. a
+// successor's pre-wait stage).
 static __constant__ DecodeTraceRecord* g_decode_trace = nullptr;
 
 __device__ __forceinline__ unsigned long long trace_now() {
