@@ -5,7 +5,8 @@
 #   scripts/dev.sh setup  only install what is missing
 # Environment: SERVEDECK_JOBS (build parallelism, default nproc), SERVEDECK_PORT (run: gateway port),
 # SERVEDECK_CUDA (run: AUTO, the default, builds the worker's CUDA backend only where an NVIDIA GPU
-# is present; ON builds it wherever a CUDA toolkit is; test always passes ON, so CI compiles it).
+# is present; ON builds it wherever a CUDA toolkit is; test always passes ON and the three
+# architectures, so CI compiles them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -69,7 +70,9 @@ case "${1:-}" in
     ;;
   test)
     setup
-    build build/test Debug -DSERVEDECK_SANITIZE=ON -DSERVEDECK_CUDA=ON
+    # CUDA backend for the three supported architectures (compile only without a GPU; the
+    # measured cost over sm_90a alone: docs/cuda-backend.md, "Builds and devices").
+    build build/test Debug -DSERVEDECK_SANITIZE=ON -DSERVEDECK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90a;89;120"
     tiny_model build/test
     ctest --test-dir build/test --output-on-failure -j "$jobs" --timeout 600
     ;;

@@ -75,15 +75,6 @@ struct TraceScope {
   }
 };
 
-/// Records a wait that is not wait_for_predecessor's (the early x's count, fused_launch.cuh) as
-/// the block's wait: begun at t_wait, returned now.
-__device__ __forceinline__ void trace_wait_marks(unsigned long long t_wait) {
-  if (DecodeTraceRecord* r = trace_slot()) {
-    r->t_wait = t_wait;
-    r->t_waited = trace_now();
-  }
-}
-
 /// Records when the block's staged rows are all in shared memory (after the stage's wait and
 /// the __syncthreads that publishes it).
 __device__ __forceinline__ void trace_staged() {
