@@ -3,7 +3,10 @@
 #   scripts/dev.sh run    install what is missing, build (release), make the tiny model, serve it
 #   scripts/dev.sh test   install what is missing, build (ASan+UBSan), run every test
 #   scripts/dev.sh setup  only install what is missing
-# Environment: SERVEDECK_JOBS (build parallelism, default nproc), SERVEDECK_PORT (run: gateway port).
+# Environment: SERVEDECK_JOBS (build parallelism, default nproc), SERVEDECK_PORT (run: gateway port),
+# SERVEDECK_CUDA (run: AUTO, the default, builds the worker's CUDA backend only where an NVIDIA GPU
+# is present; ON builds it wherever a CUDA toolkit is; test always passes ON and the three
+# architectures, so CI compiles them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -60,7 +63,7 @@ case "${1:-}" in
   setup) setup ;;
   run)
     setup
-    build build/release Release -DBUILD_TESTING=OFF
+    build build/release Release -DBUILD_TESTING=OFF -DSERVEDECK_CUDA="${SERVEDECK_CUDA:-AUTO}"
     tiny_model build/release
     export PATH="$root/build/release/gateway:$root/build/release/worker:$PATH"
     echo "== serving: servedeck serve --config models.toml (OpenAI API on http://127.0.0.1:${SERVEDECK_PORT:-8090}/v1)"
@@ -68,7 +71,9 @@ case "${1:-}" in
     ;;
   test)
     setup
-    build build/test Debug -DSERVEDECK_SANITIZE=ON
+    # CUDA backend for the three supported architectures (compile only without a GPU; the
+    # measured cost over sm_90a alone: docs/cuda-backend.md, "Builds and devices").
+    build build/test Debug -DSERVEDECK_SANITIZE=ON -DSERVEDECK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90a;89;120"
     tiny_model build/test
     ctest --test-dir build/test --output-on-failure -j "$jobs" --timeout 600
     ;;

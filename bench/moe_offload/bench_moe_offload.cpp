@@ -13,10 +13,7 @@
 // offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
 // roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
 // Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N] [--breakdown-only 1]
-//                          [--variants "K=V,K=V;K=V;..."]
-//   --variants: A/B of the decode step's switches (environment variables read when a decode graph
-//   is captured, docs/cuda-backend.md): all experts resident, the baseline (no variable set), then
-//   each ';'-separated set of 'NAME=value' pairs, then the baseline again; one row each, then exit.
+//                          [--stage-buffers N]
 //   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
@@ -38,7 +35,6 @@
 #include "worker/cuda/kernels.cuh"
 #include "worker/engine/sampler.hpp"
 #include "bench/moe_offload/decode_trace_report.hpp"
-#include "bench/moe_offload/decode_variants.hpp"
 #include "bench/moe_offload/flash_bench.hpp"
 
 using namespace servedeck::worker;
@@ -293,7 +289,6 @@ ModelDescription qwen3_30b_a3b(int layers) {
 int main(int argc, char** argv) {
   int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16;
   bool breakdown_only = false;
-  std::string variants;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
@@ -302,7 +297,6 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
     else if (a == "--breakdown-only") breakdown_only = std::atoi(argv[i + 1]) != 0;
     else if (a == "--stage-buffers") stage_buffers = std::atoi(argv[i + 1]);
-    else if (a == "--variants") variants = argv[i + 1];
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -334,8 +328,6 @@ int main(int argc, char** argv) {
               load_s, expert_gib, backend->host_bytes_mapped() / 1073741824.0,
               static_cast<double>(backend->host_bytes_mapped()) / backend->expert_bytes(), rss_gib(), rss_gib() / expert_gib,
               backend->resident_bytes() / 1073741824.0);
-
-  if (!variants.empty()) return servedeck::bench::run_decode_variants(*backend, variants, prompt, decode);
 
   const double block = static_cast<double>(backend->expert_block_bytes());
   // VRAM bytes read per decoded token outside the experts: everything resident except the
@@ -447,8 +439,8 @@ int main(int argc, char** argv) {
       auto warm = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
       backend->forward(*warm, prompt_ids(2), false);
     }
-    // First use of a cuBLAS shape costs tens of ms (session 3's run 12 measured its first mode
-    // at 512 / 4096 tokens 50% / 65% slower than the same path later): warm the smaller sizes.
+    // First use of a cuBLAS shape costs tens of ms (a first mode measured 50% / 65% slower at
+    // 512 / 4096 tokens than the same path later): warm the smaller sizes.
     for (int n : sizes)
       if (n < sizes.back()) {
         auto warm = backend->new_cache(static_cast<std::size_t>(n + 8));

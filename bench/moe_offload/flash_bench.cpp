@@ -22,16 +22,16 @@ constexpr int heads = 32, kv_heads = 4, hd = 128, q_dim = heads * hd, kv_dim = k
 constexpr int token_counts[] = {512, 4096, 16384};
 constexpr int n_sizes = static_cast<int>(sizeof(token_counts) / sizeof(token_counts[0]));
 
-/// Median ms of 3 timed launches of `variant` after a warm-up, on buffers for n tokens.
-double time_variant(cuda::FlashVariant variant, int n, const float* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out) {
+/// Median ms of 3 timed launches of `kernel` after a warm-up, on buffers for n tokens.
+double time_kernel(cuda::FlashKernel kernel, int n, const float* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out) {
   cudaEvent_t a, b;
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
-  cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, variant);  // warm-up
+  cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, kernel);  // warm-up
   std::vector<double> ms;
   for (int r = 0; r < 3; ++r) {
     CUDA_CHECK(cudaEventRecord(a));
-    cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, variant);
+    cuda::launch_flash_attention_prefill(q, ldq, k, v, out, q_dim, n, 0, heads, kv_heads, hd, nullptr, kernel);
     CUDA_CHECK(cudaEventRecord(b));
     CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;
@@ -52,10 +52,6 @@ double tflops(int n, double ms) {
 }  // namespace
 
 void flash_attention_bench() {
-  constexpr int n_variants = static_cast<int>(sizeof(cuda::k_flash_variants) / sizeof(cuda::k_flash_variants[0]));
-  static_assert(cuda::k_flash_variants[0] == cuda::FlashVariant::baseline, "the first table and the speed-ups are the baseline's");
-  const char* skip_env = std::getenv("SERVEDECK_FLASH_BENCH_SKIP_WGMMA");
-  const bool skip_wgmma = skip_env != nullptr && *skip_env != '\0' && *skip_env != '0';
   // One set of buffers for the largest size: a smaller n uses its first n rows (q, k, v, out).
   constexpr int n_max = token_counts[n_sizes - 1];
   const std::size_t nq = static_cast<std::size_t>(n_max) * ldq, nkv = static_cast<std::size_t>(n_max) * kv_dim;
@@ -68,31 +64,24 @@ void flash_attention_bench() {
   CUDA_CHECK(cudaMemset(q, 0x3c, nq * 4));  // fp32 ≈ 0.0115 everywhere: finite
   CUDA_CHECK(cudaMemset(k, 0x3c, nkv * 2));  // bf16 0x3c3c ≈ 0.0115
   CUDA_CHECK(cudaMemset(v, 0x3c, nkv * 2));
-  // Each variant's table is printed (and flushed) as soon as it is timed, the baseline's first as
-  // before, so a later variant's failure leaves the earlier tables on stdout.
+  const cuda::FlashKernel chosen = cuda::flash_kernel_for(heads, kv_heads, hd);
   double base_ms[n_sizes] = {};
-  for (int vi = 0; vi < n_variants; ++vi) {
-    const cuda::FlashVariant variant = cuda::k_flash_variants[vi];
-    const bool is_wgmma = variant == cuda::FlashVariant::wgmma || variant == cuda::FlashVariant::wgmma_wide;
-    if (vi == 0) {
-      std::printf("\nflash prefill attention kernel (one layer, 32/4 heads of 128; bf16 mma.sync, fp32 accumulation)\n");
-      std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
-    } else {
-      std::printf("\nflash prefill attention kernel, variant %s (SERVEDECK_FLASH_VARIANT=%s)\n", cuda::to_string(variant),
-                  cuda::to_string(variant));
-      if (is_wgmma && skip_wgmma) {
-        std::printf("(skipped: SERVEDECK_FLASH_BENCH_SKIP_WGMMA is set)\n");
-        continue;
-      }
-      if (is_wgmma && !cuda::flash_wgmma_available())
-        std::printf("(no sm_90a code in this build: these are two_blocks' times, the fallback)\n");
-      std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs baseline");
+  for (const cuda::FlashKernel kernel : {cuda::FlashKernel::mma, cuda::FlashKernel::mma_two_blocks, cuda::FlashKernel::wgmma}) {
+    const bool first = kernel == cuda::FlashKernel::mma;
+    std::printf("\nflash prefill attention kernel %s%s (one layer, 32/4 heads of 128; bf16, fp32 accumulation)\n", cuda::to_string(kernel),
+                kernel == chosen ? ", the prefill path's" : "");
+    if (!cuda::flash_kernel_runs(kernel, heads, kv_heads, hd)) {
+      std::printf("(does not run here: %s)\n", kernel == cuda::FlashKernel::wgmma ? "no sm_90a code for this device, or its shared memory"
+                                                                                 : "its shared memory does not fit the block");
+      continue;
     }
+    if (first) std::printf("%7s %10s %10s\n", "tokens", "ms", "TFLOP/s");
+    else std::printf("%7s %10s %10s %12s\n", "tokens", "ms", "TFLOP/s", "vs mma");
     std::fflush(stdout);
     for (int si = 0; si < n_sizes; ++si) {
       const int n = token_counts[si];
-      const double ms = time_variant(variant, n, q, k, v, out);
-      if (vi == 0) {
+      const double ms = time_kernel(kernel, n, q, k, v, out);
+      if (first) {
         base_ms[si] = ms;
         std::printf("%7d %10.3f %10.1f\n", n, ms, tflops(n, ms));
       } else {

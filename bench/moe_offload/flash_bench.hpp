@@ -7,12 +7,9 @@ namespace servedeck::bench {
 /// of 128, one layer, pos0 0, bf16 K/V) at 512, 4096 and 16384 tokens and prints ms per layer and
 /// TFLOP/s of the causal work (2 products × 2 FLOPs per multiply-add × head_dim × heads ×
 /// n(n+1)/2 query-key pairs), the median of 3 timed launches after a warm-up (CUDA events), for
-/// every cuda::FlashVariant: the baseline's table first (as before), then one table per other
-/// variant (two_blocks, the default kernel; wgmma; wgmma_wide) with its speed-up over the baseline
-/// (baseline ms / variant ms), each table printed and flushed as soon as its variant is timed.
-/// The wgmma tables say when the build has no sm_90a code (then they time the two_blocks
-/// fallback); SERVEDECK_FLASH_BENCH_SKIP_WGMMA=1 skips them (e.g. after test_worker_cuda_flash
-/// failed on them).
+/// every cuda::FlashKernel the device runs at that shape (mma first, then each other with its
+/// speed-up over mma), naming the one the prefill path picks (flash_kernel_for). Each table is
+/// printed and flushed as soon as its kernel is timed.
 /// Throws CudaError on a CUDA failure.
 void flash_attention_bench();
 

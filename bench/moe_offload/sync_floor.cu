@@ -4,8 +4,7 @@
 //      six launches per layer do);
 //   2. a grid barrier inside one persistent kernel (an atomic arrival counter and a generation
 //      word, as a persistent decode kernel would use): the same chain across N barriers.
-// Result on the H200 (2026-11-29, bench/moe_offload/results-2026-11-29-h200-session3.txt): PDL
-// boundary 0.96 µs, plain graph 1.22 µs, grid barrier 2.15 µs — a persistent per-layer kernel
+// Result on the H200 (docs/performance.md, 2026-11-29 "sync floor"): PDL boundary 0.96 µs, plain graph 1.22 µs, grid barrier 2.15 µs — a persistent per-layer kernel
 // would pay more per phase than the six PDL launches do, so the decode step stays six launches.
 // Prints µs per step for each, at the decode kernels' grid (2 blocks of 256 threads per SM).
 // Usage: bench_sync_floor [steps]   (GPU machine only; exit 77 without a device)

@@ -27,9 +27,12 @@ __device__ __forceinline__ void take(float v, int i, float& best, int& at) {
 // Block b scans its slice [b·per, (b+1)·per) (float4 loads where aligned), reduces the block's
 // (value, index) by the shuffle tree and through shared memory, and publishes it; the last block
 // to finish reduces the published pairs and writes the pick. `take` is commutative and
-// associative over NaN-free pairs, so the pick does not depend on the order of reduction.
+// associative over NaN-free pairs, so the pick does not depend on the order of reduction. The
+// counter is an intra-grid arrival counter (handshakes.cuh): the last block resets it. With
+// step_epoch (the decode step's last kernel) that block also advances the step's epoch: every
+// other kernel of the step has completed by then (this grid passed its PDL wait).
 __global__ void __launch_bounds__(k_argmax_threads) argmax_kernel(const float* __restrict__ x, int n, int per, ArgmaxScratch s,
-                                                                 int32_t* __restrict__ out) {
+                                                                 int32_t* __restrict__ out, unsigned int* step_epoch) {
   __shared__ float bv[k_argmax_threads / 32];
   __shared__ int bi[k_argmax_threads / 32];
   __shared__ int is_last;
@@ -76,11 +79,13 @@ __global__ void __launch_bounds__(k_argmax_threads) argmax_kernel(const float* _
   // No non-NaN logit, or a NaN at index 0 (worker::argmax's rule: nothing compares larger): 0.
   *out = at == INT_MAX || isnan(__ldcg(x)) ? 0 : at;
   *s.counter = 0u;  // ready for the next launch
+  if (step_epoch != nullptr) atomicAdd(step_epoch, 1u);
 }
 
 }  // namespace
 
-void launch_argmax_row(const float* x, int n, const ArgmaxScratch& s, int32_t* out, cudaStream_t stream, bool pdl) {
+void launch_argmax_row(const float* x, int n, const ArgmaxScratch& s, int32_t* out, cudaStream_t stream, bool pdl,
+                       unsigned int* step_epoch) {
   detail::require(n > 0, "launch_argmax_row", "n must be positive, got " + std::to_string(n));
   detail::require(detail::aligned16(x), "launch_argmax_row", "x must be 16-byte aligned");
   detail::require(s.values != nullptr && s.indices != nullptr && s.counter != nullptr && out != nullptr, "launch_argmax_row",
@@ -89,7 +94,7 @@ void launch_argmax_row(const float* x, int n, const ArgmaxScratch& s, int32_t* o
   int per = (n + k_argmax_blocks - 1) / k_argmax_blocks;
   per = (per + 3) / 4 * 4;
   const int grid = (n + per - 1) / per;
-  detail::launch(argmax_kernel, grid, k_argmax_threads, 0, stream, pdl, x, n, per, s, out);
+  detail::launch(argmax_kernel, grid, k_argmax_threads, 0, stream, pdl, x, n, per, s, out, step_epoch);
 }
 
 }  // namespace servedeck::worker::cuda

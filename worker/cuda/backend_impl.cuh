@@ -140,11 +140,13 @@ struct CudaBackend::Impl {
   // Decode activations (device).
   float *x, *xn, *qkv, *attn, *router_logits, *route_w, *act, *g, *u, *h, *logits;
   int32_t *route_ids, *d_token, *d_pos;
-  unsigned int* router_done;
-  unsigned int* early_ids_flag = nullptr;  // router_done + 1: the early-ids flag (fused_launch.cuh), zero between layers
-  unsigned int* heads_done = nullptr;      // router_done + 2: the early routing's count of heads written, zero between layers
-  unsigned int* oproj_done = nullptr;      // router_done + 3: the early x's count of o-proj blocks done, zero between layers
-  unsigned int* logits_done = nullptr;     // router_done + 4: gate/up ranks' count of router logits, zero between layers
+  // The step's counters, one allocation zeroed once (handshakes.cuh): [0] the epoch, [1] the
+  // unfolded router's last-block counter, then per MoE layer the heads (H2) and logits (H3)
+  // counts, which only the folded layers use.
+  unsigned int* step_counters = nullptr;
+  unsigned int* router_done = nullptr;  // step_counters + 1
+  /// Layer si's cross-grid counters (si: index in the expert store, moe_index).
+  StepSync step_sync(int si) const;
   float* inv_freq = nullptr;  // RoPE table (rotary_dim / 2)
   float* attn_scratch = nullptr;            // fused decode attention partials
   unsigned int* attn_counters = nullptr;    // (n_heads), zero between launches

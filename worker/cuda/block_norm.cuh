@@ -60,7 +60,7 @@ __device__ __forceinline__ RowRegs<V> load_row_regs(const float* __restrict__ x,
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     const int i = (static_cast<int>(threadIdx.x) + v * NT) * 4;
-    // L2, not the read-only path: x may be published by a kernel still running (the early x).
+    // Through L2 (ld.cg), not the read-only path: x was written earlier in the step.
     r.v[v] = active && i < in ? __ldcg(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   return r;

@@ -12,7 +12,6 @@
 #include "worker/cuda/backend_impl.cuh"
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
-#include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/offload/expert_store.hpp"
 
@@ -69,12 +68,10 @@ void CudaBackend::Impl::allocate_activations() {
   // Token and position side by side: one host→device copy per decode step.
   CUDA_CHECK(cudaMalloc(&d_token, 2 * sizeof(int32_t)));
   d_pos = d_token + 1;
-  CUDA_CHECK(cudaMalloc(&router_done, 5 * sizeof(unsigned int)));
-  CUDA_CHECK(cudaMemset(router_done, 0, 5 * sizeof(unsigned int)));
-  early_ids_flag = router_done + 1;
-  heads_done = router_done + 2;
-  oproj_done = router_done + 3;
-  logits_done = router_done + 4;
+  const std::size_t n_moe = store ? static_cast<std::size_t>(store->n_layers()) : 0;
+  CUDA_CHECK(cudaMalloc(&step_counters, (2 + 2 * n_moe) * sizeof(unsigned int)));
+  CUDA_CHECK(cudaMemset(step_counters, 0, (2 + 2 * n_moe) * sizeof(unsigned int)));
+  router_done = step_counters + 1;
   CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
   CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
   const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
@@ -95,66 +92,47 @@ void CudaBackend::Impl::allocate_activations() {
   CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
 }
 
+StepSync CudaBackend::Impl::step_sync(int si) const {
+  const std::size_t n_moe = store ? static_cast<std::size_t>(store->n_layers()) : 0;
+  return StepSync{step_counters, step_counters + 2 + static_cast<std::size_t>(si), step_counters + 2 + n_moe + static_cast<std::size_t>(si)};
+}
+
 // Six launches per MoE layer (fused.cuh): norm+qkv, attention (q/k-norm, RoPE, KV append),
-// o-proj + residual, norm+router+top-k+counters, gate/up+SwiGLU, down+reduction+residual.
+// o-proj + residual, router, gate/up+SwiGLU, down+reduction+residual. A MoE layer whose router is
+// folded (L.router_folded, fold_routers at load) writes the o-proj's sum into the residual
+// stream's other buffer, so the router can read the residual before it, and runs the handshakes
+// H2-H4 (handshakes.cuh); otherwise the unfolded router follows the o-proj in PDL order.
 void CudaBackend::Impl::step(CudaKvCache& c) {
   const int H = hidden();
   const float eps = static_cast<float>(d.rms_norm_eps);
   const AttentionShape shape = attention_shape(c.capacity_);
   const bool pdl = opt.use_pdl;
-  // The folded router (launch_router_folded) unless SERVEDECK_ROUTER_FOLDED=0 (A/B): its layers
-  // write the o-proj's sum into the residual stream's other buffer, so the router can read the
-  // residual before it.
-  const bool folded = router_folded != nullptr && detail::env_knob("SERVEDECK_ROUTER_FOLDED", 1) != 0;
-  // With it, gate/up reads the routed ids as soon as the router publishes them, before its PDL
-  // wait (the early-ids handshake, fused_launch.cuh), unless SERVEDECK_EARLY_IDS=0 (A/B).
-  unsigned int* early_ids = folded && detail::env_knob("SERVEDECK_EARLY_IDS", 1) != 0 ? early_ids_flag : nullptr;
-  // And the router starts at the o-proj's start, its logits' part from the attention's output
-  // read as soon as every head is written (the early routing, fused_launch.cuh), unless
-  // SERVEDECK_EARLY_ROUTE=0 (A/B).
-  const bool early_route = folded && detail::env_knob("SERVEDECK_EARLY_ROUTE", 1) != 0;
-  // And gate/up reads x once the o-proj's blocks have counted themselves, its PDL wait last (the
-  // early x, fused_launch.cuh; with the early ids) with SERVEDECK_EARLY_X=1 (A/B; off by default:
-  // measured slower, session 13 run 3).
-  const bool early_x = early_ids != nullptr && detail::env_knob("SERVEDECK_EARLY_X", 0) != 0;
-  // And gate/up's blocks rank the router's logits themselves (no last router block; gate/up ranks,
-  // fused_launch.cuh; with the early ids, n_experts <= hidden) unless SERVEDECK_GATE_UP_RANKS=0 (A/B).
-  const bool gate_up_ranks = early_ids != nullptr && d.moe.num_experts <= d.hidden_size &&
-                             detail::env_knob("SERVEDECK_GATE_UP_RANKS", 1) != 0;
   launch_embed(embed, d_token, x, H, stream);
   float* xin = x;  // the residual stream entering the layer
   for (std::size_t li = 0; li < layers.size(); ++li) {
     const LayerDev& L = layers[li];
     const int l = static_cast<int>(li);
-    // The o-proj adds into the residual stream: in place, or into the other buffer when the
-    // folded router reads the residual before it (xin then stays as the layer found it).
-    const bool fold = L.moe && folded && L.router_folded != nullptr;
-    unsigned int* heads = fold && early_route ? heads_done : nullptr;  // only where the folded router clears it
+    const bool fold = L.moe && L.router_folded != nullptr;
+    const int si = moe_index[li];
+    const StepSync sync = L.moe ? step_sync(si) : StepSync{};
     launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
-    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl, heads);
+    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl,
+                                  fold ? sync.heads_done : nullptr);
     float* xout = fold ? (xin == x ? x_alt : x) : xin;
-    unsigned int* rows = fold && early_x ? oproj_done : nullptr;
-    const int oproj_blocks = launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr,
-                                                  heads != nullptr, rows);
+    launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr, fold);
     if (L.moe) {
       const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k);
-      const int si = moe_index[li];
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
-                             layer_counts + static_cast<std::size_t>(si) * E, fold ? early_ids : nullptr};
+                             layer_counts + static_cast<std::size_t>(si) * E};
       if (fold) {
-        unsigned int* counted = gate_up_ranks ? logits_done : nullptr;
-        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), K, ro, stream, pdl, heads, static_cast<int>(d.num_heads),
-                             counted);
-        launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, router_logits, E, d.moe.norm_topk_prob, route_w,
-                                  route_ids, K, act, stream, pdl, counted != nullptr ? nullptr : ro.ids_ready, rows, oproj_blocks,
-                                  GateUpRanks{counted, ro, heads});
+        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
+        launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
       } else {
         launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
         launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
       }
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl, ro.ids_ready, rows,
-                            fold && gate_up_ranks ? logits_done : nullptr);
+      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);
@@ -166,8 +144,9 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   }
   // Final norm + lm_head inside the step (and its graph): logits of the token just decoded.
   launch_norm_gemv_bf16(lm_head, xin, final_norm, eps, logits, static_cast<int>(d.vocab_size), H, false, nullptr, stream, pdl);
-  // The greedy pick too (~3 µs): forward_greedy copies back only it.
-  launch_argmax_row(logits, static_cast<int>(d.vocab_size), argmax_scratch, d_pick, stream, pdl);
+  // The greedy pick too (~3 µs): forward_greedy copies back only it. As the step's last kernel it
+  // advances the step's epoch (handshakes.cuh).
+  launch_argmax_row(logits, static_cast<int>(d.vocab_size), argmax_scratch, d_pick, stream, pdl, step_counters);
 }
 
 void CudaBackend::Impl::run_token(CudaKvCache& c, int32_t token) {
@@ -221,7 +200,7 @@ CudaBackend::~CudaBackend() {
   m.store.reset();
   for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.x_alt), static_cast<void*>(m.router_folded), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
-                  static_cast<void*>(m.act), static_cast<void*>(m.router_done), static_cast<void*>(m.d_pick),
+                  static_cast<void*>(m.act), static_cast<void*>(m.step_counters), static_cast<void*>(m.d_pick),
                   static_cast<void*>(m.argmax_scratch.values), static_cast<void*>(m.argmax_scratch.indices),
                   static_cast<void*>(m.argmax_scratch.counter), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),

@@ -62,9 +62,9 @@ struct CudaBackendOptions {
   /// Prefill attention on the flash kernel (flash_attention.cuh, bf16 numerics) where the shape
   /// allows, for chunks whose last query sees more than flash_attention_min_keys keys; shorter
   /// ones (and all when false) use cuBLAS (TF32 on the fp32 cache) with a materialised score
-  /// matrix. Measured on the H200 (Qwen3-30B-A3B shape, resident, docs/cuda-backend.md session
-  /// 5): the flash kernel took 0.068 / 0.170 / 0.796 s for 512 / 4096 / 16384-token prompts
-  /// against cuBLAS's 0.099 / 0.293 / 2.658 s, so it serves every length by default. Used for
+  /// matrix. The flash kernel is as fast at 512 tokens and much faster beyond (docs/performance.md,
+  /// 2026-11-30 "prefill, resident": 0.075 / 0.143 / 0.566 s for 512 / 4096 / 16384-token
+  /// prompts against cuBLAS's 0.074 / 0.245 / 2.427 s), so it serves every length by default. Used for
   /// GQA groups of at least 4 (one warp per query head: smaller groups leave the multiprocessor
   /// nearly idle).
   bool flash_attention = true;

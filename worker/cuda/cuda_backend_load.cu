@@ -102,14 +102,15 @@ using Source = std::function<void(const std::string& what, uint16_t* dst, std::s
 
 // Every MoE layer's router folded through its post-attention norm and o-proj (fold_router_weights),
 // for the decode step's launch_router_folded, when the shapes allow it (the preconditions of
-// launch_router_folded and launch_moe_gate_up_normed):
+// launch_router_folded and launch_moe_gate_up_normed, which ranks the logits in x's shared
+// memory: n_experts <= hidden); otherwise the step runs the unfolded router:
 // 4 · n_experts · (hidden + q_dim) bytes per MoE layer (3 MiB at the benchmark shape).
 void fold_routers(CudaBackend::Impl& m) {
   const ModelDescription& d = m.d;
   const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = m.hidden(), Q = m.q_dim();
   std::size_t n_moe = 0;
   for (const auto& L : m.layers) n_moe += L.moe ? 1 : 0;
-  if (n_moe == 0 || E < K || E > 1024 || K < 1 || K > 32 || H % 8 != 0 || H > 2048 || Q % 4 != 0) return;
+  if (n_moe == 0 || E < K || E > 1024 || E > H || K < 1 || K > 32 || H % 8 != 0 || H > 2048 || Q % 4 != 0) return;
   const std::size_t row = static_cast<std::size_t>(H) + static_cast<std::size_t>(Q), per = static_cast<std::size_t>(E) * row;
   m.router_folded_bytes = n_moe * per * sizeof(float);
   CUDA_CHECK(cudaMalloc(&m.router_folded, m.router_folded_bytes));

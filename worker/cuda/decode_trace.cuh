@@ -27,9 +27,9 @@ namespace servedeck::worker::cuda::detail {
 // One per translation unit (no relocatable device code); set_decode_trace_buffer() sets each.
 // In constant memory: a record's pointer is then read through the constant cache, not by a
 // global load that could queue in the SM's memory queue behind copies still in flight and date
-// the mark late by their drain (until session 15 it was such a load: the "waited" marks of
-// staging kernels, whose own copies are in flight at their wait, include that queue, and any
-// mark may include the copies of other blocks on the same SM, e.g. a successor's pre-wait stage).
+// the mark late by their drain (the "waited" marks of staging kernels, whose own copies are in
+// flight at their wait, and any mark behind the copies of other blocks on the same SM, e.g. a
+// successor's pre-wait stage).
 static __constant__ DecodeTraceRecord* g_decode_trace = nullptr;
 
 __device__ __forceinline__ unsigned long long trace_now() {
@@ -74,15 +74,6 @@ struct TraceScope {
     }
   }
 };
-
-/// Records a wait that is not wait_for_predecessor's (the early x's count, fused_launch.cuh) as
-/// the block's wait: begun at t_wait, returned now.
-__device__ __forceinline__ void trace_wait_marks(unsigned long long t_wait) {
-  if (DecodeTraceRecord* r = trace_slot()) {
-    r->t_wait = t_wait;
-    r->t_waited = trace_now();
-  }
-}
 
 /// Records when the block's staged rows are all in shared memory (after the stage's wait and
 /// the __syncthreads that publishes it).

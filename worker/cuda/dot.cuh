@@ -40,21 +40,11 @@ __device__ __forceinline__ float warp_sum8_scatter(const float (&v)[8], int lane
 }
 
 /// The warp sums of eight row partials per lane stored to rows[g .. g + 8) (rows past nrows
-/// skipped): by one reduce-scatter (warp_sum8_scatter) when `scatter`, else by warp_sum per row
-/// from lane 0. The two orders differ in fp32 rounding; each is fixed.
-__device__ __forceinline__ void store_row_sums8(float (&v)[8], int lane, int g, int nrows, float* rows, int scatter) {
-  if (scatter) {
-    const float s = warp_sum8_scatter(v, lane);
-    const int r = (lane >> 2) & 7;
-    if ((lane & 3) == 0 && g + r < nrows) rows[g + r] = s;
-    return;
-  }
-#pragma unroll
-  for (int r = 0; r < 8; ++r) v[r] = warp_sum(v[r]);
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < 8; ++r)
-      if (g + r < nrows) rows[g + r] = v[r];
+/// skipped), by one reduce-scatter (warp_sum8_scatter: 9 shuffles instead of 8 shuffle trees).
+__device__ __forceinline__ void store_row_sums8(const float (&v)[8], int lane, int g, int nrows, float* rows) {
+  const float s = warp_sum8_scatter(v, lane);
+  const int r = (lane >> 2) & 7;
+  if ((lane & 3) == 0 && g + r < nrows) rows[g + r] = s;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -179,10 +169,9 @@ __device__ __forceinline__ float lane_dot_prefetched(const RowPrefetch& p, const
 
 /// Every thread of a block of `nthreads` copies its 16-byte pieces t, t + nthreads, ... of
 /// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst with
-/// cp.async (L1 bypassed), as one commit group; stage_wait_all then waits for them. In the
-/// decode step this measured the same as one thread's bulk copies (TMA, cp.async.bulk, the code
-/// until 019bea5) on the H200 (session 6 runs 4-5: GPU step 2.963 vs 2.961 ms) and needs no
-/// mbarrier.
+/// cp.async (L1 bypassed), as one commit group; stage_wait_all then waits for them. cp.async
+/// runs on sm_80 and later; no bulk copy or mbarrier (one thread's bulk copies measured the same
+/// in the decode step, docs/performance.md, 2026-11-29).
 __device__ __forceinline__ void stage_async(void* dst, const void* src, unsigned bytes, int t, int nthreads) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const char* s = static_cast<const char*>(src);

@@ -14,34 +14,21 @@
 // fragments by ldmatrix.trans from row-major V). Only tiles that reach past a row's position
 // are masked.
 //
-// The two variants (FlashVariant, flash_attention.cuh) share flash_attention_prefill_kernel:
-// baseline keeps Q in registers and takes two barriers per tile; two_blocks (the default where the wgmma kernels cannot run) keeps
-// Q in the block's shared memory, read by ldmatrix per k step, so that a thread fits in 128
-// registers and two blocks share an SM, and takes one barrier per tile. Measured on an H200
-// (session 7 run 3, bench/moe_offload/results-2026-11-30-h200-session7.txt; one layer, 32/4
-// heads of 128), baseline → two_blocks: 512 tokens 0.028 → 0.030 ms (0.952x), 4096 tokens
-// 0.587 → 0.513 ms (1.144x, 268.1 TFLOP/s), 16384 tokens 8.669 → 7.275 ms (1.192x, 302.3
-// TFLOP/s). Variants measured slower at 16384 tokens and removed: one_barrier (the baseline with
-// one barrier per tile) 1.036x, wide_rows (32 query rows per warp as two m16 tiles) 1.091x,
-// wide_split (wide_rows over two blocks per KV head) 1.123x.
-//
-// wgmma and wgmma_wide (flash_wgmma.cuh) run the same loop on Hopper warpgroup MMAs
-// (wgmma.mma_async, sm_90a only): launch_variant sends them there for head_dim 128 with group 4
-// or 8 when flash_wgmma_available() (a one-time probe of which device code this file was built
-// with), and to two_blocks otherwise. Measured (session 7 run 8, sm_90a build): wgmma_wide, the
-// default, 5.630 ms at 16384 tokens (1.540x the baseline), 0.395 ms at 4096 (1.485x), 0.035 ms
-// at 512 (0.782x); wgmma 6.915 / 0.474 / 0.024 ms (flash_attention.cuh).
+// mma and mma_two_blocks (FlashKernel, flash_attention.cuh) share flash_attention_prefill_kernel:
+// mma keeps Q in registers and takes two barriers per tile; mma_two_blocks keeps Q in the block's
+// shared memory, read by ldmatrix per k step, so that a thread fits in 128 registers and two
+// blocks share an SM, and takes one barrier per tile. wgmma (flash_wgmma.cuh) runs the same loop
+// on Hopper warpgroup MMAs (sm_90a only). flash_kernel_for picks by device and shape.
 #include "worker/cuda/flash_attention.cuh"
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "worker/cuda/flash_mma.cuh"
 #include "worker/cuda/flash_wgmma.cuh"
+#include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
 
 namespace servedeck::worker::cuda {
@@ -58,11 +45,11 @@ struct Layout {
   static constexpr int ld = HD + 8;  // bf16 row stride: the 8 rows of an ldmatrix fall in distinct banks
   static constexpr int tile = k_keys * ld;  // bf16 elements of one K or V tile
   static constexpr std::size_t smem = static_cast<std::size_t>(2 * 2 * tile) * 2;  // 2 buffers × (K, V)
-  /// two_blocks: K/V buffers, then Q of the group's `group` heads (16 rows of ld each, bf16).
+  /// mma_two_blocks: K/V buffers, then Q of the group's `group` heads (16 rows of ld each, bf16).
   static std::size_t smem_q_shared(int group) { return smem + static_cast<std::size_t>(group * k_rows * ld) * 2; }
 };
 
-/// Baseline: the warp's Q fragments (rows g and g + 8 of its 16) in bf16 registers, read once
+/// mma: the warp's Q fragments (rows g and g + 8 of its 16) in bf16 registers, read once
 /// from global; 4 registers per k step of 16 dims (32 at head_dim 128).
 template <int HD, bool QS>
 struct QTile {
@@ -99,7 +86,7 @@ struct QTile {
   }
 };
 
-/// two_blocks: the warp's 16 Q rows in shared memory (bf16, row stride Layout::ld), written once
+/// mma_two_blocks: the warp's 16 Q rows in shared memory (bf16, row stride Layout::ld), written once
 /// by the warp itself; A fragments by ldmatrix.x4 (matrices: rows +0 / +8 × dims +0 / +8 of a k
 /// step, i.e. a0..a3 of the m16n8k16 A layout), so no registers hold Q between k steps.
 template <int HD>
@@ -120,9 +107,9 @@ struct QTile<HD, true> {
 
   /// As QTile<HD, false>::scores, k steps outermost: per k step one ldmatrix.x4 of Q (the A
   /// fragment), then per key group one ldmatrix.x2 of K (matrices: dims +0, +8 of 8 keys, the
-  /// B fragment) feeding one mma; x2 rather than the baseline's x4 over two k steps keeps 6
+  /// B fragment) feeding one mma; x2 rather than mma's x4 over two k steps keeps 6
   /// fewer registers live (128 without spills). Each s[j] still accumulates its k steps in
-  /// ascending order, as the baseline does.
+  /// ascending order, as mma does.
   __device__ __forceinline__ void scores(float (&s)[k_keys / 8][4], const bf16* Kt, int lane) const {
     constexpr int bytes_per_row = Layout<HD>::ld * 2;
     const int lm = lane / 8, lr = lane % 8;
@@ -144,7 +131,7 @@ struct QTile<HD, true> {
   }
 };
 
-/// TwoBlocks false (baseline): Q in registers, one block per SM, two __syncthreads per key tile
+/// TwoBlocks false (mma): Q in registers, one block per SM, two __syncthreads per key tile
 /// (stage the next tile, wait, barrier; barrier at the end). TwoBlocks true (two_blocks): Q in
 /// shared memory, <= 128 registers so two blocks of 8 warps share an SM, one __syncthreads per
 /// key tile (wait, barrier, stage the next tile into the buffer the barrier released).
@@ -179,7 +166,7 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefil
   };
   stage(0);
 
-  // Q in bf16: fragments in registers (baseline) or the warp's rows in shared memory (two_blocks).
+  // Q in bf16: fragments in registers (mma) or the warp's rows in shared memory (mma_two_blocks).
   QTile<HD, TwoBlocks> qt;
   qt.load(q, ldq, q0, n, h, lane, Vs + 2 * L::tile + warp * k_rows * L::ld);
   float o[HD / 8][4];
@@ -238,13 +225,18 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefil
 }
 
 template <int HD, bool TwoBlocks>
+std::size_t mma_smem(int group) {
+  return TwoBlocks ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
+}
+
+template <int HD, bool TwoBlocks>
 void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
-  const std::size_t smem = TwoBlocks ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
+  const std::size_t smem = mma_smem<HD, TwoBlocks>(group);
   // Per launch (cheap): the attribute is per device, and a backend may run on any device.
   CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
-  // two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
+  // mma_two_blocks: ask for the largest shared-memory carveout so that two blocks fit on an SM.
   if constexpr (TwoBlocks)
     CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
@@ -256,16 +248,14 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
 }
 
 /// The wgmma kernel (flash_wgmma.cuh) for head_dim 128 and group 4 or 8.
-template <bool Wide>
 void launch_wgmma(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                   int group, cudaStream_t stream) {
-  const std::size_t smem = wg_smem_bytes(Wide);
-  CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel<Wide>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const int bq = wg_block_queries(Wide, group);
+  CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k_wg_smem_bytes)));
+  const int bq = wg_block_queries(group);
   const dim3 grid(static_cast<unsigned>((n + bq - 1) / bq), static_cast<unsigned>(n_kv_heads));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_wg_hd)) * 1.4426950408889634);  // log2 e
-  flash_wgmma_prefill_kernel<Wide><<<grid, 32 * wg_warps(Wide, group), smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
-                                                                                     group, scale_log2);
+  flash_wgmma_prefill_kernel<<<grid, 32 * k_wg_warps, k_wg_smem_bytes, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group,
+                                                                                 scale_log2);
   detail::check_launch();
 }
 
@@ -275,74 +265,37 @@ std::atomic<int>& wgmma_probe_result() {
   return v;
 }
 
-template <int HD>
-void launch_variant(FlashVariant variant, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n,
-                    int pos0, int n_kv_heads, int group, cudaStream_t stream) {
-  if (variant == FlashVariant::wgmma || variant == FlashVariant::wgmma_wide) {
-    if (HD == k_wg_hd && (group == 4 || group == 8) && flash_wgmma_available()) {
-      if (variant == FlashVariant::wgmma)
-        launch_wgmma<false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
-      else
-        launch_wgmma<true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
-      return;
-    }
-    variant = FlashVariant::two_blocks;  // shapes (or builds) the wgmma kernel does not handle
+/// Dynamic shared memory of `kernel` for head_dim hd and group `group`.
+std::size_t kernel_smem(FlashKernel kernel, int hd, int group) {
+  switch (kernel) {
+    case FlashKernel::wgmma: return k_wg_smem_bytes;
+    case FlashKernel::mma_two_blocks:
+      return hd == 32 ? mma_smem<32, true>(group) : hd == 64 ? mma_smem<64, true>(group) : mma_smem<128, true>(group);
+    case FlashKernel::mma: break;
   }
-  if (variant == FlashVariant::baseline)
-    launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
-  else
-    launch_hd<HD, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+  return hd == 32 ? mma_smem<32, false>(group) : hd == 64 ? mma_smem<64, false>(group) : mma_smem<128, false>(group);
 }
 
-/// The process-wide selection: -1 until first read, then a FlashVariant value.
-std::atomic<int>& selected_variant() {
-  static std::atomic<int> v{-1};
-  return v;
-}
-
-FlashVariant variant_from_environment() {
-  const char* text = std::getenv("SERVEDECK_FLASH_VARIANT");
-  if (text == nullptr || *text == '\0') return k_default_flash_variant;
-  FlashVariant v = k_default_flash_variant;
-  if (parse_flash_variant(text, v)) return v;
-  std::fprintf(stderr, "servedeck: SERVEDECK_FLASH_VARIANT is '%s', expected baseline, two_blocks, wgmma or wgmma_wide; using %s\n", text,
-               to_string(k_default_flash_variant));
-  return k_default_flash_variant;
+template <int HD>
+void launch_kernel(FlashKernel kernel, const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0,
+                   int n_kv_heads, int group, cudaStream_t stream) {
+  switch (kernel) {
+    case FlashKernel::wgmma: return launch_wgmma(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+    case FlashKernel::mma_two_blocks: return launch_hd<HD, true>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+    case FlashKernel::mma: return launch_hd<HD, false>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group, stream);
+  }
 }
 
 }  // namespace
 
-const char* to_string(FlashVariant variant) {
-  switch (variant) {
-    case FlashVariant::baseline: return "baseline";
-    case FlashVariant::two_blocks: return "two_blocks";
-    case FlashVariant::wgmma: return "wgmma";
-    case FlashVariant::wgmma_wide: return "wgmma_wide";
+const char* to_string(FlashKernel kernel) {
+  switch (kernel) {
+    case FlashKernel::mma: return "mma";
+    case FlashKernel::mma_two_blocks: return "mma_two_blocks";
+    case FlashKernel::wgmma: return "wgmma";
   }
   return "unknown";
 }
-
-bool parse_flash_variant(std::string_view text, FlashVariant& out) {
-  for (const FlashVariant v : k_flash_variants)
-    if (text == to_string(v)) {
-      out = v;
-      return true;
-    }
-  return false;
-}
-
-FlashVariant flash_variant() {
-  int v = selected_variant().load(std::memory_order_relaxed);
-  if (v < 0) {
-    int expected = -1;
-    const int from_env = static_cast<int>(variant_from_environment());
-    // A concurrent set_flash_variant wins over the environment.
-    v = selected_variant().compare_exchange_strong(expected, from_env) ? from_env : expected;
-  }
-  return static_cast<FlashVariant>(v);
-}
-
-void set_flash_variant(FlashVariant variant) { selected_variant().store(static_cast<int>(variant)); }
 
 bool flash_wgmma_available() {
   int v = wgmma_probe_result().load(std::memory_order_relaxed);
@@ -366,13 +319,29 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim) {
          n_heads / n_kv_heads >= 1 && n_heads / n_kv_heads <= 8;
 }
 
-void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, const bf16* v, float* out, int ldo, int n, int pos0,
-                                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
-  launch_flash_attention_prefill(q, ldq, k, v, out, ldo, n, pos0, n_heads, n_kv_heads, head_dim, stream, flash_variant());
+bool flash_kernel_runs(FlashKernel kernel, int n_heads, int n_kv_heads, int head_dim) {
+  if (!flash_attention_supported(n_heads, n_kv_heads, head_dim)) return false;
+  const int group = n_heads / n_kv_heads;
+  if (kernel == FlashKernel::wgmma && !(head_dim == k_wg_hd && (group == 4 || group == 8) && flash_wgmma_available())) return false;
+  // The kernels' static shared memory is a few bytes; 1 KB is left for it.
+  return kernel_smem(kernel, head_dim, group) + 1024 <= detail::smem_per_block();
+}
+
+FlashKernel flash_kernel_for(int n_heads, int n_kv_heads, int head_dim) {
+  for (const FlashKernel k : {FlashKernel::wgmma, FlashKernel::mma_two_blocks})
+    if (flash_kernel_runs(k, n_heads, n_kv_heads, head_dim)) return k;
+  return FlashKernel::mma;
 }
 
 void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, const bf16* v, float* out, int ldo, int n, int pos0,
-                                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream, FlashVariant variant) {
+                                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream) {
+  launch_flash_attention_prefill(q, ldq, k, v, out, ldo, n, pos0, n_heads, n_kv_heads, head_dim, stream,
+                                 flash_attention_supported(n_heads, n_kv_heads, head_dim) ? flash_kernel_for(n_heads, n_kv_heads, head_dim)
+                                                                                          : FlashKernel::mma);
+}
+
+void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, const bf16* v, float* out, int ldo, int n, int pos0,
+                                    int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream, FlashKernel kernel) {
   using detail::require;
   require(flash_attention_supported(n_heads, n_kv_heads, head_dim), "launch_flash_attention_prefill",
           "head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads with n_heads / n_kv_heads in [1, 8], got head_dim " +
@@ -389,11 +358,14 @@ void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, cons
   require(reinterpret_cast<std::uintptr_t>(q) % 8 == 0 && reinterpret_cast<std::uintptr_t>(out) % 8 == 0,
           "launch_flash_attention_prefill",
           "q and out must be 8-byte aligned (read and written as float2), got addresses % 8 = " + mod(q, 8) + " and " + mod(out, 8));
+  require(flash_kernel_runs(kernel, n_heads, n_kv_heads, head_dim), "launch_flash_attention_prefill",
+          std::string("kernel ") + to_string(kernel) + " does not run head_dim " + std::to_string(head_dim) + ", heads " +
+              std::to_string(n_heads) + " / " + std::to_string(n_kv_heads) + " on this device (sm_90a code, or its shared memory)");
   const int group = n_heads / n_kv_heads;
   switch (head_dim) {
-    case 32: launch_variant<32>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    case 64: launch_variant<64>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
-    default: launch_variant<128>(variant, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case 32: launch_kernel<32>(kernel, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    case 64: launch_kernel<64>(kernel, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
+    default: launch_kernel<128>(kernel, q, ldq, k, v, out, ldo, n, pos0, n_kv_heads, group, stream); break;
   }
 }
 

@@ -1,21 +1,20 @@
-// The wgmma variants of the flash prefill attention kernel (FlashVariant::wgmma and wgmma_wide,
-// flash_attention.cuh; internal to worker/cuda, included by flash_attention.cu only): the two products of each key
+// The wgmma kernel of the flash prefill attention (FlashKernel::wgmma, flash_attention.cuh;
+// internal to worker/cuda, included by flash_attention.cu only): the two products of each key
 // tile run as Hopper warpgroup MMAs, wgmma.mma_async m64nNk16 (PTX ISA 8.0+, "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate Instructions"), which exist only on the sm_90a
 // target. Everything wgmma-specific compiles only where __CUDA_ARCH_FEAT_SM90_ALL is defined (a
-// device pass for compute_90a); elsewhere the kernel body is a trap and flash_wgmma_probe_kernel
-// reports 0, so the launcher falls back to two_blocks (flash_attention.cu).
+// device pass for compute_90a); elsewhere (sm_89, sm_120, plain sm_90) the kernel body is a trap
+// and flash_wgmma_probe_kernel reports 0, so flash_kernel_for picks an mma.sync kernel
+// (flash_attention.cu).
 //
-// Block = (16 queries, KV head) as in the mma.sync variants, G = 4 or 8 warps (one per query head
-// of the group), i.e. G / 4 warpgroups. Warp w of a warpgroup owns rows 16w .. 16w + 15 of the
+// G = 4 or 8 heads per KV head (the group). Warp w of a warpgroup owns rows 16w .. 16w + 15 of the
 // warpgroup's M = 64 tile (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for
 // wgmma .m64nNk16), and here those 16 rows are the 16 queries of the warp's head: the warpgroup's
 // tile is 4 heads × 16 queries, and each row's causal mask, softmax state and output are exactly
 // those of the warp's m16 tile in the mma.sync kernels (SoftmaxRows is reused unchanged).
 // Per key tile of 64 keys:
-//   S (64 × 64, fp32) = Q · Kᵀ: 8 wgmma m64n64k16, A = Q from registers (the warp's bf16 A
-//     fragments, loaded once: same layout as mma.m16n8k16's A), B = the K tile in shared memory,
-//     K-major (each key's head_dim contiguous), 128-byte swizzle;
+//   S (64 × 64, fp32) = Q · Kᵀ: 8 wgmma m64n64k16, A = the warpgroup's Q tile and B = the K tile
+//     in shared memory, K-major (each key's head_dim contiguous), 128-byte swizzle;
 //   softmax on the accumulator registers (thread holds rows g, g + 8 and columns
 //     8j + 2·t4 + {0, 1} of its warp's 16 rows: mma.m16n8's C layout repeated over N / 8);
 //   O (64 × 128, fp32) = O · corr + P · V: 4 wgmma m64n128k16, A = P (bf16) from registers (the
@@ -32,7 +31,7 @@
 //   V, key step kk (keys 16kk .. 16kk + 15): start = tile + kk·2048, leading byte offset 8192
 //     (between the two 64-dim halves along N), stride byte offset 1024 (between the two 8-key
 //     groups along K).
-// wgmma_wide (Wide = true) runs 16 warps per block: warp w takes head w % G and the 16 queries
+// A block runs 16 warps: warp w takes head w % G and the 16 queries
 // 16·(w / G) .. of the block's 16·16 / G, so each K/V tile serves four warpgroups (256 rows); Q
 // is written once by each warp into its warpgroup's 16 KB shared tile (rows 16·(w % 4) ..) in
 // the K tile's layout, and S runs as shared × shared wgmma with Q's descriptor built like K's.
@@ -94,7 +93,7 @@ __device__ __forceinline__ void wg_pin(float (&d)[NJ][4]) {
   for (int j = 0; j < NJ; ++j) asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
 }
 
-/// As wg_pin for A fragments held in registers (written before the wgmma.fence that precedes
+/// As wg_pin for A fragments held in registers (P: written before the wgmma.fence that precedes
 /// their wgmma, as the PTX ISA requires of registers a wgmma reads).
 template <int NK>
 __device__ __forceinline__ void wg_pin(uint32_t (&a)[NK][4]) {
@@ -111,32 +110,8 @@ __device__ __forceinline__ void wg_pin(uint32_t (&a)[NK][4]) {
       SD_WG_ACC4(d, 13, c), SD_WG_ACC4(d, 14, c), SD_WG_ACC4(d, 15, c)
 
 /// s (64 × 64 per warpgroup; this thread: s[j][i] at row 16·warp + g + 8·(i / 2), column
-/// 8j + 2·t4 + i % 2) = (Accumulate ? s : 0) + A · B, A (64 × 16 bf16) from registers a (the
-/// mma.m16n8k16 A fragment of the warp's 16 rows), B (16 × 64) the K-major tile of desc_b.
-template <bool Accumulate>
-__device__ __forceinline__ void wg_mma_s(float (&s)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (Accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : SD_WG_ACC32(s, "+f")
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : SD_WG_ACC32(s, "=f")
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-  }
-}
-
-/// As wg_mma_s with A (64 × 16 bf16) from shared memory too: the K-major tile of desc_a.
+/// 8j + 2·t4 + i % 2) = (Accumulate ? s : 0) + A · B, A (64 × 16 bf16) the K-major Q tile of
+/// desc_a, B (16 × 64) the K-major K tile of desc_b.
 template <bool Accumulate>
 __device__ __forceinline__ void wg_mma_s_ss(float (&s)[8][4], uint64_t desc_a, uint64_t desc_b) {
   if constexpr (Accumulate) {
@@ -160,7 +135,7 @@ __device__ __forceinline__ void wg_mma_s_ss(float (&s)[8][4], uint64_t desc_a, u
   }
 }
 
-/// o (64 × 128 per warpgroup, same thread layout as wg_mma_s over 16 column groups) += A · B, A
+/// o (64 × 128 per warpgroup, same thread layout as wg_mma_s_ss over 16 column groups) += A · B, A
 /// (64 × 16 bf16: P of 16 keys) from registers a, B (16 keys × 128 dims) the MN-major tile of
 /// desc_b (imm-trans-b 1).
 __device__ __forceinline__ void wg_mma_o(float (&o)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -192,24 +167,21 @@ __global__ void flash_wgmma_probe_kernel(int* flag) {
 #endif
 }
 
-/// Warps per block: G (one warpgroup per 4 heads, 16 queries) or, Wide, 16 (four warpgroups;
-/// warp w takes head w % G and queries 16·(w / G) .. of the block's 16·16 / G).
-__host__ __device__ constexpr int wg_warps(bool wide, int group) { return wide ? 16 : group; }
+/// Warps per block: four warpgroups; warp w takes head w % G and queries 16·(w / G) .. of the
+/// block's 16·16 / G.
+constexpr int k_wg_warps = 16;
 /// Queries per block.
-__host__ __device__ constexpr int wg_block_queries(bool wide, int group) { return k_wg_rows * (wg_warps(wide, group) / group); }
-/// Dynamic shared memory of a block: the K/V buffers (k_wg_smem) and, Wide, Q as four
-/// warpgroup tiles of 64 rows × 256 bytes in the K tile's swizzled layout.
-constexpr std::size_t wg_smem_bytes(bool wide) { return k_wg_smem + (wide ? 4 * k_wg_tile_bytes : 0); }
+__host__ __device__ constexpr int wg_block_queries(int group) { return k_wg_rows * (k_wg_warps / group); }
+/// Dynamic shared memory of a block: the K/V buffers (k_wg_smem) and Q as four warpgroup tiles of
+/// 64 rows × 256 bytes in the K tile's swizzled layout.
+constexpr std::size_t k_wg_smem_bytes = k_wg_smem + 4 * k_wg_tile_bytes;
 
 /// The wgmma kernel: head_dim 128, group G = n_heads / n_kv_heads in {4, 8}, blockDim
-/// 32·wg_warps(Wide, G), grid (ceil(n / wg_block_queries(Wide, G)), n_kv_heads),
-/// wg_smem_bytes(Wide) of dynamic shared memory. Same arguments and output as
-/// flash_attention_prefill_kernel (flash_attention.cu) plus the group. Wide false: Q as register
-/// A fragments (RS wgmma), <= 255 registers, one block of G / 4 warpgroups per SM. Wide true: Q
-/// in shared memory (SS wgmma for S), <= 128 registers so 16 warps fit, each K/V tile serving
-/// 256 query rows.
-template <bool Wide>
-__global__ void __launch_bounds__(Wide ? 512 : 256, 1)
+/// 32·k_wg_warps, grid (ceil(n / wg_block_queries(G)), n_kv_heads), k_wg_smem_bytes of dynamic
+/// shared memory. Same arguments and output as flash_attention_prefill_kernel
+/// (flash_attention.cu) plus the group. Q in shared memory (SS wgmma for S), <= 128 registers so
+/// 16 warps fit, each K/V tile serving 256 query rows.
+__global__ void __launch_bounds__(k_wg_warps * 32, 1)
     flash_wgmma_prefill_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                float* __restrict__ out, int ldo, int n, int pos0, int n_kv_heads, int G, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -217,12 +189,12 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(wg_smem));
   const unsigned base = (raw + 1023u) & ~1023u;  // shared-state-space address of K buffer 0
   unsigned char* const tiles_ptr = wg_smem + (base - raw);
-  // K buffer b at base + b·16 KB, V buffer b at base + 32 KB + b·16 KB; Wide: Q of warpgroup i
-  // at base + 64 KB + i·16 KB.
+  // K buffer b at base + b·16 KB, V buffer b at base + 32 KB + b·16 KB; Q of warpgroup i at
+  // base + 64 KB + i·16 KB.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int kvh = blockIdx.y, h = kvh * G + warp % G, kv_dim = n_kv_heads * k_wg_hd;
-  const int bq = wg_block_queries(Wide, G);
+  const int bq = wg_block_queries(G);
   // Heaviest tiles (most keys) first, as the mma.sync kernels.
   const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
   const int wq0 = q0 + k_wg_rows * (warp / G);  // this warp's first query
@@ -245,13 +217,11 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
   stage(0);
 
   // Q in bf16, rows wq0 + r (r < 16; rows past the chunk are zero: computed as the chunk's first
-  // query, never written). Not Wide: qa[kb][i] holds dims kb·16 + 2·t4 + 8·(i / 2) + {0, 1} of
-  // row g + 8·(i % 2) (the mma.m16n8k16 / wgmma m64nNk16 A fragment of the warp's 16 rows).
-  // Wide: the warp writes its 16 rows as rows 16·(warp % 4) .. of its warpgroup's Q tile, 16-byte
-  // chunk c of row r at wg_chunk_offset(r, c) (K-major, 128-byte swizzle, as the K tile).
-  [[maybe_unused]] uint32_t qa[Wide ? 1 : k_wg_hd / 16][4];
-  [[maybe_unused]] const unsigned qt = base + 4 * k_wg_tile_bytes + (warp / 4) * k_wg_tile_bytes;  // Wide: this warpgroup's Q tile
-  if constexpr (Wide) {
+  // query, never written): the warp writes its 16 rows as rows 16·(warp % 4) .. of its
+  // warpgroup's Q tile, 16-byte chunk c of row r at wg_chunk_offset(r, c) (K-major, 128-byte
+  // swizzle, as the K tile).
+  const unsigned qt = base + 4 * k_wg_tile_bytes + (warp / 4) * k_wg_tile_bytes;  // this warpgroup's Q tile
+  {
     unsigned char* const qd = tiles_ptr + 4 * k_wg_tile_bytes + (warp / 4) * k_wg_tile_bytes;
     for (int e = lane; e < k_wg_rows * (k_wg_hd / 8); e += 32) {
       const int r = e / (k_wg_hd / 8), c = e % (k_wg_hd / 8), row = wq0 + r;
@@ -265,16 +235,6 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
       *reinterpret_cast<uint4*>(qd + wg_chunk_offset((warp % 4) * k_wg_rows + r, c)) = v;
     }
     // Made visible to the async proxy by the fence.proxy.async before the first tile's barrier.
-  } else {
-#pragma unroll
-    for (int kb = 0; kb < k_wg_hd / 16; ++kb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = wq0 + g + (i % 2) * 8, col = kb * 16 + t4 * 2 + (i / 2) * 8;
-        float2 x = make_float2(0.f, 0.f);
-        if (row < n) x = *reinterpret_cast<const float2*>(q + static_cast<size_t>(row) * ldq + static_cast<size_t>(h) * k_wg_hd + col);
-        qa[kb][i] = pack(x.x, x.y);
-      }
   }
   float o[k_wg_hd / 8][4];
 #pragma unroll
@@ -286,7 +246,7 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
 
   for (int t = 0; t < tiles; ++t) {
     cp_async_wait<0>();   // this thread's part of tile t has landed
-    fence_proxy_async();  // ... and (with the Wide Q rows it wrote) is visible to wgmma (async proxy)
+    fence_proxy_async();  // ... and (with the Q rows it wrote) is visible to wgmma (async proxy)
     // Every thread's part of tile t is in place, and every warpgroup is done with tile t − 1
     // (its wgmma waited), whose buffer tile t + 1 takes: staged now, it lands while t is used.
     __syncthreads();
@@ -296,19 +256,12 @@ __global__ void __launch_bounds__(Wide ? 512 : 256, 1)
     const int kb0 = t * k_wg_keys;
 
     float s[k_wg_keys / 8][4];  // S = Q · Kᵀ: this warp's 16 rows × 64 keys
-    if constexpr (!Wide) wg_pin(qa);
     wg_fence();
-    if constexpr (Wide) {
-      wg_mma_s_ss<false>(s, wg_desc(qt, 16, 1024), wg_desc(kt, 16, 1024));
+    wg_mma_s_ss<false>(s, wg_desc(qt, 16, 1024), wg_desc(kt, 16, 1024));
 #pragma unroll
-      for (int kb = 1; kb < k_wg_hd / 16; ++kb) {
-        const unsigned step = (kb / 4) * 8192 + (kb % 4) * 32;
-        wg_mma_s_ss<true>(s, wg_desc(qt + step, 16, 1024), wg_desc(kt + step, 16, 1024));
-      }
-    } else {
-      wg_mma_s<false>(s, qa[0], wg_desc(kt, 16, 1024));
-#pragma unroll
-      for (int kb = 1; kb < k_wg_hd / 16; ++kb) wg_mma_s<true>(s, qa[kb], wg_desc(kt + (kb / 4) * 8192 + (kb % 4) * 32, 16, 1024));
+    for (int kb = 1; kb < k_wg_hd / 16; ++kb) {
+      const unsigned step = (kb / 4) * 8192 + (kb % 4) * 32;
+      wg_mma_s_ss<true>(s, wg_desc(qt + step, 16, 1024), wg_desc(kt + step, 16, 1024));
     }
     wg_commit();
     wg_wait_all();

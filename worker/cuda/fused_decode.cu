@@ -7,6 +7,7 @@
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/fused_launch.cuh"
+#include "worker/cuda/handshakes.cuh"
 #include "worker/cuda/launch_check.cuh"
 
 namespace servedeck::worker::cuda {
@@ -54,9 +55,8 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
 // (x_first) a part before and the rest right after x's loads. Then lane l of column slice s (warp
 // w: s = w % 8) takes the 16-byte column blocks c = 32 s + l (+ 256, ...) of 8 rows at a time; per
 // row the lane sums its blocks in order, the warp reduces the 8 rows with one reduce-scatter
-// (detail::warp_sum8_scatter; the shuffle tree per row when scatter is 0), and the block adds the
-// 8 slices in order. Measured on the H200 (session 10, GPU step at position ~190): the
-// reduce-scatter 2.439 -> 2.406 ms (run 4), 16 warps instead of 8 2.416 -> 2.385 ms (run 5).
+// (detail::store_row_sums8), and the block adds the 8 slices in order. The reduce-scatter and
+// 16 warps (not 8) per block: docs/performance.md, 2026-11-30 "staged GEMV".
 // Shared memory: R·in bf16 weights | in fp32 x̂ | CW·R fp32 partials (CW = k_staged_warps column
 // slices).
 constexpr int k_staged_warps = 8;
@@ -65,19 +65,21 @@ constexpr std::size_t k_staged_smem_max = 200 * 1024;
 // NV: the norm of x first — 0: none (x copied), > 0: load_row_regs + block_rmsnorm_from_regs
 // (block_rmsnorm_prefetched's steps) with NV float4 per thread of the first 256 (its weights
 // loaded before the wait; in <= 4 * 256 * NV), -1: block_rmsnorm_to_shared (WARPS 8 only).
-// WARPS: 8, or 16 (SERVEDECK_STAGED_WARPS): warp w takes column slice w % 8 and, at 16, every
-// other group of 8 rows (w / 8 picks which), so each row's partials are those of the 8-warp
-// kernel, summed in the same order (bit-identical), with twice the warps to hide the latencies
-// of the shared-memory loads and shuffles.
-template <int NV, int WARPS>
+// WARPS: 16, or 8 with the strided norm (NV -1): warp w takes column slice w % 8 and, at 16,
+// every other group of 8 rows (w / 8 picks which), so each row's partials are those of the
+// 8-warp kernel, summed in the same order, with twice the warps to hide the latencies of the
+// shared-memory loads and shuffles.
+template <int NV>
+constexpr int staged_warps() { return NV >= 0 ? 2 * k_staged_warps : k_staged_warps; }
+
+template <int NV, int WARPS = staged_warps<NV>()>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     const bf16* __restrict__ W, const float* __restrict__ x, const bf16* __restrict__ nw, float eps, float* __restrict__ y,
     int out, int in, int rows_per_block, int accumulate, float* __restrict__ xn_out, int pieces, const float* __restrict__ res,
-    int scatter, int trigger_at_start, unsigned int* rows_done, int x_first) {
+    int trigger_at_start, int x_first) {
   SERVEDECK_TRACE_BLOCK();
-  // The o-proj before the early routing's folded router lets it launch at once (fused_launch.cuh).
-  if (trigger_at_start) asm volatile("griddepcontrol.launch_dependents;" :::);
-  static_assert(WARPS == k_staged_warps || (WARPS == 2 * k_staged_warps && NV >= 0), "8 warps, or 16 without the strided norm");
+  // The o-proj of a folded-router layer lets the router launch at once (handshakes.cuh).
+  if (trigger_at_start) detail::trigger_dependents();
   constexpr int CW = k_staged_warps, RG = 8, NT = CW * 32;  // column slices; the norm's threads
   extern __shared__ float4 dyn4[];
   const int R = rows_per_block, r0 = blockIdx.x * R, nrows = min(R, out - r0), n8 = in / 8;
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
       for (int r = 0; r < RG; ++r)
         if (g + r < nrows) acc[r] += detail::dot8(ws[static_cast<size_t>(g + r) * n8 + c], a, b);
     }
-    detail::store_row_sums8(acc, lane, g, nrows, part + cw * R, scatter);  // reduce-scatter: 9 shuffles, not 40
+    detail::store_row_sums8(acc, lane, g, nrows, part + cw * R);
   }
   __syncthreads();
   SERVEDECK_TRACE_SUMMED();
@@ -140,14 +142,10 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) staged_gemv_kernel(
     for (int w = 0; w < CW; ++w) s += part[w * R + r];
     y[r0 + r] = accumulate ? (r == static_cast<int>(threadIdx.x) ? y_old : base[r0 + r]) + s : s;
   }
-  if (rows_done != nullptr) {  // the early x (fused_launch.cuh): this block's rows are written
-    __syncthreads();
-    if (threadIdx.x == 0) detail::publish_count(rows_done);
-  }
 }
 
 // Shape of a staged GEMV launch: rows per block so that one block per SM covers `out`, and its
-// shared memory; smem == 0 when that does not fit (the row-per-warp kernels are used instead).
+// shared memory.
 struct StagedPlan {
   int rows_per_block = 0, grid = 0;
   std::size_t smem = 0;
@@ -158,53 +156,49 @@ StagedPlan staged_plan(int out, int in) {
   p.rows_per_block = (out + sm_count() - 1) / sm_count();
   p.grid = (out + p.rows_per_block - 1) / p.rows_per_block;
   const std::size_t R = static_cast<std::size_t>(p.rows_per_block), n = static_cast<std::size_t>(in);
-  const std::size_t bytes = R * n * 2 + n * 4 + k_staged_warps * R * 4;
-  p.smem = bytes <= k_staged_smem_max ? bytes : 0;
+  p.smem = R * n * 2 + n * 4 + k_staged_warps * R * 4;
   return p;
 }
 
+// Launches the staged kernel when its rows fit the block's shared memory (at most
+// k_staged_smem_max, and what the device allows: detail::smem_per_block); false otherwise (the
+// caller runs the row-per-warp kernel).
 template <int NV>
-void launch_staged(const StagedPlan& p, cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps,
-                   float* y, int out, int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr,
-                   bool trigger_at_start = false, unsigned int* rows_done = nullptr, int x_first = 0) {
-  const int scatter = detail::reduce_scatter_knob();
-  // The block size follows from the instance's WARPS.
-  auto go = [&]<int WARPS>(std::integral_constant<int, WARPS>) {
-    allow_dynamic_smem(staged_gemv_kernel<NV, WARPS>, k_staged_smem_max);
-    launch(staged_gemv_kernel<NV, WARPS>, p.grid, WARPS * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
-           accumulate ? 1 : 0, xn_out, pieces, res, scatter, trigger_at_start ? 1 : 0, rows_done, x_first);
-  };
-  // 16 warps per block unless SERVEDECK_STAGED_WARPS=8 (A/B); the strided norm (NV -1) has 8.
-  if constexpr (NV >= 0)
-    if (detail::env_knob("SERVEDECK_STAGED_WARPS", 16) != 8) return go(std::integral_constant<int, 2 * k_staged_warps>{});
-  go(std::integral_constant<int, k_staged_warps>{});
+bool launch_staged(cudaStream_t stream, bool pdl, const bf16* W, const float* x, const bf16* nw, float eps, float* y, int out,
+                   int in, bool accumulate, float* xn_out, int pieces, const float* res = nullptr, bool trigger_at_start = false,
+                   int x_first = 0) {
+  const StagedPlan p = staged_plan(out, in);
+  const auto kernel = staged_gemv_kernel<NV>;
+  if (p.smem > k_staged_smem_max || !detail::fits_smem(kernel, p.smem)) return false;
+  allow_dynamic_smem(kernel, k_staged_smem_max);
+  launch(kernel, p.grid, staged_warps<NV>() * 32, p.smem, stream, pdl, W, x, nw, eps, y, out, in, p.rows_per_block,
+         accumulate ? 1 : 0, xn_out, pieces, res, trigger_at_start ? 1 : 0, x_first);
+  return true;
 }
 
 // Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
 // warp g of a head takes positions g, g + G, g + 2G, ... (G = splits × warps) with an online
 // softmax; warps merge in a fixed order inside the block, blocks publish partials, and the last
-// block of the head to finish merges them in split order (the same result whichever is last).
-// VPL: head dimensions per lane (lane l holds l, l + 32, ...): 4 for head_dim <= 128, else 8; the
-// smaller instance holds 64 registers instead of 88 (launch_attention_decode_fused picks it).
-// READ_AHEAD: before the wait, each warp asks L2 for the K and V rows of its first four positions
-// (rows of earlier steps: never written by the predecessor), so that its loads after the wait
-// hit L2. Measured on the H200 (session 9, all experts resident, GPU step at position ~190): VPL
-// 4 with the read-ahead 2.440 ms, without 2.474, against 2.554 for the session-8 kernel
-// (VPL 8, no read-ahead); loading those rows into registers instead (104 registers) 2.718.
+// block of the head to finish merges them in split order (handshakes.cuh H1: the same result
+// whichever is last). VPL: head dimensions per lane (lane l holds l, l + 32, ...): 4 for head_dim
+// <= 128, else 8; the smaller instance holds 64 registers instead of 88. Before the wait, each
+// warp asks L2 for the K and V rows of its first four positions (rows of earlier steps: never
+// written by the predecessor), so that its loads after the wait hit L2 (docs/performance.md,
+// 2026-11-30 "attention read-ahead").
 constexpr int k_attn_warps = 8;
 
-template <int VPL, bool READ_AHEAD>
+template <int VPL>
 __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(const float* __restrict__ qkv,
                                                                            const bf16* __restrict__ qn,
                                                                            const bf16* __restrict__ kn, float* kc,
                                                                            float* vc, float* __restrict__ out,
-                                                                           AttentionShape s, const int32_t* pos_p, int early_trigger,
-                                                                           unsigned int* heads_done, int lean_sync) {
+                                                                           AttentionShape s, const int32_t* pos_p,
+                                                                           unsigned int* heads_done) {
   SERVEDECK_TRACE_BLOCK();
-  // The o-proj may launch at once (an exception to wait_for_predecessor's order, fused_launch.cuh):
-  // its blocks are placed as q|k|v's leave and stage their rows during the whole attention.
-  // Measured on the H200 (session 9 run 7, GPU step at position ~190): 2.410 ms against 2.443.
-  if (early_trigger) asm volatile("griddepcontrol.launch_dependents;" :::);
+  // The o-proj may launch at once (handshakes.cuh, launch order): its blocks are placed as
+  // q|k|v's leave and stage their rows during the whole attention (docs/performance.md,
+  // 2026-11-30 "o-proj at the attention's start").
+  detail::trigger_dependents();
   __shared__ float qs[256], ks[256], vs[256];
   __shared__ float wm[k_attn_warps], wl[k_attn_warps];
   __shared__ float wacc[k_attn_warps][32 * VPL];
@@ -220,7 +214,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
   detail::RopeHeadPrefetch rp{};
   if (warp < 2) rp = detail::prefetch_rope_head(warp == 0 ? qn : kn, s.inv_freq, hd, s.rotary_dim, lane);
   const int tw = split * k_attn_warps + warp;  // this warp's first position
-  if constexpr (READ_AHEAD) {
+  {
     // Lane l: position tw + (l / 8) G, K (l % 8 < 4) or V, the (l % 4)-th 128-byte line of the row
     // (the first 512 bytes: all of it at head_dim 128).
     const int t = tw + (lane / 8) * G, line = lane % 4;
@@ -303,7 +297,7 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     part[0] = M;
     part[1] = L;
   }
-  if (!detail::arrive_last(s.counters, h, k_attention_splits, lean_sync, is_last)) return;
+  if (!detail::arrive_last(s.counters, h, k_attention_splits, is_last)) return;
   // Every split's (M, L) and this thread's outputs in one round of loads, then the merge in
   // split order.
   const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);
@@ -326,17 +320,17 @@ __global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(cons
     for (int b = 0; b < k_attention_splits; ++b) o += Lb[b] > 0.f ? Ob[b] * expf(Mb[b] - MM) : 0.f;
     out[static_cast<size_t>(h) * hd + dd] = o / LL;
   }
-  if (threadIdx.x == 0) s.counters[h] = 0u;  // ready for the next launch
-  if (heads_done != nullptr) {  // the early routing (fused_launch.cuh): this head's output is written
+  if (threadIdx.x == 0) s.counters[h] = 0u;  // H1's reset, by the block that completed the count
+  if (heads_done != nullptr) {  // H2 (handshakes.cuh): this head's output is written
     __syncthreads();
     if (threadIdx.x == 0) detail::publish_count(heads_done);
   }
 }
 
-// y (+)= W x with x from global memory (o-proj + residual).
+// y (+)= W x with x from global memory (o-proj + residual), one row per warp.
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate,
-                                                       const float* __restrict__ res, unsigned int* rows_done) {
+                                                       const float* __restrict__ res) {
   SERVEDECK_TRACE_BLOCK();
   const int lane = threadIdx.x % 32, row0 = blockIdx.x * 8 + threadIdx.x / 32;
   const detail::RowPrefetch pre = detail::prefetch_row(W + static_cast<size_t>(row0 < out ? row0 : 0) * in, in, lane);
@@ -345,10 +339,6 @@ __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ 
     const bf16* wr = W + static_cast<size_t>(row) * in;
     const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, x, in, lane) : lane_dot(wr, x, in, lane));
     if (lane == 0) y[row] = accumulate ? (res != nullptr ? res[row] : y[row]) + acc : acc;
-  }
-  if (rows_done != nullptr) {  // as the staged kernel's
-    __syncthreads();
-    if (threadIdx.x == 0) detail::publish_count(rows_done);
   }
 }
 
@@ -371,24 +361,16 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
   // The staged kernels' prefetch_norm_weights reads four bf16 norm weights at a time (8-byte loads).
   require(detail::aligned8(norm_w), "launch_norm_gemv_bf16", "norm_w must be 8-byte aligned");
-  const StagedPlan p = staged_plan(out, in);
-  // One piece: pacing q|k|v's staging (it runs beside the down, bandwidth-bound) measured no
-  // better (session 7 runs 1-2). SERVEDECK_QKV_STAGE_PIECES overrides (A/B).
-  const int pieces = detail::env_knob("SERVEDECK_QKV_STAGE_PIECES", 1);
-  // x first: about half of the rows issued before the wait, the rest after x's loads, so that x
-  // is not queued behind all of them. Measured on the H200 for the decode step's q|k|v (session 15
-  // run 1, GPU step at position ~190, each twice): 2.220-2.223 ms against 2.256-2.257 with all
-  // before; 2 or 6 eighths 2.236 / 2.234. SERVEDECK_QKV_X_FIRST=n (n eighths before; 0: all)
-  // overrides (A/B). It applies to every staged launch here: also the dense MLP's gate and up.
-  const int x_first = detail::env_knob("SERVEDECK_QKV_X_FIRST", 4);
-  if (p.smem != 0) {
-    // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
-    if (in <= 2048)
-      return launch_staged<2>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, nullptr, x_first);
-    if (in <= 4096)
-      return launch_staged<4>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, nullptr, x_first);
-    return launch_staged<-1>(p, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces);
-  }
+  // One piece of copies (pacing them measured no better for q|k|v, which runs beside the
+  // bandwidth-bound down) with x first: half of the rows issued before the wait, the rest after
+  // x's loads, so that x is not queued behind all of them (docs/performance.md, 2026-11-30
+  // "q|k|v x first"). It applies to every staged launch here: also the dense MLP's gate and up.
+  constexpr int pieces = 1, x_first = 4;
+  // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
+  if (in <= 2048 ? launch_staged<2>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, x_first)
+      : in <= 4096 ? launch_staged<4>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, x_first)
+                   : launch_staged<-1>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces))
+    return;
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
   allow_dynamic_smem(norm_gemv_kernel<8>, 12288 * sizeof(float));  // the precondition's largest `in`
   launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
@@ -406,34 +388,23 @@ void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const b
           "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
   require((q_norm == nullptr) == (k_norm == nullptr), "launch_attention_decode_fused", "q_norm and k_norm must both be set or both null");
   require(s.scratch != nullptr && s.counters != nullptr, "launch_attention_decode_fused", "scratch and counters must be set");
-  // The K/V rows read ahead into L2 unless SERVEDECK_ATTN_READ_AHEAD=0 (A/B).
-  const bool ahead = detail::env_knob("SERVEDECK_ATTN_READ_AHEAD", 1) != 0;
   const int grid = s.n_heads * k_attention_splits;
-  // The o-proj launched at the attention's start unless SERVEDECK_ATTN_EARLY_TRIGGER=0 (A/B).
-  const int early = detail::env_knob("SERVEDECK_ATTN_EARLY_TRIGGER", 1) != 0 ? 1 : 0;
-  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, early, heads_done,
-                                            detail::lean_sync_knob()); };
-  if (s.head_dim <= 128) return ahead ? go(attention_fused_kernel<4, true>) : go(attention_fused_kernel<4, false>);
-  ahead ? go(attention_fused_kernel<8, true>) : go(attention_fused_kernel<8, false>);
+  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, heads_done); };
+  if (s.head_dim <= 128) return go(attention_fused_kernel<4>);
+  go(attention_fused_kernel<8>);
 }
 
-int launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
-                         bool pdl, const float* res, bool trigger_at_start, unsigned int* rows_done) {
+void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
+                          bool pdl, const float* res, bool trigger_at_start) {
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
                   "out must be positive and in a positive multiple of 8, got " + std::to_string(out) + ", " + std::to_string(in));
   detail::require(detail::aligned16(W) && detail::aligned16(x), "launch_gemv_bf16_pdl", "W and x must be 16-byte aligned");
-  const StagedPlan p = staged_plan(out, in);
   // The o-proj stages its rows beside the attention (latency-bound): in 16 paced pieces so its
-  // copies do not queue ahead of the attention's loads. Measured on the H200 (session 7 runs 1-3,
-  // GPU step): 1 piece 2.940 ms, 4: 2.927, 8: 2.887, 16: 2.845, and 32 no better (with the staged
-  // down: 8: 2.753, 16: 2.713-2.715, 32: 2.805). SERVEDECK_OPROJ_STAGE_PIECES overrides (A/B).
-  if (p.smem != 0) {
-    launch_staged<0>(p, stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr,
-                     detail::env_knob("SERVEDECK_OPROJ_STAGE_PIECES", 16), res, trigger_at_start, rows_done);
-    return p.grid;
-  }
-  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0, res, rows_done);
-  return grid_for(out, 8);
+  // copies do not queue ahead of the attention's loads (docs/performance.md, 2026-11-30 "o-proj
+  // paced staging").
+  constexpr int pieces = 16;
+  if (launch_staged<0>(stream, pdl, W, x, nullptr, 0.f, y, out, in, accumulate, nullptr, pieces, res, trigger_at_start)) return;
+  launch(gemv_pdl_kernel, grid_for(out, 8), 256, 0, stream, pdl, W, x, y, out, in, accumulate ? 1 : 0, res);
 }
 
 }  // namespace servedeck::worker::cuda

@@ -18,17 +18,6 @@ using detail::launch;
 using detail::wait_for_predecessor;
 using detail::warp_sum;
 
-// The down's end of the early-ids, early-x and gate/up-ranks handshakes (fused_launch.cuh): after
-// its wait every gate/up block has polled the flag and the counts, so block 0 clears them for the
-// next layer.
-__device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    if (ids_ready != nullptr) *ids_ready = 0u;
-    if (x_done != nullptr) *x_done = 0u;
-    if (logits_done != nullptr) *logits_done = 0u;
-  }
-}
-
 // down row h of every routed expert, weighted sum in the order j = 0..k-1, residual add. The
 // routed experts' down pointers and weights go to shared memory once per block; a lane then
 // walks its columns with the loads of up to eight experts in flight at once (per-expert sums in
@@ -36,13 +25,12 @@ __device__ __forceinline__ void clear_handshakes(unsigned int* ids_ready, unsign
 __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(ExpertTable t, const float* __restrict__ act,
                                                                          const int32_t* __restrict__ ids,
                                                                          const float* __restrict__ weights, int k,
-                                                                         float* __restrict__ out, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
+                                                                         float* __restrict__ out) {
   SERVEDECK_TRACE_BLOCK();
   __shared__ const bf16* down[32];
   __shared__ float wj[32];
   const int lane = threadIdx.x % 32;
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done, logits_done);
   if (threadIdx.x < k) {
     down[threadIdx.x] = t.experts[ids[threadIdx.x]] + static_cast<size_t>(2) * t.inter * t.hidden;
     wj[threadIdx.x] = weights[threadIdx.x];
@@ -77,14 +65,12 @@ __global__ void __launch_bounds__(k_moe_warps * 32) moe_down_fused_kernel(Expert
 // down for inter <= 768 (CH <= 3 16-byte column blocks per lane): block b owns the hidden rows
 // [16 b, 16 b + 16); warp w takes routed slots j = w, w + 8, ... and reads down_j's rows of the
 // block, 8 rows' loads in flight at once (a lane holds its CH column blocks of each row). The
-// ids were written two launches back by the router, or with gate/up ranks by gate/up's block 0
-// before it triggered (fused_launch.cuh), so ids, the expert pointer and the first 8 rows are
-// read BEFORE waiting for gate/up; act only after. Per (j, row) the lane
-// sums its blocks in order and the warp reduces (down_row_group); then out[h] +=
-// sum_j weights[j] * part[j][h] in slot order: a fixed order. 128 registers (launch bounds):
-// one block of the next layer's q|k|v GEMV fits beside it and stages its weights meanwhile.
-// At CH = 3 (inter 768) ptxas spills 32 bytes since the residual is read before the wait (4
-// before); its cost was not measured apart (run 4 changed attention too).
+// ids were written two launches back by the unfolded router, or by gate/up's block 0 before it
+// triggered (handshakes.cuh H4), so ids, the expert pointer and the first 8 rows are read BEFORE
+// waiting for gate/up; act only after. Per (j, row) the lane sums its blocks in order and the
+// warp reduces (down_row_group); then out[h] += sum_j weights[j] * part[j][h] in slot order: a
+// fixed order. 128 registers (launch bounds): one block of the next layer's q|k|v GEMV fits
+// beside it and stages its weights meanwhile.
 constexpr int k_down_rows = 16;
 
 // A load the compiler may not hoist out of the row-group loop (it would hold CH·8 more
@@ -99,12 +85,11 @@ __device__ __forceinline__ float4 load_act(const float4* p) {
 // of row g + r dotted with act_j, in column order (weight(r, c): the 16-byte block of row g + r
 // at column block lane + 32 c, zero past the rows or columns; act(c, a, b): act_j's two float4
 // of that column block, zero past the columns), then the warp's sums of the 8 rows into
-// part[j][g + r] (detail::store_row_sums8: one reduce-scatter when `scatter`). Shared by the row
+// part[j][g + r] (detail::store_row_sums8: one reduce-scatter). Shared by the row
 // kernel (weights in registers) and the staged one (weights in shared memory, act possibly
 // loaded before its rows landed), so that their results stay bit-identical.
 template <int CH, int RG, class Act, class Weight>
-__device__ __forceinline__ void down_row_group(Act act, int g, int nrows, int lane, int j, Weight weight, float (*part)[k_down_rows],
-                                               int scatter) {
+__device__ __forceinline__ void down_row_group(Act act, int g, int nrows, int lane, int j, Weight weight, float (*part)[k_down_rows]) {
   static_assert(RG == 8, "the row sums are stored eight at a time");
   float s[RG];
 #pragma unroll
@@ -116,7 +101,7 @@ __device__ __forceinline__ void down_row_group(Act act, int g, int nrows, int la
 #pragma unroll
     for (int r = 0; r < RG; ++r) s[r] += detail::dot8(weight(r, c), a, b);
   }
-  detail::store_row_sums8(s, lane, g, nrows, part[j], scatter);
+  detail::store_row_sums8(s, lane, g, nrows, part[j]);
 }
 
 // act_j's column block lane + 32 c (two float4) from global memory, zero past n8 (load_act: not
@@ -146,8 +131,7 @@ template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(ExpertTable t, const float* __restrict__ act,
                                                                            const int32_t* __restrict__ ids,
                                                                            const float* __restrict__ weights, int k,
-                                                                           float* __restrict__ out, int scatter,
-                                                                           unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
+                                                                           float* __restrict__ out) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   __shared__ float part[32][k_down_rows];
@@ -174,7 +158,6 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
   // The residual too: out was last written by the o-proj, three launches back.
   const float out_old = static_cast<int>(threadIdx.x) < nrows ? __ldcg(out + h0 + threadIdx.x) : 0.f;
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done, logits_done);
   for (int j = warp; j < k; j += k_moe_warps) {
     if (j != warp) {
       select(j);
@@ -183,7 +166,7 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(j) * t.inter);
     for (int g = 0; g < nrows; g += RG) {
       if (g > 0) load(g);
-      down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part, scatter);
+      down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, [&](int r, int c) { return w[r][c]; }, part);
     }
   }
   down_finish(part, weights, k, nrows, h0, out_old, out);
@@ -192,21 +175,21 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_down_rows_kernel(Expe
 // down with every row of the block staged in shared memory before the wait: block b owns the
 // hidden rows [16 b, 16 b + 16) and copies, for each routed slot j, down_j's rows of the block
 // (one contiguous range of 16·inter bf16; k·16·inter·2 bytes, 192 KB at k 8 and inter 768) by
-// every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and the
-// expert pointers are read before the wait (written before gate/up triggered: see above), act only
-// after: with `preload` (the default) the warp's first slot's act and the routing weights right
-// after the wait, while the rows still land, instead of after them. The arithmetic is
-// moe_down_rows_kernel's, step for step (per lane its CH column blocks in order,
-// down_row_group's warp reduction, then the slots in order), so out is bit-identical.
-// Its blocks are placed only as gate/up's blocks exit (gate/up's two blocks per SM hold 48K of
-// the 64K registers). A 4-warp block of <= 128 registers fits beside them and stages during
-// gate/up, but measured slower: GPU step 2.874 against 2.714 ms (session 7 run 6).
+// every thread's cp.async, so the down weights stream while gate/up's last blocks finish. ids and
+// the expert pointers are read before the wait (H4, handshakes.cuh), act only after: the warp's
+// first slot's act and the routing weights right after the wait, while the rows still land. A
+// full group (8 rows of exactly 32·CH column blocks: the benchmark's shape) reads its rows without
+// the bounds checks, so the compiler can issue a column block's 8 loads together. The arithmetic
+// is moe_down_rows_kernel's, step for step (per lane its CH column blocks in order,
+// down_row_group's warp reduction, then the slots in order), so out is bit-identical. Its blocks
+// are placed only as gate/up's blocks exit (gate/up's two blocks per SM hold 48K of the 64K
+// registers); a 4-warp block of <= 128 registers would fit beside them but measured slower
+// (docs/performance.md, 2026-11-30 "staged down").
 template <int CH>
 __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(ExpertTable t, const float* __restrict__ act,
                                                                              const int32_t* __restrict__ ids,
                                                                              const float* __restrict__ weights, int k,
-                                                                             float* __restrict__ out, int scatter, int preload,
-                                                                             int batched, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
+                                                                             float* __restrict__ out) {
   SERVEDECK_TRACE_BLOCK();
   constexpr int RG = 8;
   extern __shared__ float4 dyn4[];
@@ -224,13 +207,12 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
     detail::stage_async(ws + static_cast<size_t>(j) * k_down_rows * n8, rows_of[j], static_cast<unsigned>(nrows) * n8 * 16u,
                         static_cast<int>(threadIdx.x), k_moe_warps * 32);
   wait_for_predecessor();
-  clear_handshakes(ids_ready, x_done, logits_done);
   // While the rows land: this warp's first slot's act and the routing weights (gate/up wrote
-  // both), so that no load after the rows waits on L2 (preload 0: read after them, as before).
+  // both), so that no load after the rows waits on L2.
   __shared__ float w_s[32];
   float4 pa[CH], pb[CH];
-  if (preload) {
-    if (static_cast<int>(threadIdx.x) < k) w_s[threadIdx.x] = weights[threadIdx.x];
+  if (static_cast<int>(threadIdx.x) < k) w_s[threadIdx.x] = weights[threadIdx.x];
+  {
     const float4* a4 = reinterpret_cast<const float4*>(act + static_cast<size_t>(warp < k ? warp : 0) * t.inter);
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
@@ -250,66 +232,49 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 1) moe_down_staged_kernel(Ex
         const int i = lane + 32 * c;
         return g + r < nrows && i < n8 ? wj[static_cast<size_t>(g + r) * n8 + i] : make_uint4(0, 0, 0, 0);
       };
-      // A full group (8 rows of exactly 32·CH column blocks: the benchmark's shape) reads its
-      // rows without the bounds checks, so the compiler can issue a column block's 8 loads
-      // together (batched; the same values, bit-identical). Only with the preloaded act: with
-      // preload 0 the rows are read with the checks, as before both switches.
       const auto weight_full = [&](int r, int c) { return wj[static_cast<size_t>(g + r) * n8 + lane + 32 * c]; };
-      const bool full = batched && g + RG <= nrows && n8 == 32 * CH;
-      if (preload && j == warp) {
+      const bool full = g + RG <= nrows && n8 == 32 * CH;
+      if (j == warp) {
         const auto act_pre = [&](int c, float4& a, float4& b) { a = pa[c], b = pb[c]; };
-        if (full) down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight_full, part, scatter);
-        else down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight, part, scatter);
+        if (full) down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight_full, part);
+        else down_row_group<CH, RG>(act_pre, g, nrows, lane, j, weight, part);
       } else {
-        down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, weight, part, scatter);
+        down_row_group<CH, RG>(act_from_global(a4, n8, lane), g, nrows, lane, j, weight, part);
       }
     }
   }
-  down_finish(part, preload ? w_s : weights, k, nrows, h0, out_old, out);
+  down_finish(part, w_s, k, nrows, h0, out_old, out);
 }
 
 /// Shared memory of moe_down_staged_kernel: k slots of k_down_rows rows of inter bf16.
 std::size_t down_staged_smem(int k, int inter) { return static_cast<std::size_t>(k) * k_down_rows * static_cast<std::size_t>(inter) * 2; }
 constexpr std::size_t k_down_staged_smem_max = 200 * 1024;
 
-// The staged down is used when its rows fit (SERVEDECK_DOWN_STAGED=0 turns it off: A/B switch).
-// Measured on the H200 (session 7, runs 1-3, all experts resident, GPU step at position ~190):
-// 2.940 → 2.812 ms with it, 2.715 ms with the o-proj's staging paced in 16 pieces too.
-bool down_staged(const ExpertTable& table, int k) {
-  return table.inter / 8 <= 96 && down_staged_smem(k, table.inter) <= k_down_staged_smem_max &&
-         detail::env_knob("SERVEDECK_DOWN_STAGED", 1) != 0;
-}
-
 }  // namespace
 
 void launch_moe_down_fused(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream, bool pdl, unsigned int* ids_ready, unsigned int* x_done, unsigned int* logits_done) {
+                           float* out, cudaStream_t stream, bool pdl) {
   detail::require(table.hidden % 8 == 0 && table.inter % 8 == 0 && k > 0 && k <= 32, "launch_moe_down_fused",
                   "hidden and inter must be multiples of 8 and k in (0, 32], got " + std::to_string(table.hidden) + ", " +
                       std::to_string(table.inter) + ", " + std::to_string(k));
   detail::require(detail::aligned16(act), "launch_moe_down_fused", "act must be 16-byte aligned");
   const int n8 = table.inter / 8;
   const int blocks = (table.hidden + k_down_rows - 1) / k_down_rows;
-  const int scatter = detail::reduce_scatter_knob();
-  if (down_staged(table, k)) {
-    const std::size_t smem = down_staged_smem(k, table.inter);
-    // act and the routing weights loaded while the rows land unless SERVEDECK_DOWN_PRELOAD=0 (A/B).
-    const int preload = detail::env_knob("SERVEDECK_DOWN_PRELOAD", 1) != 0 ? 1 : 0;
-    // A full row group's loads without bounds checks unless SERVEDECK_DOWN_BATCHED=0 (A/B; only
-    // with the preload: SERVEDECK_DOWN_PRELOAD=0 turns both off).
-    const int batched = detail::env_knob("SERVEDECK_DOWN_BATCHED", 1) != 0 ? 1 : 0;
-    auto go = [&](auto kernel) {
-      detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
-      launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out, scatter, preload, batched, ids_ready, x_done, logits_done);
-    };
-    if (n8 <= 32) return go(moe_down_staged_kernel<1>);
-    if (n8 <= 64) return go(moe_down_staged_kernel<2>);
-    return go(moe_down_staged_kernel<3>);
-  }
-  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
-  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
-  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, scatter, ids_ready, x_done, logits_done);
-  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out, ids_ready, x_done, logits_done);
+  // The staged down where its rows fit the block's shared memory (docs/performance.md,
+  // 2026-11-30 "staged down"), else the row kernels.
+  const std::size_t smem = down_staged_smem(k, table.inter);
+  auto staged = [&](auto kernel) {
+    if (smem > k_down_staged_smem_max || !detail::fits_smem(kernel, smem)) return false;
+    detail::allow_dynamic_smem(kernel, k_down_staged_smem_max);
+    launch(kernel, blocks, k_moe_warps * 32, smem, stream, pdl, table, act, ids, weights, k, out);
+    return true;
+  };
+  if (n8 <= 32 ? staged(moe_down_staged_kernel<1>) : n8 <= 64 ? staged(moe_down_staged_kernel<2>) : n8 <= 96 && staged(moe_down_staged_kernel<3>))
+    return;
+  if (n8 <= 32) return launch(moe_down_rows_kernel<1>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 64) return launch(moe_down_rows_kernel<2>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  if (n8 <= 96) return launch(moe_down_rows_kernel<3>, blocks, k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
+  launch(moe_down_fused_kernel, grid_for(table.hidden, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, act, ids, weights, k, out);
 }
 
 }  // namespace servedeck::worker::cuda

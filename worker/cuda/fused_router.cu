@@ -22,9 +22,9 @@ using detail::warp_sum;
 
 // Four warps per block, one router row (expert) per warp: 32 blocks for 128 experts. Before the
 // wait each warp loads its row (prefetch_row: all of it for hidden <= 2048) and each thread its
-// norm weights; after it, one round of loads of x. Measured on the H200 (session 6 trace, run 1):
-// the previous layout (64 blocks of 2 warps, strided norm loops) held the critical path 9.5 µs
-// after its wait for a 0.5 MB GEMV. Four warps (not eight) so that the gate/up blocks launched
+// norm weights; after it, one round of loads of x (64 blocks of 2 warps with strided norm loops
+// held the critical path 9.5 µs after their wait for a 0.5 MB GEMV: docs/performance.md,
+// 2026-11-29 "gate/up grid", the same trace). Four warps (not eight) so that the gate/up blocks launched
 // beside it (two per SM, ~96 registers each) still fit on the SMs it occupies.
 constexpr int k_router_warps = 4;
 constexpr int k_router_threads = k_router_warps * 32;

@@ -1,7 +1,7 @@
 // The routed experts of a prefill MoE layer, a batch at a time (see backend_impl.cuh,
 // ExpertBatch): a gate|up GEMM per expert, one SwiGLU launch over the batch's contiguous rows,
 // a down GEMM per expert. cuBLAS 13 on the H200 refused cublasGemmGroupedBatchedEx for bf16
-// inputs with fp32 outputs (CUBLAS_STATUS_NOT_SUPPORTED, session 5 run 7), so the GEMMs stay
+// inputs with fp32 outputs (CUBLAS_STATUS_NOT_SUPPORTED, 2026-11-29), so the GEMMs stay
 // one cublasGemmEx each (bf16 in, fp32 out, fp32 compute).
 #include "worker/cuda/backend_impl.cuh"
 #include "worker/cuda/prefill.cuh"

@@ -339,7 +339,7 @@ void CudaBackend::Impl::prefill_moe(int si, int n, int parts, int split_row, int
   // Rows sorted by compute order (so each batch's rows are contiguous), stable in token order:
   // expert e's rows start at offset[e] (mapped memory, read by the scatter kernel, which puts
   // row p at offset[ids[p]] + rank[p]). Only O(experts) host work after the last part's ids (the
-  // host's per-row passes took 0.7-0.85 ms per 16k-token layer with the GPU idle, session 7).
+  // host's per-row passes took 0.7-0.85 ms per 16k-token layer with the GPU idle, 2026-11-30).
   std::vector<int> offset(static_cast<std::size_t>(E), 0);
   {
     int at = 0;

@@ -1,13 +1,16 @@
 // Per-phase timing of prefill chunks for the benchmark (backend_impl.cuh, PrefillProfile).
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "worker/cuda/backend_impl.cuh"
-#include "worker/cuda/fused_launch.cuh"
 
 namespace servedeck::worker::cuda::detail {
 
 void PrefillProfile::begin(int layers) {
-  on = env_knob("SERVEDECK_PREFILL_PROFILE", 0) != 0;
+  // A diagnostic (docs/cuda-backend.md, "Measuring"): SERVEDECK_PREFILL_PROFILE set and not "0".
+  const char* v = std::getenv("SERVEDECK_PREFILL_PROFILE");
+  on = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
   if (!on) return;
   const std::size_t want = static_cast<std::size_t>(layers) * k_points;
   while (ev.size() < want) {

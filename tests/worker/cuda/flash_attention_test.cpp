@@ -6,12 +6,12 @@
 // ~1e-3: relative L2 < 3e-3, max |error| < 5e-3. A second case states how far bf16 inputs move
 // the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover
 // head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16-query tile, queries after
-// an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashVariant (baseline,
-// two_blocks, wgmma, wgmma_wide) runs every case with the same tolerances and must equal the
-// baseline within 1e-5 (wgmma and wgmma_wide add their products in the tensor core's order; on
-// the H200 that matched the baseline bitwise, session 7 run 7). The wgmma kernels run at head_dim
-// 128 with groups 4 and 8 when the build has sm_90a code (flash_wgmma_available, the default
-// build); every other case exercises their fallback to two_blocks.
+// an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashKernel the device runs
+// for the shape (flash_kernel_runs: wgmma needs head_dim 128, group 4 or 8 and an sm_90a build;
+// each needs its shared memory to fit, so under SERVEDECK_CUDA_SMEM_PER_BLOCK=101376 group 8 at
+// head_dim 128 runs mma alone, as on a 99 KB card) runs every case with the same tolerances and
+// must equal mma within 1e-5 (wgmma adds its products in the tensor core's order; on the H200
+// that matched mma bitwise).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -86,12 +86,17 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
     DeviceBuffer<__nv_bfloat16> dk(kb), dv(vb);
     const auto want = reference(s, gpu_test::from_bf16(gpu_test::to_bf16(q)), ldq, gpu_test::from_bf16(kb), gpu_test::from_bf16(vb));
     const auto want32 = reference(s, q, ldq, k, v);
-    std::vector<float> baseline_out;
-    for (const FlashVariant variant : k_flash_variants) {
-      CAPTURE(to_string(variant));
+    std::vector<float> mma_out;
+    MESSAGE("kernel for this shape on this device: " << std::string(to_string(flash_kernel_for(s.n_heads, s.n_kv_heads, s.hd))));
+    for (const FlashKernel kernel : {FlashKernel::mma, FlashKernel::mma_two_blocks, FlashKernel::wgmma}) {
+      CAPTURE(to_string(kernel));
+      if (!flash_kernel_runs(kernel, s.n_heads, s.n_kv_heads, s.hd)) {
+        CHECK(kernel != FlashKernel::mma);  // mma runs every supported shape on any device we build for
+        continue;
+      }
       out.poison();
       launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr,
-                                     variant);
+                                     kernel);
       const auto got = out.get();
       double max_abs = 0;
       for (std::size_t i = 0; i < want.size(); ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(got[i] - want[i])));
@@ -103,51 +108,49 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
       const double rel32 = gpu_test::compare(want32, got, "flash attention vs fp32 inputs", 5e-2);
       MESSAGE("flash attention vs fp32 attention: relative L2 " << rel32);
       CHECK(rel32 < 2e-2);
-      // two_blocks does the baseline's arithmetic in the same order (flash_attention.cuh): the two
-      // differ by at most what a different FMA contraction could leave.
-      if (variant == FlashVariant::baseline) {
-        baseline_out = got;
+      if (kernel == FlashKernel::mma) {
+        mma_out = got;
       } else {
-        // wgmma and wgmma_wide add their k steps in the tensor core's order; on the H200 that gave
-        // the baseline's outputs bitwise (session 7 run 7), so all variants are held to 1e-5.
-        REQUIRE(baseline_out.size() == got.size());
-        double max_vs_baseline = 0;
-        for (std::size_t i = 0; i < got.size(); ++i)
-          max_vs_baseline = std::max(max_vs_baseline, static_cast<double>(std::fabs(got[i] - baseline_out[i])));
-        MESSAGE(std::string(to_string(variant)) << " vs baseline: max |difference| " << max_vs_baseline);
-        CHECK(max_vs_baseline < 1e-5);
+        // mma_two_blocks does mma's arithmetic in the same order; wgmma adds its k steps in the
+        // tensor core's order: all held to 1e-5 of mma.
+        REQUIRE(mma_out.size() == got.size());
+        double max_vs_mma = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) max_vs_mma = std::max(max_vs_mma, static_cast<double>(std::fabs(got[i] - mma_out[i])));
+        MESSAGE(std::string(to_string(kernel)) << " vs mma: max |difference| " << max_vs_mma);
+        CHECK(max_vs_mma < 1e-5);
       }
     }
+    // The launcher without a kernel runs flash_kernel_for's: the same output as that kernel's.
+    out.poison();
+    launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr);
+    const auto by_default = out.get();
+    out.poison();
+    launch_flash_attention_prefill(dq.ptr, ldq, dk.ptr, dv.ptr, out.ptr, q_dim, s.n, s.pos0, s.n_heads, s.n_kv_heads, s.hd, nullptr,
+                                   flash_kernel_for(s.n_heads, s.n_kv_heads, s.hd));
+    CHECK(out.get() == by_default);
   }
 }
 
-TEST_CASE("flash prefill attention variants: names round-trip, the selection is settable") {
-  for (const FlashVariant variant : k_flash_variants) {
-    FlashVariant parsed = variant == FlashVariant::baseline ? FlashVariant::two_blocks : FlashVariant::baseline;
-    CHECK(parse_flash_variant(to_string(variant), parsed));
-    CHECK(parsed == variant);
-  }
-  FlashVariant untouched = FlashVariant::two_blocks;
-  CHECK_FALSE(parse_flash_variant("two-blocks", untouched));
-  CHECK(untouched == FlashVariant::two_blocks);
-  const FlashVariant before = flash_variant();
-  // Nothing in this binary calls set_flash_variant before this point: without the environment
-  // variable the selection is the default, wgmma_wide (which runs two_blocks where it cannot run).
-  const char* env = std::getenv("SERVEDECK_FLASH_VARIANT");
-  if (env == nullptr || *env == '\0') CHECK(before == FlashVariant::wgmma_wide);
-  CHECK(k_default_flash_variant == FlashVariant::wgmma_wide);
-  set_flash_variant(FlashVariant::two_blocks);
-  CHECK(flash_variant() == FlashVariant::two_blocks);
-  set_flash_variant(FlashVariant::baseline);
-  CHECK(flash_variant() == FlashVariant::baseline);
-  FlashVariant w = FlashVariant::baseline;
-  CHECK(parse_flash_variant("wgmma", w));
-  CHECK(w == FlashVariant::wgmma);
-  set_flash_variant(FlashVariant::wgmma);
-  CHECK(flash_variant() == FlashVariant::wgmma);
-  CHECK(parse_flash_variant("wgmma_wide", w));
-  CHECK(w == FlashVariant::wgmma_wide);
-  set_flash_variant(before);
+TEST_CASE("flash prefill attention: the kernel choice follows the device and the shape") {
+  gpu_test::skip_without_gpu();
+  CHECK(std::string(to_string(FlashKernel::mma)) == "mma");
+  CHECK(std::string(to_string(FlashKernel::mma_two_blocks)) == "mma_two_blocks");
+  CHECK(std::string(to_string(FlashKernel::wgmma)) == "wgmma");
+  // wgmma only at head_dim 128 with group 4 or 8, and only with sm_90a code for this device.
+  CHECK_FALSE(flash_kernel_runs(FlashKernel::wgmma, 8, 2, 64));
+  CHECK_FALSE(flash_kernel_runs(FlashKernel::wgmma, 16, 8, 128));
+  const bool wgmma_here = flash_kernel_runs(FlashKernel::wgmma, 32, 4, 128);
+  if (!flash_wgmma_available()) CHECK_FALSE(wgmma_here);  // with sm_90a code it also needs its 129 KB
+  CHECK(wgmma_here == (flash_kernel_for(32, 4, 128) == FlashKernel::wgmma));
+  CHECK(flash_kernel_runs(FlashKernel::mma, 32, 4, 128));
+  CHECK(flash_kernel_for(8, 2, 64) != FlashKernel::wgmma);
+  // A kernel that cannot run the shape here is refused, naming it.
+  if (!flash_kernel_runs(FlashKernel::wgmma, 32, 4, 128))
+    CHECK_THROWS_AS(launch_flash_attention_prefill(nullptr, 4096 + 1024, nullptr, nullptr, nullptr, 4096, 4, 0, 32, 4, 128, nullptr,
+                                                   FlashKernel::wgmma),
+                    std::invalid_argument);
+  CHECK_THROWS_AS(launch_flash_attention_prefill(nullptr, 512, nullptr, nullptr, nullptr, 512, 4, 0, 8, 2, 64, nullptr, FlashKernel::wgmma),
+                  std::invalid_argument);
 }
 
 TEST_CASE("flash prefill attention refuses shapes it does not handle, naming them") {

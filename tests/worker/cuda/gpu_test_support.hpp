@@ -17,16 +17,6 @@
 
 namespace gpu_test {
 
-/// Sets environment variable `name` to `value` for the scope (the decode step's A/B switches are
-/// read when a launcher runs or a decode graph is captured, fused_launch.cuh env_knob).
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
-
 inline void skip_without_gpu() {
   if (!servedeck::worker::cuda::cuda_device_available()) {
     std::printf("no CUDA device: GPU test skipped\n");
