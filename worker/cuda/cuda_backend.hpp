@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/backend.hpp"
+#include "worker/engine/contiguous_kv_backend.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/config.hpp"
 
@@ -80,7 +80,9 @@ struct RoutingStats {
   double hit_rate() const { return hot_hits + misses ? static_cast<double>(hot_hits) / (hot_hits + misses) : 0; }
 };
 
-class CudaBackend : public Backend {
+// note: a ContiguousKvBackend (one contiguous fp32 cache of the pool's tokens, allocated once,
+// one sequence at a time, no prefix reuse) until the kernels read K/V through block tables.
+class CudaBackend : public ContiguousKvBackend {
  public:
   ~CudaBackend() override;
 
