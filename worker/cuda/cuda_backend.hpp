@@ -89,6 +89,8 @@ class CudaBackend : public ContiguousKvBackend {
   std::size_t vocab_size() const override;
   std::size_t kv_bytes_per_token() const override;
   std::string name() const override { return "cuda"; }
+  using ContiguousKvBackend::forward;         // the pool's forward(KvView, ...) beside this one
+  using ContiguousKvBackend::forward_greedy;
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
   /// The decode step's graph, whose last kernel picks the argmax on the device

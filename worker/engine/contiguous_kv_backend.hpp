@@ -10,6 +10,9 @@
 // - reads_block_tables() is false, so the engine reuses no prefix with it.
 //
 // The block table is checked for room (KvCacheFull, as a paged backend) and otherwise unused.
+// A subclass that overrides the contiguous forward / forward_greedy brings the pool's overloads
+// back into its scope (`using ContiguousKvBackend::forward;`), or they are hidden there (nvcc
+// warns, #997).
 //
 // Thread-safety: as Backend (one forward at a time).
 #pragma once

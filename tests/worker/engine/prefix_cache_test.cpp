@@ -250,6 +250,7 @@ class ContiguousFake final : public ContiguousKvBackend {
   std::size_t vocab_size() const override { return k_fake_vocab; }
   std::size_t kv_bytes_per_token() const override { return 256; }
   std::string name() const override { return "contiguous"; }
+  using ContiguousKvBackend::forward;
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override {
     ++caches;
     return std::make_unique<Cache>(max_tokens);
@@ -291,7 +292,7 @@ TEST_CASE("ContiguousKvBackend: one cache for the pool, one sequence at a time, 
 
   // Its own checks (the engine is idle): a pass past its blocks, and one past the sequence it
   // holds (the last request stored 43 positions).
-  Backend& as_backend = backend;
+  ContiguousFake& as_backend = backend;
   const std::vector<int32_t> table{0}, one{5}, four{0, 1, 2, 3};
   CHECK_THROWS_AS(as_backend.forward(KvView{table, 16}, one, false), KvCacheFull);
   CHECK_THROWS_AS(as_backend.forward(KvView{four, 60}, one, false), std::logic_error);
