@@ -23,7 +23,7 @@ const std::set<std::string> k_value_flags = {"--config", "--state-dir", "--port"
                                              "--turns", "--tools", "--max-tokens", "--time-limit", "--api-key",
                                              "--conversation", "--continuation", "--baseline", "--candidate",
                                              "--baseline-model", "--candidate-model", "--prompts"};
-const std::set<std::string> k_bool_flags = {"--json", "-f", "--follow", "--help", "-h"};
+const std::set<std::string> k_bool_flags = {"--json", "-f", "--follow", "--help", "-h", "--cold-prefix"};
 }  // namespace
 
 std::string Args::get(const std::string& flag, const std::string& fallback) const {

@@ -19,8 +19,9 @@ verbs:
   logs [MODEL] [--lines N] [-f]   the engine's launch log (current launch, or MODEL's newest)
   lint                      check models.toml; exit 1 on errors
   preflight MODEL [--json]  run the preflight checks here, without a daemon; exit 1 on a refusal
-  soak [--model ID] [--turns N] [--tools N] [--max-tokens N] [--time-limit S] [--url HOST:PORT] [--json]
-                            agent-loop reproducer through the gateway; stops at the first failed turn (exit 1)
+  soak [--model ID] [--turns N] [--tools N] [--max-tokens N] [--time-limit S] [--url HOST:PORT] [--cold-prefix] [--json]
+                            agent-loop reproducer through the gateway; stops at the first failed turn (exit 1);
+                            per turn TTFT, prompt and cached tokens (--cold-prefix: no prefix can be reused)
   probe amnesia [--url HOST:PORT] [--model ID] [--conversation FILE] [--continuation TEXT] [--json]
                             greeting mass with reasoning dropped vs restored (engine's /tokenize + logprobs)
   compare --baseline HOST:PORT --candidate HOST:PORT [--model ID] [--prompts FILE] [--json]

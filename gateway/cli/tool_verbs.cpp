@@ -108,8 +108,9 @@ int cmd_soak(const Args& a) {
   o.max_tokens = int_flag(a, "--max-tokens", 64, 1, 1 << 20);
   o.time_limit_s = int_flag(a, "--time-limit", 600, 1, 7 * 86400);
   o.api_key = a.get("--api-key");
+  o.cold_prefix = a.has("--cold-prefix");
   std::cout << "soak: " << o.turns << " turns against " << o.host << ":" << o.port << " model " << o.model << ", "
-            << o.tools << " tools, max_tokens " << o.max_tokens << "\n";
+            << o.tools << " tools, max_tokens " << o.max_tokens << (o.cold_prefix ? ", cold prefix" : "") << "\n";
   auto report = tools::run_soak(o, a.has("--json") ? nullptr : &std::cout);
   if (a.has("--json")) {
     std::cout << report.to_json().dump(2) << "\n";

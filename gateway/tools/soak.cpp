@@ -33,6 +33,18 @@ json soak_tools(int n) {
 
 namespace {
 
+std::optional<int64_t> usage_count(const json& usage, const char* object, const char* field) {
+  const json* at = &usage;
+  if (object) {
+    if (!usage.is_object() || !usage.contains(object)) return std::nullopt;
+    at = &usage[object];
+  }
+  if (!at->is_object() || !at->contains(field) || !(*at)[field].is_number_integer()) return std::nullopt;
+  return (*at)[field].get<int64_t>();
+}
+
+std::string count_text(const std::optional<int64_t>& n) { return n ? std::to_string(*n) : "-"; }
+
 std::string tool_result_text(int turn, int bytes) {
   std::string out = "result of turn " + std::to_string(turn) + ":\n";
   const std::string line = "    int value = compute(index, offset); // synthetic tool output line\n";
@@ -56,7 +68,9 @@ SoakReport run_soak(const SoakOptions& opt, std::ostream* progress) {
       report.time_limit_hit = true;
       break;
     }
-    json body = {{"model", opt.model}, {"messages", messages}, {"tools", tools}, {"max_tokens", opt.max_tokens},
+    json sent = messages;
+    if (opt.cold_prefix) sent[0]["content"] = "[turn " + std::to_string(turn) + "] " + sent[0]["content"].get<std::string>();
+    json body = {{"model", opt.model}, {"messages", sent}, {"tools", tools}, {"max_tokens", opt.max_tokens},
                  {"temperature", 0.7}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
     SoakTurn row;
     row.turn = turn;
@@ -68,11 +82,14 @@ SoakReport run_soak(const SoakOptions& opt, std::ostream* progress) {
     row.failure = t.failure;
     row.ttft_ms = t.ttft_ms;
     row.decode_tok_s = t.decode_tok_s();
+    row.prompt_tokens = usage_count(t.usage, nullptr, "prompt_tokens");
+    row.cached_tokens = usage_count(t.usage, "prompt_tokens_details", "cached_tokens");
     report.turns.push_back(row);
     if (progress) {
       char line[256];
-      std::snprintf(line, sizeof line, "turn %3d  %-4s  HTTP %3d  ttft %8.1f ms  decode %7.1f tok/s  %zu messages",
-                    turn, row.ok ? "ok" : "FAIL", row.status, row.ttft_ms, row.decode_tok_s, row.messages);
+      std::snprintf(line, sizeof line, "turn %3d  %-4s  HTTP %3d  ttft %8.1f ms  decode %7.1f tok/s  prompt %6s  cached %6s  %zu messages",
+                    turn, row.ok ? "ok" : "FAIL", row.status, row.ttft_ms, row.decode_tok_s, count_text(row.prompt_tokens).c_str(),
+                    count_text(row.cached_tokens).c_str(), row.messages);
       *progress << line << (row.ok ? "" : "  " + row.failure) << "\n" << std::flush;
     }
     if (!row.ok) {
@@ -100,11 +117,11 @@ SoakReport run_soak(const SoakOptions& opt, std::ostream* progress) {
 
 std::string SoakReport::table() const {
   std::ostringstream out;
-  out << "turn  status  ok    ttft_ms  decode_tok_s  messages  failure\n";
+  out << "turn  status  ok    ttft_ms  decode_tok_s  prompt_tokens  cached_tokens  messages  failure\n";
   for (const auto& t : turns) {
-    char line[160];
-    std::snprintf(line, sizeof line, "%4d  %6d  %-4s %8.1f  %12.1f  %8zu  ", t.turn, t.status, t.ok ? "ok" : "FAIL",
-                  t.ttft_ms, t.decode_tok_s, t.messages);
+    char line[200];
+    std::snprintf(line, sizeof line, "%4d  %6d  %-4s %8.1f  %12.1f  %13s  %13s  %8zu  ", t.turn, t.status, t.ok ? "ok" : "FAIL",
+                  t.ttft_ms, t.decode_tok_s, count_text(t.prompt_tokens).c_str(), count_text(t.cached_tokens).c_str(), t.messages);
     out << line << t.failure << "\n";
   }
   out << ok_turns << " ok";
@@ -118,7 +135,9 @@ json SoakReport::to_json() const {
   json rows = json::array();
   for (const auto& t : turns) {
     rows.push_back({{"turn", t.turn}, {"status", t.status}, {"ok", t.ok}, {"failure", t.failure},
-                    {"ttft_ms", t.ttft_ms}, {"decode_tok_s", t.decode_tok_s}, {"messages", t.messages}});
+                    {"ttft_ms", t.ttft_ms}, {"decode_tok_s", t.decode_tok_s},
+                    {"prompt_tokens", t.prompt_tokens ? json(*t.prompt_tokens) : json(nullptr)},
+                    {"cached_tokens", t.cached_tokens ? json(*t.cached_tokens) : json(nullptr)}, {"messages", t.messages}});
   }
   return {{"turns", rows}, {"ok_turns", ok_turns},
           {"failed_turn", failed_turn ? json(*failed_turn) : json(nullptr)}, {"time_limit_hit", time_limit_hit}};

@@ -4,11 +4,14 @@
 // of context; this one rebuilds it from that description.
 //
 // A turn is ok only when its stream delivered content, reasoning or a tool call and ended
-// properly (tools/stream_reader.hpp). The soak stops at the first failed turn and names it:
+// properly (tools/stream_reader.hpp). Each turn also shows the prompt tokens and the cached
+// ones the engine reports (a prefix cache at work: cached tokens grow with the conversation and
+// TTFT stays flat). The soak stops at the first failed turn and names it:
 // nothing after an engine's death is counted ok. Bounded in turns and wall time; it talks only
 // to the address it is given (loopback by default).
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -29,6 +32,9 @@ struct SoakOptions {
   int time_limit_s = 600;          // whole soak
   int gap_timeout_ms = 120000;     // longest silence inside one turn
   int tool_result_bytes = 600;     // size of each appended tool result
+  /// Starts every turn's system prompt with the turn's number, so an engine can reuse no prefix
+  /// of an earlier turn: the baseline a prefix cache is measured against (docs/performance.md).
+  bool cold_prefix = false;
 };
 
 struct SoakTurn {
@@ -38,6 +44,9 @@ struct SoakTurn {
   std::string failure;
   double ttft_ms = 0;
   double decode_tok_s = 0;
+  /// From the stream's usage, when the engine reported it: prompt tokens, and of them the ones
+  /// the engine reused from its prefix cache (usage.prompt_tokens_details.cached_tokens).
+  std::optional<int64_t> prompt_tokens, cached_tokens;
   std::size_t messages = 0;        // messages sent this turn
   std::size_t request_bytes = 0;
 };

@@ -121,13 +121,13 @@ TEST_CASE("shipped models.toml: server, tiny and relative paths") {
   CHECK_FALSE(tiny->needs_gpu());
   CHECK(tiny->program == "servedeck-worker");
   CHECK(tiny->checkpoint == (fs::path(SERVEDECK_SOURCE_DIR) / "models/tiny").lexically_normal().string());
-  CHECK(tiny->kv_cache_bytes() == 16384 * 512);
+  CHECK(tiny->kv_cache_bytes() == 16384 * 256);
   LaunchSpec spec = render_launch(*tiny, 41234, reg.server);
   REQUIRE(spec.argv.size() == 16);
   CHECK(spec.argv[1] == "serve");
   CHECK(spec.argv[3] == tiny->checkpoint);
   CHECK(spec.argv[7] == "41234");
-  CHECK(spec.argv[13] == "8388608");
+  CHECK(spec.argv[13] == "4194304");
   CHECK(spec.argv[14] == "--default-max-tokens");
   CHECK(spec.argv[15] == "128");
   const ModelEntry* fn = reg.find_by_name("flashnext");

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -17,31 +19,6 @@ using cpu::matmul;
 using cpu::parallel_for;
 using cpu::to_f32;
 
-class CpuKvCache final : public KvCache {
- public:
-  CpuKvCache(std::size_t layers, std::size_t capacity, std::size_t kv_dim)
-      : capacity_(capacity), kv_dim_(kv_dim), k_(layers), v_(layers) {
-    for (std::size_t l = 0; l < layers; ++l) {
-      k_[l].assign(capacity * kv_dim, 0.0f);
-      v_[l].assign(capacity * kv_dim, 0.0f);
-    }
-  }
-  std::size_t length() const override { return length_; }
-  std::size_t capacity() const override { return capacity_; }
-  void truncate(std::size_t n) override { length_ = std::min(n, length_); }
-
-  float* k(std::size_t layer, std::size_t pos) { return k_[layer].data() + pos * kv_dim_; }
-  float* v(std::size_t layer, std::size_t pos) { return v_[layer].data() + pos * kv_dim_; }
-  void set_length(std::size_t n) { length_ = n; }
-
- private:
-  std::size_t length_ = 0;
-  std::size_t capacity_;
-  std::size_t kv_dim_;
-  std::vector<std::vector<float>> k_;  // per layer: (capacity, kv_heads * head_dim) fp32
-  std::vector<std::vector<float>> v_;  // per layer: (capacity, kv_heads * head_dim) fp32
-};
-
 std::vector<float> widen(const TensorRef& t) {
   std::vector<float> out(t.info->element_count());
   to_f32(t, 0, out.size(), out.data());
@@ -53,6 +30,7 @@ class CpuBackend final : public Backend {
   CpuBackend(const Checkpoint& ckpt, CpuBackendOptions options, std::shared_ptr<const Checkpoint> owned)
       : owned_(std::move(owned)), ck_(ckpt), d_(ckpt.description()) {
     threads_ = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+    kv_dtype_ = options.kv_dtype;
     for (const auto& l : d_.layers)
       if (l.mlp == MlpKind::moe && d_.moe.router != RouterKind::softmax_topk)
         throw ConfigError(ck_.dir() + ": router kind " + std::string(to_string(d_.moe.router)) +
@@ -72,14 +50,14 @@ class CpuBackend final : public Backend {
   }
 
   std::size_t vocab_size() const override { return static_cast<std::size_t>(d_.vocab_size); }
-  std::size_t kv_bytes_per_token() const override { return static_cast<std::size_t>(d_.kv_bytes_per_token_f32()); }
+  std::size_t kv_bytes_per_token() const override {
+    return static_cast<std::size_t>(d_.num_layers) * 2 * kv_dim() * kv_dtype_bytes(kv_dtype_);
+  }
   std::string name() const override { return "cpu"; }
 
-  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override {
-    return std::make_unique<CpuKvCache>(static_cast<std::size_t>(d_.num_layers), max_tokens, kv_dim());
-  }
-
-  std::vector<float> forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) override;
+  void allocate_kv_pool(const KvPoolShape& shape) override;
+  std::size_t kv_pool_allocations() const override { return pool_allocations_; }
+  std::vector<float> forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) override;
 
  private:
   struct NormWeights {
@@ -87,8 +65,17 @@ class CpuBackend final : public Backend {
   };
 
   std::size_t kv_dim() const { return static_cast<std::size_t>(d_.num_kv_heads * d_.head_dim); }
-  void attention(std::size_t layer, CpuKvCache& cache, std::size_t p0, std::size_t n, std::vector<float>& xn,
-                 std::vector<float>& out);
+  /// Element offset of row `row` of K (kv 0) or V (kv 1) of `layer` in pool block `block`.
+  std::size_t kv_offset(int32_t block, std::size_t layer, std::size_t kv, std::size_t row) const {
+    const std::size_t layers = static_cast<std::size_t>(d_.num_layers);
+    return ((static_cast<std::size_t>(block) * layers + layer) * 2 + kv) * pool_.block_tokens * kv_dim() + row * kv_dim();
+  }
+  /// Stores fp32 `src` (kv_dim) as position `pos`'s K (kv 0) or V (kv 1) row of `layer`.
+  void store_row(const KvView& kv, std::size_t layer, std::size_t which, std::size_t pos, const float* src);
+  /// Reads the K and V rows of positions [0, len) of `layer` through kv.blocks into k_ctx_ and
+  /// v_ctx_, fp32, (len, kv_dim) each.
+  void gather(const KvView& kv, std::size_t layer, std::size_t len);
+  void attention(std::size_t layer, const KvView& kv, std::size_t n, std::vector<float>& xn, std::vector<float>& out);
   void moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
   void dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
 
@@ -96,12 +83,67 @@ class CpuBackend final : public Backend {
   const Checkpoint& ck_;
   const ModelDescription& d_;
   std::size_t threads_ = 1;
+  KvDtype kv_dtype_ = KvDtype::bf16;
   std::vector<float> final_norm_;
   std::vector<NormWeights> norms_;
+  KvPoolShape pool_;                // shape of the allocated pool (num_blocks 0: none yet)
+  std::vector<std::uint16_t> kv16_;  // the pool when kv_dtype_ is bf16 (layout: header comment)
+  std::vector<float> kv32_;          // the pool when kv_dtype_ is f32
+  std::size_t pool_allocations_ = 0;
+  std::vector<float> k_ctx_, v_ctx_;  // (context, kv_dim) fp32: one layer's K and V read back, reused
 };
 
-void CpuBackend::attention(std::size_t layer, CpuKvCache& cache, std::size_t p0, std::size_t n,
-                           std::vector<float>& xn, std::vector<float>& out) {
+void CpuBackend::allocate_kv_pool(const KvPoolShape& shape) {
+  if (shape.num_blocks == 0 || shape.block_tokens == 0)
+    throw std::invalid_argument("KV pool of " + std::to_string(shape.num_blocks) + " blocks of " +
+                                std::to_string(shape.block_tokens) + " tokens: expected at least one block of at least one token");
+  const std::size_t elems = shape.tokens() * static_cast<std::size_t>(d_.num_layers) * 2 * kv_dim();
+  pool_ = KvPoolShape{};
+  std::vector<std::uint16_t>().swap(kv16_);
+  std::vector<float>().swap(kv32_);
+  if (kv_dtype_ == KvDtype::bf16)
+    kv16_.assign(elems, 0);
+  else
+    kv32_.assign(elems, 0.0f);
+  pool_ = shape;
+  ++pool_allocations_;
+}
+
+void CpuBackend::store_row(const KvView& kv, std::size_t layer, std::size_t which, std::size_t pos, const float* src) {
+  const std::size_t off = kv_offset(kv.blocks[pos / pool_.block_tokens], layer, which, pos % pool_.block_tokens);
+  const std::size_t kvd = kv_dim();
+  if (kv_dtype_ == KvDtype::bf16) {
+    for (std::size_t j = 0; j < kvd; ++j) kv16_[off + j] = cpu::f32_to_bf16(src[j]);
+  } else {
+    std::copy(src, src + kvd, kv32_.begin() + static_cast<std::ptrdiff_t>(off));
+  }
+}
+
+void CpuBackend::gather(const KvView& kv, std::size_t layer, std::size_t len) {
+  const std::size_t kvd = kv_dim(), bt = pool_.block_tokens;
+  if (k_ctx_.size() < len * kvd) {
+    k_ctx_.resize(len * kvd);
+    v_ctx_.resize(len * kvd);
+  }
+  for (std::size_t p0 = 0; p0 < len; p0 += bt) {
+    const std::size_t rows = std::min(bt, len - p0);  // a block's rows of one layer are contiguous
+    const int32_t block = kv.blocks[p0 / bt];
+    for (std::size_t which = 0; which < 2; ++which) {
+      float* dst = (which == 0 ? k_ctx_ : v_ctx_).data() + p0 * kvd;
+      const std::size_t off = kv_offset(block, layer, which, 0);
+      if (kv_dtype_ == KvDtype::bf16) {
+        const std::uint16_t* src = kv16_.data() + off;
+        for (std::size_t j = 0; j < rows * kvd; ++j) dst[j] = cpu::bf16_to_f32(src[j]);
+      } else {
+        std::copy(kv32_.data() + off, kv32_.data() + off + rows * kvd, dst);
+      }
+    }
+  }
+}
+
+void CpuBackend::attention(std::size_t layer, const KvView& kv, std::size_t n, std::vector<float>& xn,
+                           std::vector<float>& out) {
+  const std::size_t p0 = kv.length;
   const auto& L = ck_.layers()[layer];
   const auto& nw = norms_[layer];
   const auto hd = static_cast<std::size_t>(d_.head_dim);
@@ -122,9 +164,10 @@ void CpuBackend::attention(std::size_t layer, CpuKvCache& cache, std::size_t p0,
     const auto pos = static_cast<std::int64_t>(p0 + t);
     cpu::rope(qt, nh, hd, pos, d_.rope_theta);
     cpu::rope(kt, nkv, hd, pos, d_.rope_theta);
-    std::copy(kt, kt + kvd, cache.k(layer, p0 + t));
-    std::copy(v.data() + t * kvd, v.data() + (t + 1) * kvd, cache.v(layer, p0 + t));
+    store_row(kv, layer, 0, p0 + t, kt);
+    store_row(kv, layer, 1, p0 + t, v.data() + t * kvd);
   }
+  gather(kv, layer, p0 + n);
   // Causal GQA: query head h reads KV head h / (nh / nkv); token t sees positions [0, p0 + t].
   const std::size_t group = nh / nkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -138,7 +181,7 @@ void CpuBackend::attention(std::size_t layer, CpuKvCache& cache, std::size_t p0,
       const std::size_t len = p0 + t + 1;
       float mx = -std::numeric_limits<float>::infinity();
       for (std::size_t p = 0; p < len; ++p) {
-        scores[p] = cpu::dot(qv, cache.k(layer, p) + kvh * hd, hd) * scale;
+        scores[p] = cpu::dot(qv, k_ctx_.data() + p * kvd + kvh * hd, hd) * scale;
         mx = std::max(mx, scores[p]);
       }
       double sum = 0;
@@ -151,7 +194,7 @@ void CpuBackend::attention(std::size_t layer, CpuKvCache& cache, std::size_t p0,
       std::fill(o, o + hd, 0.0f);
       for (std::size_t p = 0; p < len; ++p) {
         const float w = scores[p] * inv;
-        const float* vv = cache.v(layer, p) + kvh * hd;
+        const float* vv = v_ctx_.data() + p * kvd + kvh * hd;
         for (std::size_t j = 0; j < hd; ++j) o[j] += w * vv[j];
       }
     }
@@ -223,17 +266,20 @@ void CpuBackend::moe(std::size_t layer, const std::vector<float>& xn, std::size_
   }
 }
 
-std::vector<float> CpuBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
-  auto* cache = dynamic_cast<CpuKvCache*>(&cache_base);
-  if (!cache) throw std::invalid_argument("CpuBackend::forward: the cache was not created by this backend");
+std::vector<float> CpuBackend::forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) {
+  if (pool_.num_blocks == 0) throw std::logic_error("CpuBackend::forward before allocate_kv_pool: no KV pool");
   const std::size_t n = tokens.size();
-  const std::size_t p0 = cache->length();
-  if (p0 + n > cache->capacity())
+  const std::size_t p0 = kv.length;
+  const std::size_t capacity = kv.blocks.size() * pool_.block_tokens;
+  if (p0 + n > capacity)
     throw KvCacheFull("KV cache full: " + std::to_string(p0) + " cached + " + std::to_string(n) +
                       " new tokens = " + std::to_string(p0 + n) + " exceeds the capacity of " +
-                      std::to_string(cache->capacity()) + " tokens (" +
-                      std::to_string(cache->capacity() * kv_bytes_per_token()) + " bytes)");
+                      std::to_string(capacity) + " tokens (" + std::to_string(capacity * kv_bytes_per_token()) + " bytes)");
   if (n == 0) return {};
+  for (std::size_t i = 0; i * pool_.block_tokens < p0 + n; ++i)
+    if (kv.blocks[i] < 0 || static_cast<std::size_t>(kv.blocks[i]) >= pool_.num_blocks)
+      throw std::out_of_range("block table entry " + std::to_string(i) + " = " + std::to_string(kv.blocks[i]) +
+                              " is outside the KV pool of " + std::to_string(pool_.num_blocks) + " blocks");
   const auto h = static_cast<std::size_t>(d_.hidden_size);
   const auto vocab = static_cast<std::size_t>(d_.vocab_size);
   for (auto t : tokens)
@@ -246,7 +292,7 @@ std::vector<float> CpuBackend::forward(KvCache& cache_base, std::span<const int3
 
   for (std::size_t l = 0; l < static_cast<std::size_t>(d_.num_layers); ++l) {
     cpu::rms_norm(x.data(), norms_[l].input.data(), n, h, d_.rms_norm_eps, xn.data());
-    attention(l, *cache, p0, n, xn, tmp);
+    attention(l, kv, n, xn, tmp);
     for (std::size_t i = 0; i < n * h; ++i) x[i] += tmp[i];
     cpu::rms_norm(x.data(), norms_[l].post.data(), n, h, d_.rms_norm_eps, xn.data());
     if (d_.layers[l].mlp == MlpKind::moe) {
@@ -256,7 +302,6 @@ std::vector<float> CpuBackend::forward(KvCache& cache_base, std::span<const int3
     }
     for (std::size_t i = 0; i < n * h; ++i) x[i] += tmp[i];
   }
-  cache->set_length(p0 + n);
 
   const std::size_t first = all_logits ? 0 : n - 1;
   const std::size_t rows = n - first;

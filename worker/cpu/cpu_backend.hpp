@@ -8,8 +8,14 @@
 // attn: causal GQA over the KV cache, scale 1/sqrt(head_dim). MoE mlp: softmax over the
 // router logits -> top-k -> renormalise when norm_topk_prob -> sum of weight * SwiGLU expert.
 //
-// KV cache: fp32 K and V for every layer, capacity fixed at creation; its bytes per token are
-// layers * 2 * kv_heads * head_dim * 4 (kv_bytes_per_token()).
+// KV pool (backend.hpp): one allocation at allocate_kv_pool, laid out block-major,
+//   (num_blocks, layers, 2 [K, V], block_tokens, kv_heads * head_dim) in CpuBackendOptions::kv_dtype,
+// so one block (every layer's K and V for block_tokens tokens) is contiguous. A forward pass
+// writes its tokens' K and V rows through the sequence's block table, then, per layer, reads
+// the rows of positions [0, length + n) back through the table (widened to fp32) and attends
+// over them: the chunk's own tokens are read as stored too, so a prefill split anywhere and a
+// whole one see the same K/V values. kv_bytes_per_token() = layers * 2 * kv_heads * head_dim *
+// 2 (bf16) or 4 (f32).
 //
 // Thread-safety: as Backend: one forward() at a time; matmuls use up to `threads` threads.
 #pragma once
@@ -26,6 +32,10 @@ namespace servedeck::worker {
 struct CpuBackendOptions {
   /// Threads for matmuls and attention; 0 = std::thread::hardware_concurrency() (at least 1).
   std::size_t threads = 0;
+  /// Element type of the stored K/V. bf16: the serving default (the pool's design, half the
+  /// bytes; docs/worker.md states its accuracy effect); f32: exact, for the comparison against
+  /// transformers' fp32 reference (servedeck-logits, docs/correctness.md).
+  KvDtype kv_dtype = KvDtype::bf16;
 };
 
 /// A CPU backend over `checkpoint`, which must outlive it. Throws ConfigError when the

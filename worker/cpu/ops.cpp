@@ -10,13 +10,6 @@ namespace servedeck::worker::cpu {
 
 namespace {
 
-inline float bf16_to_f32(std::uint16_t b) {
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 inline float f16_to_f32(std::uint16_t h) {
   const std::uint32_t sign = (h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1f;

@@ -8,11 +8,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "worker/model/safetensors.hpp"
 
 namespace servedeck::worker::cpu {
+
+/// bf16 bits → fp32 (exact).
+inline float bf16_to_f32(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// fp32 → bf16 bits, rounded to nearest even (as torch's .to(torch.bfloat16) and CUDA's
+/// __float2bfloat16_rn); a NaN stays a (quiet) NaN, infinities stay infinite.
+inline std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
 
 /// Widens `count` elements starting at element `offset` of `w` (any Dtype) into `out`.
 void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* out);

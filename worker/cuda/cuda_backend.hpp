@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/backend.hpp"
+#include "worker/engine/contiguous_kv_backend.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/config.hpp"
 
@@ -80,13 +80,17 @@ struct RoutingStats {
   double hit_rate() const { return hot_hits + misses ? static_cast<double>(hot_hits) / (hot_hits + misses) : 0; }
 };
 
-class CudaBackend : public Backend {
+// note: a ContiguousKvBackend (one contiguous fp32 cache of the pool's tokens, allocated once,
+// one sequence at a time, no prefix reuse) until the kernels read K/V through block tables.
+class CudaBackend : public ContiguousKvBackend {
  public:
   ~CudaBackend() override;
 
   std::size_t vocab_size() const override;
   std::size_t kv_bytes_per_token() const override;
   std::string name() const override { return "cuda"; }
+  using ContiguousKvBackend::forward;         // the pool's forward(KvView, ...) beside this one
+  using ContiguousKvBackend::forward_greedy;
   std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
   /// The decode step's graph, whose last kernel picks the argmax on the device

@@ -7,9 +7,19 @@
 
 namespace servedeck::worker {
 
-int32_t Backend::forward_greedy(KvCache& cache, int32_t token) {
+std::string_view to_string(KvDtype d) {
+  switch (d) {
+    case KvDtype::bf16: return "bf16";
+    case KvDtype::f32: return "f32";
+  }
+  return "unknown";
+}
+
+std::size_t kv_dtype_bytes(KvDtype d) { return d == KvDtype::bf16 ? 2 : 4; }
+
+int32_t Backend::forward_greedy(const KvView& kv, int32_t token) {
   const int32_t one[1] = {token};
-  const std::vector<float> logits = forward(cache, one, false);
+  const std::vector<float> logits = forward(kv, one, false);
   if (logits.size() < vocab_size())
     throw std::runtime_error("backend returned " + std::to_string(logits.size()) + " logits for one token; expected " +
                              std::to_string(vocab_size()));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "worker/engine/stop_matcher.hpp"
@@ -37,19 +38,48 @@ bool prompt_opens_reasoning(std::span<const int32_t> prompt, std::optional<int32
   return false;
 }
 
-std::optional<std::string> kv_cap_error(std::size_t prompt_tokens, std::size_t max_tokens,
-                                        std::size_t kv_cache_bytes, std::size_t kv_bytes_per_token) {
-  const std::size_t capacity = kv_bytes_per_token == 0 ? 0 : kv_cache_bytes / kv_bytes_per_token;
+std::size_t kv_pool_blocks(std::size_t kv_cache_bytes, std::size_t kv_bytes_per_token, std::size_t block_tokens) {
+  if (kv_bytes_per_token == 0 || block_tokens == 0) return 0;
+  return kv_cache_bytes / kv_bytes_per_token / block_tokens;
+}
+
+std::optional<std::string> kv_cap_error(std::size_t prompt_tokens, std::size_t max_tokens, std::size_t kv_cache_bytes,
+                                        std::size_t kv_bytes_per_token, std::size_t block_tokens) {
+  const std::size_t capacity = kv_pool_blocks(kv_cache_bytes, kv_bytes_per_token, block_tokens) * block_tokens;
   const std::size_t need = prompt_tokens + max_tokens;
   if (need <= capacity) return std::nullopt;
   return "prompt " + std::to_string(prompt_tokens) + " tokens + max_tokens " + std::to_string(max_tokens) +
          " = " + std::to_string(need) + " tokens exceeds the KV cache capacity of " + std::to_string(capacity) +
          " tokens (--kv-cache-bytes " + std::to_string(kv_cache_bytes) + " / " +
-         std::to_string(kv_bytes_per_token) + " bytes per token)";
+         std::to_string(kv_bytes_per_token) + " bytes per token, in blocks of " + std::to_string(block_tokens) + " tokens)";
 }
 
+namespace {
+
+KvPoolShape pool_shape(const Backend& backend, const EngineOptions& o) {
+  if (o.prefill_chunk == 0) throw std::invalid_argument("prefill_chunk is 0; expected at least 1 token per chunk");
+  if (o.kv_block_tokens == 0) throw std::invalid_argument("kv_block_tokens is 0; expected at least 1 token per block");
+  const std::size_t per = backend.kv_bytes_per_token();
+  const KvPoolShape shape{kv_pool_blocks(o.kv_cache_bytes, per, o.kv_block_tokens), o.kv_block_tokens};
+  if (shape.num_blocks == 0)
+    throw std::invalid_argument("--kv-cache-bytes " + std::to_string(o.kv_cache_bytes) + " holds no KV block: a block is " +
+                                std::to_string(o.kv_block_tokens) + " tokens x " + std::to_string(per) +
+                                " bytes per token = " + std::to_string(o.kv_block_tokens * per) + " bytes");
+  return shape;
+}
+
+}  // namespace
+
 Engine::Engine(Backend& backend, const Vocab& vocab, EngineOptions options)
-    : backend_(backend), vocab_(vocab), options_(std::move(options)) {
+    : backend_(backend),
+      vocab_(vocab),
+      options_(std::move(options)),
+      pool_(pool_shape(backend, options_)),
+      seq_(pool_, backend.reads_block_tables()) {
+  backend_.allocate_kv_pool(pool_.shape());
+  stats_.kv_pool = pool_.shape();
+  stats_.kv_blocks = pool_.counts();
+  stats_.kv_pool_allocations = backend_.kv_pool_allocations();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -64,10 +94,7 @@ Engine::~Engine() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::size_t Engine::kv_capacity_tokens() const {
-  const std::size_t per = backend_.kv_bytes_per_token();
-  return per == 0 ? 0 : options_.kv_cache_bytes / per;
-}
+std::size_t Engine::kv_capacity_tokens() const { return pool_.shape().tokens(); }
 
 std::optional<std::string> Engine::check(std::size_t prompt_tokens, std::size_t max_tokens) const {
   if (prompt_tokens == 0) return "the prompt is empty (0 tokens); expected at least 1 token";
@@ -79,7 +106,8 @@ std::optional<std::string> Engine::check(std::size_t prompt_tokens, std::size_t 
            std::to_string(prompt_tokens) + " in the prompt, " + std::to_string(max_tokens) +
            " in the completion). Please reduce the length of the prompt or max_tokens.";
   }
-  return kv_cap_error(prompt_tokens, max_tokens, options_.kv_cache_bytes, backend_.kv_bytes_per_token());
+  return kv_cap_error(prompt_tokens, max_tokens, options_.kv_cache_bytes, backend_.kv_bytes_per_token(),
+                      options_.kv_block_tokens);
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, EventCallback on_event,
@@ -121,6 +149,69 @@ void Engine::run() {
   }
 }
 
+void Engine::publish_pool_counts() {
+  const KvPoolCounts c = pool_.counts();
+  std::lock_guard lock(mutex_);
+  stats_.kv_blocks = c;
+}
+
+std::optional<std::string> Engine::reserve(std::size_t tokens) {
+  const std::size_t had = seq_.room();
+  if (!seq_.reserve(tokens)) {
+    const KvPoolCounts c = pool_.counts();
+    return "KV pool exhausted: " + std::to_string(tokens) + " positions need " +
+           std::to_string((tokens + pool_.shape().block_tokens - 1) / pool_.shape().block_tokens) + " blocks; " +
+           std::to_string(c.held) + " of " + std::to_string(pool_.shape().num_blocks) + " are held";
+  }
+  if (seq_.room() != had) publish_pool_counts();
+  return std::nullopt;
+}
+
+std::optional<std::pair<FinishReason, std::string>> Engine::prefill(Job& job, GenerationResult& result,
+                                                                    std::vector<float>& logits, std::size_t& forwards) {
+  const GenerationRequest& req = job.request;
+  const std::size_t vocab = backend_.vocab_size();
+  const std::size_t n_prompt = req.prompt.size();
+  const bool all = req.prompt_logprobs >= 0;
+  // The prompt's last token always runs (its row is the first sample's), so at most n - 1
+  // tokens come from the cache; prompt_logprobs need every row, so nothing does.
+  result.cached_tokens = all ? 0 : seq_.attach_prefix(req.prompt, n_prompt - 1);
+  publish_pool_counts();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.prefix_cache_hit_tokens += result.cached_tokens;
+    stats_.prefix_cache_miss_tokens += n_prompt - result.cached_tokens;
+  }
+  if (all) result.prompt_logprobs.emplace_back(std::nullopt);
+  const std::span<const int32_t> prompt(req.prompt);
+  for (std::size_t start = result.cached_tokens; start < n_prompt; start += options_.prefill_chunk) {
+    if (job.handle->cancelled()) return std::pair{FinishReason::cancelled, std::string()};
+    const std::size_t n = std::min(options_.prefill_chunk, n_prompt - start);
+    const auto chunk = prompt.subspan(start, n);
+    if (auto err = reserve(start + n)) return std::pair{FinishReason::error, "prefill failed: " + *err};
+    try {
+      logits = backend_.forward(seq_.view(), chunk, all);
+    } catch (const std::exception& e) {
+      return std::pair{FinishReason::error, std::string("prefill failed: ") + e.what()};
+    }
+    ++forwards;
+    seq_.append(chunk);
+    if (logits.size() < vocab * (all ? n : 1)) {
+      return std::pair{FinishReason::error, "backend returned " + std::to_string(logits.size()) + " logits for a prefill chunk of " +
+                                                std::to_string(n) + " tokens; expected rows of " + std::to_string(vocab)};
+    }
+    if (all) {
+      // Row r predicts the token at start + r + 1.
+      for (std::size_t r = 0; r < n && start + r + 1 < n_prompt; ++r) {
+        std::span<const float> row(logits.data() + r * vocab, vocab);
+        result.prompt_logprobs.emplace_back(token_logprob(row, req.prompt[start + r + 1], req.prompt_logprobs));
+      }
+      logits.erase(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>((n - 1) * vocab));
+    }
+  }
+  return std::nullopt;
+}
+
 void Engine::generate(Job& job) {
   const auto started = clock_type::now();
   GenerationRequest& req = job.request;
@@ -128,10 +219,10 @@ void Engine::generate(Job& job) {
   result.prompt_tokens = req.prompt.size();
   result.queue_s = seconds_between(job.submitted, started);
   std::size_t forwards = 0;
-  std::unique_ptr<KvCache> cache;
 
   auto finish = [&](FinishReason reason, std::string error = {}) {
-    cache.reset();  // free the request's KV cache before anyone hears it finished
+    seq_.release();  // the blocks go back (full ones stay cached) before anyone hears it finished
+    publish_pool_counts();
     result.finish = reason;
     result.error = std::move(error);
     {
@@ -142,6 +233,7 @@ void Engine::generate(Job& job) {
       stats_.forward_calls += forwards;
       stats_.ttft_sum_s += result.ttft_s;
       stats_.decode_sum_s += result.decode_s;
+      stats_.kv_pool_allocations = backend_.kv_pool_allocations();
       current_.reset();  // not running any more once anyone hears it finished
     }
     if (job.on_done) job.on_done(result);
@@ -152,27 +244,7 @@ void Engine::generate(Job& job) {
 
   const std::size_t vocab = backend_.vocab_size();
   std::vector<float> logits;
-  try {
-    cache = backend_.new_cache(req.prompt.size() + req.max_tokens);
-    const bool all = req.prompt_logprobs >= 0;
-    logits = backend_.forward(*cache, req.prompt, all);
-    ++forwards;
-    if (logits.size() < vocab || (all && logits.size() < vocab * req.prompt.size())) {
-      return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
-                                             " logits for a prefill of " + std::to_string(req.prompt.size()) +
-                                             " tokens; expected rows of " + std::to_string(vocab));
-    }
-    if (all) {
-      result.prompt_logprobs.emplace_back(std::nullopt);
-      for (std::size_t i = 1; i < req.prompt.size(); ++i) {
-        std::span<const float> row(logits.data() + (i - 1) * vocab, vocab);
-        result.prompt_logprobs.emplace_back(token_logprob(row, req.prompt[i], req.prompt_logprobs));
-      }
-      logits.erase(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>((req.prompt.size() - 1) * vocab));
-    }
-  } catch (const std::exception& e) {
-    return finish(FinishReason::error, std::string("prefill failed: ") + e.what());
-  }
+  if (auto stopped = prefill(job, result, logits, forwards)) return finish(stopped->first, std::move(stopped->second));
 
   Sampler sampler(req.sampling);
   // Greedy without logprobs needs only the pick: the backend may make it on its device
@@ -242,12 +314,18 @@ void Engine::generate(Job& job) {
       result.decode_s = seconds_between(first_token, now);
       return finish(FinishReason::length);
     }
+    if (auto err = reserve(seq_.length() + 1)) {
+      result.decode_s = seconds_between(first_token, clock_type::now());
+      return finish(FinishReason::error, "decode failed at token " + std::to_string(result.completion_tokens) + ": " + *err);
+    }
     try {
+      const int32_t one[1] = {token};
       if (backend_picks) {
-        // The prefill's rows (prompt_logprobs may have kept all of them) are not needed again.
+        // The prefill's rows are not needed again.
         if (!picked) std::vector<float>().swap(logits);
-        picked = backend_.forward_greedy(*cache, token);
+        picked = backend_.forward_greedy(seq_.view(), token);
         ++forwards;
+        seq_.append(one);
         if (*picked < 0 || static_cast<std::size_t>(*picked) >= vocab) {
           result.decode_s = seconds_between(first_token, clock_type::now());
           return finish(FinishReason::error, "backend picked token " + std::to_string(*picked) +
@@ -255,9 +333,9 @@ void Engine::generate(Job& job) {
         }
         continue;
       }
-      const int32_t one[1] = {token};
-      logits = backend_.forward(*cache, one, false);
+      logits = backend_.forward(seq_.view(), one, false);
       ++forwards;
+      seq_.append(one);
       if (logits.size() < vocab) {
         return finish(FinishReason::error, "backend returned " + std::to_string(logits.size()) +
                                                " logits for one token; expected " + std::to_string(vocab));

@@ -91,6 +91,7 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   EngineOptions eo;
   eo.max_model_len = m->max_model_len;
   eo.kv_cache_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * m->backend->kv_bytes_per_token();
+  eo.prefill_chunk = options.prefill_chunk;
   eo.eos_ids = checkpoint ? checkpoint->generation().eos_token_ids : load_generation_config(options.dir).eos_token_ids;
   if (eo.eos_ids.empty()) {
     if (auto id = m->text->token_id("<|im_end|>")) eo.eos_ids.push_back(*id);

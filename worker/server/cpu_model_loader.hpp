@@ -15,7 +15,8 @@ namespace servedeck::worker {
 struct CpuModelOptions {
   std::string dir;                  // checkpoint directory
   std::size_t max_model_len = 0;    // 0 → config.json max_position_embeddings
-  std::size_t kv_cache_bytes = 0;   // 0 → max_model_len * kv_bytes_per_token (one full context)
+  std::size_t kv_cache_bytes = 0;   // the KV pool; 0 → max_model_len * kv_bytes_per_token (one full context)
+  std::size_t prefill_chunk = EngineOptions{}.prefill_chunk;  // prompt tokens per prefill forward pass
   std::size_t threads = 0;          // 0 → hardware_concurrency
   std::string backend = "cpu";      // "cpu" | "cuda" (the CUDA backend, when built with CUDA)
   double hot_fraction = 1.0;        // cuda: share of each layer's experts in the VRAM hot-expert cache

@@ -1,6 +1,6 @@
 // servedeck-worker: the native inference worker.
 //   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
-//                          [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]
+//                          [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
@@ -33,7 +33,7 @@ using namespace servedeck::worker;
 constexpr const char* k_usage =
     "usage:\n"
     "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
-    "                         [--max-model-len N] [--kv-cache-bytes N] [--tool-parser hermes|glm|none]\n"
+    "                         [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]\n"
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
@@ -145,7 +145,7 @@ int serve(int argc, char** argv) {
                              {"model", "host", "port", "served-model-name", "max-model-len", "kv-cache-bytes",
                               "tool-parser", "reasoning-parser", "threads", "default-max-tokens", "backend",
                               "hot-fraction", "vram-budget-gib", "hot-profile", "capture-profile", "synthetic-weights",
-                              "stage-buffers"});
+                              "stage-buffers", "prefill-chunk"});
   if (!a.ok) return 2;
   if (!a.values.count("model")) {
     std::cerr << "servedeck-worker serve: --model DIR is required\n" << k_usage;
@@ -159,8 +159,13 @@ int serve(int argc, char** argv) {
   if (!to_size(a, "port", port) || !to_size(a, "max-model-len", mo.max_model_len) ||
       !to_size(a, "kv-cache-bytes", mo.kv_cache_bytes) || !to_size(a, "threads", mo.threads) ||
       !to_size(a, "default-max-tokens", so.default_max_tokens) || !to_double(a, "hot-fraction", 0.0, 1.0, mo.hot_fraction) ||
-      !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib) || !to_size(a, "stage-buffers", mo.stage_buffers))
+      !to_double(a, "vram-budget-gib", 0.0, 1e6, mo.vram_budget_gib) || !to_size(a, "stage-buffers", mo.stage_buffers) ||
+      !to_size(a, "prefill-chunk", mo.prefill_chunk))
     return 2;
+  if (mo.prefill_chunk == 0) {
+    std::cerr << "servedeck-worker: --prefill-chunk 0: expected at least 1 token per chunk\n";
+    return 2;
+  }
   if (a.values.count("stage-buffers") && (mo.stage_buffers < 2 || mo.stage_buffers > 4096)) {
     std::cerr << "servedeck-worker: --stage-buffers " << mo.stage_buffers << ": expected 2 to 4096\n";
     return 2;
@@ -237,8 +242,9 @@ int serve(int argc, char** argv) {
       announced = true;
       const LoadedModel* m = server.model();
       std::cerr << "servedeck-worker: model " << mo.dir << " loaded (backend " << m->backend->name()
-                << ", max_model_len " << m->max_model_len << ", KV cache " << m->engine->kv_capacity_tokens()
-                << " tokens)\n";
+                << ", max_model_len " << m->max_model_len << ", KV pool " << m->engine->kv_capacity_tokens()
+                << " tokens in blocks of " << m->engine->options().kv_block_tokens << ", prefill chunk "
+                << m->engine->options().prefill_chunk << ")\n";
     }
   }
 }

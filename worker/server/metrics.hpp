@@ -18,7 +18,8 @@ class Metrics {
   /// Counts one answered request on `route` ("chat", "completions", "tokenize", ...) with `status`.
   void count_request(const std::string& route, int status);
   /// Prometheus text: servedeck_worker_requests_total{route,status}, prompt/generation tokens,
-  /// TTFT and decode time sums (seconds) and counts, queue depth, running, model load state.
+  /// prefix-cache hit and miss tokens, KV pool blocks by state and evictions, TTFT and decode
+  /// time sums (seconds) and counts, queue depth, running, model load state.
   std::string render(const EngineStats* engine, bool loaded, double load_progress) const;
 
  private:

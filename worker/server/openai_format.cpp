@@ -26,6 +26,7 @@ nlohmann::json usage_json(const GenerationResult& r) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
           {"total_tokens", r.prompt_tokens + r.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}},
           {"completion_tokens_details", {{"reasoning_tokens", r.reasoning_tokens}}}};
 }
 

@@ -22,7 +22,9 @@ std::string make_response_id(std::string_view prefix);
 /// Seconds since the epoch (the "created" field).
 long long unix_now();
 
-/// {"prompt_tokens","completion_tokens","total_tokens","completion_tokens_details":{"reasoning_tokens"}}
+/// {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"},
+///  "completion_tokens_details":{"reasoning_tokens"}}: cached_tokens are the prompt tokens reused
+/// from the prefix cache (OpenAI's field), included in prompt_tokens.
 nlohmann::json usage_json(const GenerationResult& r);
 
 /// Chat shape, one entry of logprobs.content:

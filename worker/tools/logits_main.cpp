@@ -2,12 +2,14 @@
 // for comparison against a reference implementation (scripts/compare_transformers.py).
 //
 // Usage: servedeck-logits CHECKPOINT_DIR PROMPTS.json OUT.json [--full-logits OUT.f32]
-//                         [--top-k K] [--threads N] [--incremental]
+//                         [--top-k K] [--threads N] [--incremental] [--kv-dtype f32|bf16]
 //   PROMPTS.json  a JSON array of prompts, each an array of token ids: [[151644, 872, ...], ...]
 //   OUT.json      {"vocab_size": V, "prompts": [{"tokens": [...], "positions": [
 //                   {"logsumexp": x, "top": [[id, logit], ...]}, ...]}, ...]}
 //   --full-logits raw little-endian fp32, all prompts' positions in order, V floats each
 //   --incremental prefill one token at a time through the KV cache instead of one forward pass
+//   --kv-dtype    the stored K/V's type (CpuBackendOptions::kv_dtype): f32 (default here, the
+//                 fp32 reference) or bf16 (the worker's serving default)
 // Exit status: 0 on success, 1 on bad input or load error (message on stderr).
 #include <algorithm>
 #include <chrono>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "worker/cpu/cpu_backend.hpp"
+#include "worker/engine/kv_sequence.hpp"
 #include "worker/model/checkpoint.hpp"
 
 namespace {
@@ -31,7 +34,7 @@ using namespace servedeck::worker;
 
 int usage() {
   std::cerr << "usage: servedeck-logits CHECKPOINT_DIR PROMPTS.json OUT.json [--full-logits OUT.f32] "
-               "[--top-k K] [--threads N] [--incremental]\n";
+               "[--top-k K] [--threads N] [--incremental] [--kv-dtype f32|bf16]\n";
   return 1;
 }
 
@@ -41,6 +44,7 @@ int run(int argc, char** argv) {
   std::string full_path;
   std::size_t top_k = 20, threads = 0;
   bool incremental = false;
+  KvDtype kv_dtype = KvDtype::f32;
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--full-logits" && i + 1 < argc) {
@@ -51,6 +55,10 @@ int run(int argc, char** argv) {
       threads = std::stoul(argv[++i]);
     } else if (a == "--incremental") {
       incremental = true;
+    } else if (a == "--kv-dtype" && i + 1 < argc) {
+      const std::string d = argv[++i];
+      if (d != "f32" && d != "bf16") return usage();
+      kv_dtype = d == "f32" ? KvDtype::f32 : KvDtype::bf16;
     } else {
       return usage();
     }
@@ -65,7 +73,7 @@ int run(int argc, char** argv) {
 
   const auto t_load = std::chrono::steady_clock::now();
   const Checkpoint ckpt = Checkpoint::open(ckpt_dir);
-  auto backend = make_cpu_backend(ckpt, CpuBackendOptions{threads});
+  auto backend = make_cpu_backend(ckpt, CpuBackendOptions{threads, kv_dtype});
   const std::size_t vocab = backend->vocab_size();
   std::cerr << "loaded " << ckpt_dir << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count() << " s\n";
@@ -84,16 +92,18 @@ int run(int argc, char** argv) {
       if (!t.is_number_integer()) throw std::runtime_error(prompts_path + ": prompt " + std::to_string(pi) + ": non-integer token " + t.dump());
       tokens.push_back(t.get<int32_t>());
     }
-    auto cache = backend->new_cache(tokens.size());
+    KvBlockPool pool({(tokens.size() + 15) / 16, 16});  // a pool per prompt: one sequence
+    backend->allocate_kv_pool(pool.shape());
+    KvSequence seq(pool, false);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> logits;
     if (incremental) {
       for (auto tok : tokens) {
-        auto row = backend->forward(*cache, std::span<const int32_t>(&tok, 1), false);
+        auto row = forward_sequence(*backend, seq, std::span<const int32_t>(&tok, 1), false);
         logits.insert(logits.end(), row.begin(), row.end());
       }
     } else {
-      logits = backend->forward(*cache, tokens, true);
+      logits = forward_sequence(*backend, seq, tokens, true);
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cerr << "prompt " << pi << ": " << tokens.size() << " tokens in " << secs << " s\n";

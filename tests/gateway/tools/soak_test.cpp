@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include "common/http/server.hpp"
@@ -25,6 +27,10 @@ struct FakeEngine {
       int n = ++requests_;
       json body = json::parse(req.body, nullptr, false);
       last_messages_ = body.is_object() && body.contains("messages") ? body["messages"].size() : 0;
+      if (body.is_object() && body.contains("messages") && !body["messages"].empty()) {
+        std::lock_guard lock(m_);
+        system_prompts_.push_back(body["messages"][0].value("content", std::string()));
+      }
       last_tools_ = body.is_object() && body.contains("tools") ? body["tools"].size() : 0;
       if (n > good_turns_ && death_ == Death::connection_refused_500) {
         http::send_error(*res, 500, "engine dead", "server_error", "engine_dead", true);
@@ -56,6 +62,12 @@ struct FakeEngine {
         res->write(chunk({{"content", " at it."}}, nullptr));
         res->write(chunk(json::object(), "stop"));
       }
+      if (n >= 3) {  // from turn 3 on, usage as the worker reports it (cached tokens growing)
+        res->write(sse::format_data(json{{"object", "chat.completion.chunk"}, {"choices", json::array()},
+                                         {"usage", {{"prompt_tokens", 1000 * n}, {"completion_tokens", 2},
+                                                    {"prompt_tokens_details", {{"cached_tokens", 900 * n}}}}}}
+                                        .dump()));
+      }
       res->write(sse::k_done);
       res->end();
     });
@@ -68,6 +80,8 @@ struct FakeEngine {
   std::atomic<int> requests_{0};
   std::atomic<std::size_t> last_messages_{0};
   std::atomic<std::size_t> last_tools_{0};
+  std::mutex m_;
+  std::vector<std::string> system_prompts_;  // messages[0].content of each request
   std::unique_ptr<http::Server> server_;
 };
 
@@ -92,6 +106,30 @@ TEST_CASE("soak completes every turn against a healthy engine and regrows the co
   // 2 initial messages, +2 per turn (assistant + tool result or user nudge), 5 turns before the 6th.
   CHECK(engine.last_messages_ == 2 + 2 * 5);
   CHECK(report.table().find("6 ok") != std::string::npos);
+  // The engine's prompt and cached tokens per turn, "-" (null) where it reported none.
+  REQUIRE(report.turns.size() == 6);
+  CHECK_FALSE(report.turns[1].cached_tokens.has_value());
+  CHECK(report.turns[2].prompt_tokens == 3000);
+  CHECK(report.turns[5].cached_tokens == 5400);
+  const std::string table = report.table();
+  CHECK(table.find("prompt_tokens  cached_tokens") != std::string::npos);
+  CHECK(table.find("           6000           5400") != std::string::npos);
+  CHECK(report.to_json()["turns"][0]["cached_tokens"].is_null());
+  CHECK(report.to_json()["turns"][3]["cached_tokens"] == 3600);
+}
+
+TEST_CASE("soak --cold-prefix starts every turn's system prompt differently; the default keeps it") {
+  FakeEngine engine(100, Death::cut_mid_stream);
+  auto o = options(engine.port(), 3);
+  REQUIRE(tools::run_soak(o, nullptr).ok_turns == 3);
+  o.cold_prefix = true;
+  REQUIRE(tools::run_soak(o, nullptr).ok_turns == 3);
+  std::lock_guard lock(engine.m_);
+  REQUIRE(engine.system_prompts_.size() == 6);
+  CHECK(engine.system_prompts_[0] == engine.system_prompts_[2]);
+  CHECK(engine.system_prompts_[3].rfind("[turn 1] ", 0) == 0);
+  CHECK(engine.system_prompts_[5].rfind("[turn 3] ", 0) == 0);
+  CHECK(engine.system_prompts_[5].substr(9) == engine.system_prompts_[0]);
 }
 
 TEST_CASE("soak stops at an engine killed mid-stream and names the turn") {

@@ -1,6 +1,7 @@
 // CPU backend: KV-cache consistency (incremental decode == full forward), causality, the
 // KvCacheFull refusal, thread-count independence, and a single-token forward against a naive
 // re-computation written out here from the formulas (for one token, attention returns V).
+// Paged-pool behaviour (prefix reuse at split points, bf16 storage): kv_pool_test.cpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "tests/worker/model/temp_dir.hpp"
+#include "tests/worker/cpu/pool_support.hpp"
 #include "worker/cpu/cpu_backend.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/tiny_model.hpp"
@@ -94,35 +96,30 @@ TEST_CASE("prefill n then decode 1 gives the same last logits as a full forward 
     const auto toks = prompt(24);
     const std::size_t v = be->vocab_size();
 
-    auto full_cache = be->new_cache(64);
-    const auto full = be->forward(*full_cache, toks, true);
+    testing::Pool pool(*be, 3 * 64);  // three sequences of up to 64 tokens
+    KvSequence full_seq(pool.blocks, false);
+    const auto full = forward_sequence(*be, full_seq, toks, true);
     REQUIRE(full.size() == toks.size() * v);
-    CHECK(full_cache->length() == toks.size());
+    CHECK(full_seq.length() == toks.size());
 
-    auto inc_cache = be->new_cache(64);
+    KvSequence inc(pool.blocks, false);
     const std::span<const int32_t> all(toks);
-    const auto pre = be->forward(*inc_cache, all.first(toks.size() - 1), false);
+    const auto pre = forward_sequence(*be, inc, all.first(toks.size() - 1), false);
     REQUIRE(pre.size() == v);
-    const auto last = be->forward(*inc_cache, all.last(1), false);
+    const auto last = forward_sequence(*be, inc, all.last(1), false);
     REQUIRE(last.size() == v);
-    CHECK(inc_cache->length() == toks.size());
+    CHECK(inc.length() == toks.size());
     CHECK(max_abs_diff(last.data(), full.data() + (toks.size() - 1) * v, v) <= k_tolerance);
     CHECK(max_abs_diff(pre.data(), full.data() + (toks.size() - 2) * v, v) <= k_tolerance);
 
     // One token at a time through the whole prompt matches every row.
-    auto one_cache = be->new_cache(64);
+    KvSequence one(pool.blocks, false);
     float worst = 0;
     for (std::size_t i = 0; i < toks.size(); ++i) {
-      const auto row = be->forward(*one_cache, all.subspan(i, 1), false);
+      const auto row = forward_sequence(*be, one, all.subspan(i, 1), false);
       worst = std::max(worst, max_abs_diff(row.data(), full.data() + i * v, v));
     }
     CHECK(worst <= k_tolerance);
-
-    // Truncate and re-run: same logits again.
-    inc_cache->truncate(10);
-    CHECK(inc_cache->length() == 10);
-    const auto again = be->forward(*inc_cache, all.subspan(10, 5), false);
-    CHECK(max_abs_diff(again.data(), full.data() + 14 * v, v) <= k_tolerance);
 
     // The logits are not degenerate: rows differ and have a spread.
     const auto mm = std::minmax_element(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(v));
@@ -138,29 +135,35 @@ TEST_CASE("thread count does not change the result") {
   auto one = make_cpu_backend(ck, {1});
   auto two = make_cpu_backend(ck, {2});
   const auto toks = prompt(40);
-  auto c1 = one->new_cache(40);
-  auto c2 = two->new_cache(40);
-  const auto a = one->forward(*c1, toks, true);
-  const auto b = two->forward(*c2, toks, true);
+  testing::Pool p1(*one, 40), p2(*two, 40);
+  KvSequence c1(p1.blocks, false), c2(p2.blocks, false);
+  const auto a = forward_sequence(*one, c1, toks, true);
+  const auto b = forward_sequence(*two, c2, toks, true);
   CHECK(max_abs_diff(a.data(), b.data(), a.size()) <= k_tolerance);
 }
 
-TEST_CASE("KvCacheFull names both numbers and appends nothing") {
+TEST_CASE("KvCacheFull names both numbers; a bad token or block id is refused") {
   TempDir dir;
   write_model(dir.path(), options());
   auto be = make_cpu_backend(dir.path(), {1});
   CHECK(be->name() == "cpu");
-  CHECK(be->kv_bytes_per_token() == 3 * 2 * 2 * 16 * 4);
-  auto cache = be->new_cache(8);
+  CHECK(be->kv_bytes_per_token() == 3 * 2 * 2 * 16 * 2);  // bf16 K/V
+  CHECK(make_cpu_backend(dir.path(), {1, KvDtype::f32})->kv_bytes_per_token() == 3 * 2 * 2 * 16 * 4);
+  const std::vector<int32_t> table{0};  // one block of 8 rows
   const auto toks = prompt(6);
-  be->forward(*cache, toks, false);
-  CHECK_THROWS_WITH_AS(be->forward(*cache, toks, false),
-                       "KV cache full: 6 cached + 6 new tokens = 12 exceeds the capacity of 8 tokens (6144 bytes)",
+  CHECK_THROWS_AS(be->forward(KvView{table, 0}, toks, false), std::logic_error);  // no pool yet
+  be->allocate_kv_pool({2, 8});
+  CHECK(be->kv_pool_allocations() == 1);
+  be->forward(KvView{table, 0}, toks, false);
+  CHECK_THROWS_WITH_AS(be->forward(KvView{table, 6}, toks, false),
+                       "KV cache full: 6 cached + 6 new tokens = 12 exceeds the capacity of 8 tokens (3072 bytes)",
                        KvCacheFull);
-  CHECK(cache->length() == 6);
   const std::vector<int32_t> bad{512};
-  CHECK_THROWS_AS(be->forward(*cache, bad, false), std::out_of_range);
-  CHECK(cache->length() == 6);
+  CHECK_THROWS_AS(be->forward(KvView{table, 6}, bad, false), std::out_of_range);
+  const std::vector<int32_t> outside{0, 2};  // block 2 of a pool of 2
+  CHECK_THROWS_WITH_AS(be->forward(KvView{outside, 6}, toks, false),
+                       "block table entry 1 = 2 is outside the KV pool of 2 blocks", std::out_of_range);
+  CHECK_THROWS_AS(be->allocate_kv_pool({0, 8}), std::invalid_argument);
 }
 
 TEST_CASE("a single token's logits match a naive recomputation of the formulas") {
@@ -215,10 +218,11 @@ TEST_CASE("a single token's logits match a naive recomputation of the formulas")
   }
   const auto ref = mv(widen(ck.lm_head()), rms(x, widen(ck.final_norm()), d.rms_norm_eps));
 
-  auto be = make_cpu_backend(ck, {2});
-  auto cache = be->new_cache(1);
+  auto be = make_cpu_backend(ck, {2, KvDtype::f32});  // the formulas' fp32 K/V
+  testing::Pool pool(*be, 1);
+  KvSequence seq(pool.blocks, false);
   const std::vector<int32_t> toks{token};
-  const auto got = be->forward(*cache, toks, false);
+  const auto got = forward_sequence(*be, seq, toks, false);
   REQUIRE(got.size() == ref.size());
   double worst = 0;
   std::size_t worst_i = 0;

@@ -20,6 +20,7 @@
 #include "tests/worker/cuda/gpu_test_support.hpp"
 #include "worker/cpu/cpu_backend.hpp"
 #include "worker/cuda/cuda_backend.hpp"
+#include "worker/engine/kv_sequence.hpp"
 #include "worker/engine/sampler.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/tiny_model.hpp"
@@ -58,12 +59,29 @@ TinyModelOptions small_moe() {
 
 std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
 
+/// The CPU reference's K/V, as the contiguous caches of the GPU side: a pool of its own and one
+/// sequence in it (the backend's pool is replaced, so one CpuSeq per CPU backend at a time).
+struct CpuSeq {
+  CpuSeq(Backend& backend, std::size_t tokens) : be(backend), pool({(tokens + 15) / 16, 16}), seq(pool, false) {
+    be.allocate_kv_pool(pool.shape());
+  }
+  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits) {
+    return forward_sequence(be, seq, tokens, all_logits);
+  }
+  Backend& be;
+  KvBlockPool pool;
+  KvSequence seq;
+};
+
+/// The CPU reference with fp32 K/V, as the CUDA backend keeps.
+std::unique_ptr<Backend> cpu_reference(const Checkpoint& ck) { return make_cpu_backend(ck, {0, KvDtype::f32}); }
+
 /// Logits of every position of `ids` from both backends: the largest |difference| and the
 /// positions whose top-1 agree.
-std::pair<double, int> compare_to_cpu(Backend& cpu, Backend& gpu, const std::vector<int32_t>& ids, std::size_t vocab) {
-  auto c1 = cpu.new_cache(ids.size() + 8);
+std::pair<double, int> compare_to_cpu(Backend& cpu, cuda::CudaBackend& gpu, const std::vector<int32_t>& ids, std::size_t vocab) {
+  CpuSeq c1(cpu, ids.size() + 8);
   auto c2 = gpu.new_cache(ids.size() + 8);
-  const auto want = cpu.forward(*c1, ids, true);
+  const auto want = c1.forward(ids, true);
   const auto got = gpu.forward(*c2, ids, true);
   REQUIRE(want.size() == got.size());
   REQUIRE(want.size() == ids.size() * vocab);
@@ -86,15 +104,15 @@ TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a 
   TinyModelOptions o = small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
-  auto cpu = make_cpu_backend(ck);
+  auto cpu = cpu_reference(ck);
   cuda::CudaBackendOptions opt;
   opt.hot_fraction = 0.5;  // half the experts of each layer in VRAM, half read over UVA
   opt.staged_prefill = false;  // every position through the decode step
   auto gpu = cuda::make_cuda_backend(ck, opt);
   const auto ids = prompt(40, 4096);
-  auto c1 = cpu->new_cache(64);
+  CpuSeq c1(*cpu, 64);
   auto c2 = gpu->new_cache(64);
-  auto want = cpu->forward(*c1, ids, true);
+  auto want = c1.forward(ids, true);
   auto got = gpu->forward(*c2, ids, true);
   REQUIRE(want.size() == got.size());
   double max_abs = 0;
@@ -109,7 +127,7 @@ TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a 
   CHECK(max_abs < 2e-3);
   CHECK(top1_same == static_cast<int>(ids.size()));
   // Incremental decode continues the same sequence.
-  auto w1 = cpu->forward(*c1, std::vector<int32_t>{17}, false);
+  auto w1 = c1.forward(std::vector<int32_t>{17}, false);
   auto g1 = gpu->forward(*c2, std::vector<int32_t>{17}, false);
   CHECK(argmax(w1.data(), 4096) == argmax(g1.data(), 4096));
   auto stats = gpu->stats();
@@ -141,7 +159,7 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
     }
     write_model(dir, o);
     Checkpoint ck = Checkpoint::open(dir);
-    auto cpu = make_cpu_backend(ck);
+    auto cpu = cpu_reference(ck);
     cuda::CudaBackendOptions opt;
     opt.staged_prefill = false;  // every position through the decode step
     auto gpu = cuda::make_cuda_backend(ck, opt);
@@ -339,7 +357,7 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   TinyModelOptions o = small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
-  auto cpu = make_cpu_backend(ck);
+  auto cpu = cpu_reference(ck);
   cuda::CudaBackendOptions tok, pre;
   tok.hot_fraction = pre.hot_fraction = 0.25;
   tok.staged_prefill = false;
@@ -350,9 +368,9 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   auto a = cuda::make_cuda_backend(ck, tok);
   auto b = cuda::make_cuda_backend(ck, pre);
   const auto ids = prompt(60, 4096);
-  auto c0 = cpu->new_cache(80);
+  CpuSeq c0(*cpu, 80);
   auto ca = a->new_cache(80), cb = b->new_cache(80);
-  auto want = cpu->forward(*c0, ids, true);
+  auto want = c0.forward(ids, true);
   auto ref = a->forward(*ca, ids, true);
   auto got = b->forward(*cb, ids, true);
   REQUIRE(got.size() == ref.size());
@@ -382,7 +400,7 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   compare(want, "CPU");
   CHECK(b->stats().staged_bytes > 0);
   // Decode continues from the prefilled cache.
-  auto w1 = cpu->forward(*c0, std::vector<int32_t>{17}, false);
+  auto w1 = c0.forward(std::vector<int32_t>{17}, false);
   auto g1 = b->forward(*cb, std::vector<int32_t>{17}, false);
   CHECK(argmax(w1.data(), 4096) == argmax(g1.data(), 4096));
   std::filesystem::remove_all(dir);
@@ -457,8 +475,9 @@ TEST_CASE("make_cuda_backend_from_dir owns its checkpoint") {
   write_model(dir, o);
   std::unique_ptr<Backend> b = cuda::make_cuda_backend_from_dir(dir, {});
   CHECK(b->name() == "cuda");
-  auto c = b->new_cache(16);
-  auto l = b->forward(*c, prompt(6, 1024), false);
+  b->allocate_kv_pool({1, 16});  // through the Backend interface (ContiguousKvBackend)
+  const std::vector<int32_t> table{0};
+  auto l = b->forward(KvView{table, 0}, prompt(6, 1024), false);
   REQUIRE(l.size() == 1024);
   for (float v : l) REQUIRE(std::isfinite(v));
   CHECK_THROWS_AS(cuda::make_cuda_backend_from_dir(dir + "/missing", {}), std::exception);

@@ -83,7 +83,7 @@ TEST_CASE("greedy generation follows the logits and stops at EOS without emittin
   CHECK(*r.stop_token == k_eos);
   CHECK(r.completion_tokens == 9);  // 8 bytes + EOS
   CHECK(r.prompt_tokens == chat_prompt(vocab, "hello").size());
-  CHECK(backend.live_caches == 0);
+  CHECK(engine.stats().kv_blocks.held == 0);
 }
 
 // Greedy decoding without logprobs needs only the pick: the engine asks the backend for it
@@ -120,7 +120,7 @@ TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs a
   Collected d;
   run(engine, sampled, d);
   CHECK(backend.greedy_calls == 0);
-  CHECK(backend.live_caches == 0);
+  CHECK(engine.stats().kv_blocks.held == 0);
 }
 
 TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with an error naming it") {
@@ -135,7 +135,7 @@ TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with 
     CHECK(r.finish == FinishReason::error);
     CHECK(r.error == "backend picked token " + std::to_string(bad) + " outside the vocabulary of " + std::to_string(k_fake_vocab));
     CHECK(c.text == "H");  // the prefill's token was delivered; nothing after the bad pick
-    CHECK(backend.live_caches == 0);
+    CHECK(engine.stats().kv_blocks.held == 0);
   }
 }
 
@@ -145,12 +145,13 @@ TEST_CASE("Backend::forward_greedy's default throws on a row shorter than the vo
     std::size_t vocab_size() const override { return 8; }
     std::size_t kv_bytes_per_token() const override { return 1; }
     std::string name() const override { return "short"; }
-    std::unique_ptr<KvCache> new_cache(std::size_t) override { return nullptr; }
-    std::vector<float> forward(KvCache&, std::span<const int32_t>, bool) override { return std::vector<float>(5, 1.f); }
+    void allocate_kv_pool(const KvPoolShape&) override {}
+    std::size_t kv_pool_allocations() const override { return 0; }
+    std::vector<float> forward(const KvView&, std::span<const int32_t>, bool) override { return std::vector<float>(5, 1.f); }
   } backend;
-  std::atomic<int> live{0};
-  FakeCache cache(4, live);
-  CHECK_THROWS_WITH_AS(backend.forward_greedy(cache, 1), "backend returned 5 logits for one token; expected 8", std::runtime_error);
+  const int32_t blocks[1] = {0};
+  CHECK_THROWS_WITH_AS(backend.forward_greedy(KvView{blocks, 0}, 1), "backend returned 5 logits for one token; expected 8",
+                       std::runtime_error);
 }
 
 TEST_CASE("max_tokens ends with length; seeded sampling reproduces") {
@@ -259,10 +260,13 @@ TEST_CASE("thinking_token_budget forces </think> once the reasoning block has us
 }
 
 TEST_CASE("KV cap refusal names both numbers") {
-  CHECK(kv_cap_error(812, 4096, 1048576, 256).value() ==
+  CHECK(kv_cap_error(812, 4096, 1048576, 256, 16).value() ==
         "prompt 812 tokens + max_tokens 4096 = 4908 tokens exceeds the KV cache capacity of 4096 "
-        "tokens (--kv-cache-bytes 1048576 / 256 bytes per token)");
-  CHECK(!kv_cap_error(100, 3996, 1048576, 256).has_value());
+        "tokens (--kv-cache-bytes 1048576 / 256 bytes per token, in blocks of 16 tokens)");
+  CHECK(!kv_cap_error(100, 3996, 1048576, 256, 16).has_value());
+  // The capacity is whole blocks: 1000000 / 256 = 3906 tokens, 244 blocks of 16 = 3904.
+  CHECK(kv_cap_error(3900, 5, 1000000, 256, 16).value().find("exceeds the KV cache capacity of 3904 tokens") != std::string::npos);
+  CHECK(!kv_cap_error(3900, 4, 1000000, 256, 16).has_value());
 
   FakeVocab vocab;
   FakeBackend backend({}, 256);
@@ -303,7 +307,7 @@ TEST_CASE("cancellation stops generation between tokens and frees the cache") {
   const auto r = fut.get();
   CHECK(r.finish == FinishReason::cancelled);
   CHECK(r.completion_tokens < 3000);
-  CHECK(backend.live_caches == 0);
+  CHECK(engine.stats().kv_blocks.held == 0);
   const auto calls = backend.forward_calls.load();
   CHECK(calls < 3000);
   CHECK(!engine.stats().running);

@@ -1,6 +1,7 @@
-// Test doubles for the engine and the server: a Backend whose logits are a deterministic
-// function of the context (a hash, plus an optional scripted peak so greedy decoding follows a
-// known text), and a byte-level Vocab with a few special and multi-byte tokens.
+// Test doubles for the engine and the server: a paged Backend whose logits are a deterministic
+// function of the context it reads back through the block table (a hash, plus an optional
+// scripted peak so greedy decoding follows a known text), and a byte-level Vocab with a few
+// special and multi-byte tokens.
 #pragma once
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -78,23 +80,13 @@ class FakeVocab final : public Vocab {
   }
 };
 
-class FakeCache final : public KvCache {
- public:
-  FakeCache(std::size_t cap, std::atomic<int>& live) : cap_(cap), live_(live) { ++live_; }
-  ~FakeCache() override { --live_; }
-  std::size_t length() const override { return tokens.size(); }
-  std::size_t capacity() const override { return cap_; }
-  void truncate(std::size_t n) override { tokens.resize(n); }
-  std::vector<int32_t> tokens;
-
- private:
-  std::size_t cap_;
-  std::atomic<int>& live_;
-};
-
 /// Scripted next token for a context, or -1 for "no preference" (hash logits only).
 using Script = std::function<int32_t(const std::vector<int32_t>& context)>;
 
+/// A paged backend whose "K/V" is the token id itself: each pool row stores the id written at
+/// that position, and a forward pass reads the sequence's context back through the block table
+/// it is given. Logits are a function of that context, so a wrong block table (a reused block
+/// with other tokens, a chunk at the wrong position) changes them.
 class FakeBackend final : public Backend {
  public:
   explicit FakeBackend(Script script = {}, std::size_t bytes_per_token = 256)
@@ -103,36 +95,56 @@ class FakeBackend final : public Backend {
   std::size_t vocab_size() const override { return k_fake_vocab; }
   std::size_t kv_bytes_per_token() const override { return bytes_per_token_; }
   std::string name() const override { return "fake"; }
-  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override {
-    return std::make_unique<FakeCache>(max_tokens, live_caches);
-  }
 
-  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override {
-    auto& c = dynamic_cast<FakeCache&>(cache);
-    if (c.length() + tokens.size() > c.capacity())
-      throw KvCacheFull("fake cache full: " + std::to_string(c.length() + tokens.size()) + " > " +
-                        std::to_string(c.capacity()));
+  void allocate_kv_pool(const KvPoolShape& shape) override {
+    if (shape.num_blocks == 0 || shape.block_tokens == 0) throw std::invalid_argument("fake pool: empty shape");
+    shape_ = shape;
+    rows_.assign(shape.tokens(), -1);
+    ++pool_allocations;
+  }
+  std::size_t kv_pool_allocations() const override { return pool_allocations; }
+
+  std::vector<float> forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) override {
+    if (rows_.empty()) throw std::logic_error("fake forward before allocate_kv_pool");
+    const std::size_t end = kv.length + tokens.size();
+    if (end > kv.blocks.size() * shape_.block_tokens)
+      throw KvCacheFull("fake cache full: " + std::to_string(end) + " > " + std::to_string(kv.blocks.size() * shape_.block_tokens));
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     if (fail_after_calls >= 0 && forward_calls.load() >= static_cast<std::size_t>(fail_after_calls))
       throw std::runtime_error("fake backend failure after " + std::to_string(fail_after_calls) + " forward calls");
     ++forward_calls;
+    {
+      std::lock_guard lock(passes_mutex_);
+      passes_.push_back({kv.length, tokens.size()});
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) row(kv, kv.length + i) = tokens[i];
+    std::vector<int32_t> ctx;
+    for (std::size_t pos = 0; pos < end; ++pos) ctx.push_back(row(kv, pos));
     std::vector<float> out;
-    for (int32_t t : tokens) c.tokens.push_back(t);
-    const std::size_t first = all_logits ? c.length() - tokens.size() : c.length() - 1;
-    for (std::size_t pos = first; pos < c.length(); ++pos) {
-      std::vector<int32_t> ctx(c.tokens.begin(), c.tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1));
-      auto row = logits_for(ctx);
-      out.insert(out.end(), row.begin(), row.end());
+    const std::size_t first = all_logits ? kv.length : end - 1;
+    for (std::size_t pos = first; pos < end; ++pos) {
+      auto r = logits_for(std::vector<int32_t>(ctx.begin(), ctx.begin() + static_cast<std::ptrdiff_t>(pos + 1)));
+      out.insert(out.end(), r.begin(), r.end());
     }
     return out;
   }
 
   /// Counts the engine's greedy steps; returns `bad_pick` when it is set (a backend's malformed
   /// pick), else the default's forward + argmax.
-  int32_t forward_greedy(KvCache& cache, int32_t token) override {
+  int32_t forward_greedy(const KvView& kv, int32_t token) override {
     ++greedy_calls;
-    const int32_t picked = Backend::forward_greedy(cache, token);
+    const int32_t picked = Backend::forward_greedy(kv, token);
     return bad_pick ? *bad_pick : picked;
+  }
+
+  /// (start position, tokens) of every forward pass so far.
+  std::vector<std::pair<std::size_t, std::size_t>> passes() const {
+    std::lock_guard lock(passes_mutex_);
+    return passes_;
+  }
+  void clear_passes() {
+    std::lock_guard lock(passes_mutex_);
+    passes_.clear();
   }
 
   /// Deterministic logits for a context: FNV-1a hash of the ids seeds a xorshift generator.
@@ -156,7 +168,7 @@ class FakeBackend final : public Backend {
     return row;
   }
 
-  std::atomic<int> live_caches{0};
+  std::atomic<std::size_t> pool_allocations{0};
   std::atomic<std::size_t> forward_calls{0};
   int delay_ms = 0;
   std::atomic<int> fail_after_calls{-1};  // >= 0: forward() throws once this many calls were made
@@ -164,8 +176,19 @@ class FakeBackend final : public Backend {
   std::optional<int32_t> bad_pick;           // set before submitting: forward_greedy returns this id
 
  private:
+  int32_t& row(const KvView& kv, std::size_t pos) {
+    const int32_t block = kv.blocks[pos / shape_.block_tokens];
+    if (block < 0 || static_cast<std::size_t>(block) >= shape_.num_blocks)
+      throw std::out_of_range("fake: block " + std::to_string(block) + " outside the pool");
+    return rows_[static_cast<std::size_t>(block) * shape_.block_tokens + pos % shape_.block_tokens];
+  }
+
   Script script_;
   std::size_t bytes_per_token_;
+  KvPoolShape shape_;
+  std::vector<int32_t> rows_;  // (num_blocks × block_tokens) the token id stored at each pool row
+  mutable std::mutex passes_mutex_;
+  std::vector<std::pair<std::size_t, std::size_t>> passes_;
 };
 
 /// A script that makes greedy decoding produce `answer` (as token ids) after the prompt of

@@ -98,7 +98,8 @@ struct FakeModelHandles {
 /// A loader building the fake model; it reports progress 0.5 and then waits for `gate` (when
 /// given) before finishing, so tests can observe /health while loading.
 inline ModelLoader fake_loader(std::size_t kv_cache_bytes, FakeModelHandles* handles,
-                               std::shared_future<void> gate = {}, int delay_ms = 0) {
+                               std::shared_future<void> gate = {}, int delay_ms = 0,
+                               std::size_t prefill_chunk = EngineOptions{}.prefill_chunk) {
   return [=](const ProgressFn& progress) {
     progress(0.5);
     if (gate.valid()) gate.wait();
@@ -112,6 +113,7 @@ inline ModelLoader fake_loader(std::size_t kv_cache_bytes, FakeModelHandles* han
     m->backend = std::move(backend);
     EngineOptions eo;
     eo.kv_cache_bytes = kv_cache_bytes;
+    eo.prefill_chunk = prefill_chunk;
     eo.max_model_len = m->max_model_len;
     eo.eos_ids = {k_eos};
     eo.think_start_id = k_think;

@@ -18,12 +18,12 @@ using nlohmann::json;
 
 struct Fixture {
   explicit Fixture(std::size_t kv_bytes = 1 << 20, ToolParserKind parser = ToolParserKind::hermes, int delay_ms = 0,
-                   std::shared_future<void> gate = {}) {
+                   std::shared_future<void> gate = {}, std::size_t prefill_chunk = EngineOptions{}.prefill_chunk) {
     WorkerServerOptions o;
     o.port = 0;
     o.served_model_name = "tiny";
     o.tool_parser = parser;
-    server = std::make_unique<WorkerServer>(o, fake_loader(kv_bytes, &handles, gate, delay_ms));
+    server = std::make_unique<WorkerServer>(o, fake_loader(kv_bytes, &handles, gate, delay_ms, prefill_chunk));
     server->start();
     if (!gate.valid()) REQUIRE(server->wait_loaded(std::chrono::seconds(10)) == LoadState::ready);
   }

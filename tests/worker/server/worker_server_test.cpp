@@ -188,7 +188,7 @@ TEST_CASE("a request over the KV cache capacity is refused with both numbers") {
   const std::string msg = json::parse(r.body)["error"]["message"];
   const auto prompt = json::parse(f.post("/tokenize", chat_body("hi", false).dump()).body)["count"].get<int>();
   CHECK(msg == "prompt " + std::to_string(prompt) + " tokens + max_tokens 100 = " + std::to_string(prompt + 100) +
-                   " tokens exceeds the KV cache capacity of 64 tokens (--kv-cache-bytes 16384 / 256 bytes per token)");
+                   " tokens exceeds the KV cache capacity of 64 tokens (--kv-cache-bytes 16384 / 256 bytes per token, in blocks of 16 tokens)");
   // Without max_tokens the room left in the cache is used.
   auto ok = f.post("/v1/chat/completions", chat_body("hi", false).dump());
   CHECK(ok.status == 200);
@@ -293,7 +293,7 @@ TEST_CASE("a client that goes away cancels its generation and frees the cache") 
     const auto s = f.handles.engine->stats();
     return !s.running && s.requests_finished == 1;
   }));
-  CHECK(f.handles.backend->live_caches == 0);
+  CHECK(f.handles.engine->stats().kv_blocks.held == 0);
   const auto calls = f.handles.backend->forward_calls.load();
   CHECK(calls < 3000);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
