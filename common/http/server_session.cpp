@@ -80,6 +80,7 @@ void Session::add_drain_cb(std::size_t below, std::function<void()> cb) {
 
 void Session::read_header() {
   if (closed_) return;
+  head_request = false;  // until this request's head says otherwise (errors before it carry a body)
   parser_.emplace();
   // note: no body limit while the head is read, or the parser itself would answer an oversized
   // Content-Length (413) before head_check saw the request; on_header sets the limit. (Not
@@ -114,6 +115,7 @@ void Session::on_header(error_code ec) {
   if (ec) return on_read_error(ec);
   first_request_ = false;
   auto& req = parser_->get();
+  head_request = req.method() == bhttp::verb::head;  // a refusal of a HEAD request sends no body
   head_ = make_head();
   if (srv_.opt.head_check) {
     std::optional<HeadRejection> refused;
@@ -210,7 +212,8 @@ void Session::send_simple_and_close(int status, std::string body, const Headers&
   std::string bytes = status_line(status) + "Content-Type: application/json\r\nContent-Length: " +
                       std::to_string(body.size()) + "\r\n";
   for (const auto& [k, v] : extra) bytes += k + ": " + v + "\r\n";
-  bytes += "Connection: close\r\n\r\n" + body;
+  bytes += "Connection: close\r\n\r\n";
+  if (!head_request) bytes += body;  // HEAD: the same head, Content-Length included, no body
   pending_bytes += bytes.size();
   queue(std::move(bytes), true);
 }
