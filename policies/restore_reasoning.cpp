@@ -74,7 +74,7 @@ std::vector<std::string> ReasoningStore::keys_of(const json& message) {
         if (f.contains("arguments")) {
           json args = f["arguments"];
           if (args.is_string()) {
-            auto parsed = json::parse(args.get<std::string>(), nullptr, false);
+            auto parsed = parse_untrusted(args.get<std::string>());
             args = parsed.is_discarded() ? json(collapse_whitespace(args.get<std::string>())) : parsed;
           }
           normalised += " " + dump_safe(args);

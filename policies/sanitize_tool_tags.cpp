@@ -244,7 +244,7 @@ void ArgumentRepair::on_char(char ch) {
 
 void ArgumentRepair::end_key() {
   mode_ = Mode::structural;
-  auto decoded = json::parse(string_raw_, nullptr, false);
+  auto decoded = parse_untrusted(string_raw_);
   if (decoded.is_discarded() || !decoded.is_string()) {
     emit(string_raw_);
     return;
@@ -280,7 +280,7 @@ void ArgumentRepair::end_key() {
 void ArgumentRepair::end_resplit() {
   mode_ = Mode::structural;
   expect_key_.back() = false;
-  auto decoded = json::parse(string_raw_, nullptr, false);
+  auto decoded = parse_untrusted(string_raw_);
   if (decoded.is_discarded() || !decoded.is_string()) {
     fail("argument value after key '" + resplit_key_ + "' is not a JSON string");
     return;
@@ -411,7 +411,7 @@ std::string ArgumentRepair::finish() {
   if (options_.coerce) {
     out = held_ + pending_;
     held_.clear();
-    auto j = json::parse(out, nullptr, false);
+    auto j = parse_untrusted(out);
     if (!j.is_discarded() && j.is_object() && tool_) {
       bool changed = false;
       for (auto it = j.begin(); it != j.end(); ++it) {

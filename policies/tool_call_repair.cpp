@@ -18,7 +18,7 @@ using json = nlohmann::json;
 std::optional<std::string> arguments_from(const markup::ParsedCall& call, const DeclaredTool& tool) {
   json args = json::object();
   if (call.json_arguments) {
-    args = json::parse(*call.json_arguments, nullptr, false);
+    args = parse_untrusted(*call.json_arguments);
     if (args.is_discarded() || !args.is_object()) return std::nullopt;
   } else {
     for (const auto& [k, v] : call.glm_args) {
@@ -102,7 +102,7 @@ NameResolution resolve_tool_name(std::string_view name, const std::vector<Declar
 std::string arguments_after_split(std::string_view arguments, const DeclaredTool& tool, const std::string& param) {
   std::string_view t = markup::trim(arguments);
   if (t.empty()) return "{}";
-  auto j = json::parse(t, nullptr, false);
+  auto j = parse_untrusted(t);
   if (!j.is_discarded() && j.is_object()) return std::string(arguments);
   json out = json::object();
   if (!j.is_discarded() && !j.is_string()) {
@@ -117,13 +117,13 @@ std::string arguments_after_split(std::string_view arguments, const DeclaredTool
 bool is_empty_arguments(std::string_view arguments) {
   std::string_view t = markup::trim(arguments);
   if (t.empty()) return true;
-  auto j = json::parse(t, nullptr, false);
+  auto j = parse_untrusted(t);
   return !j.is_discarded() && j.is_object() && j.empty();
 }
 
 std::vector<std::string> missing_required(std::string_view arguments, const DeclaredTool& tool) {
   auto req = tool.required();
-  auto j = json::parse(markup::trim(arguments), nullptr, false);
+  auto j = parse_untrusted(markup::trim(arguments));
   if (j.is_discarded() || !j.is_object()) return req;
   std::vector<std::string> out;
   for (const auto& r : req) {

@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::policies {
 namespace {
 
@@ -33,7 +35,7 @@ std::vector<std::string> types_of(const json& schema) {
 std::optional<json> convert(const std::string& s, std::string_view type) {
   if (type == "integer" || type == "number" || type == "boolean" || type == "null" ||
       type == "array" || type == "object") {
-    auto j = json::parse(s, nullptr, false);
+    auto j = parse_untrusted(s);
     if (j.is_discarded()) return std::nullopt;
     if (type == "integer" && j.is_number_integer()) return j;
     if (type == "integer" && j.is_number_float()) {

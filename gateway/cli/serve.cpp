@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "gateway/admin/admin_api.hpp"
+#include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "gateway/server/gateway.hpp"
 #include "gateway/service/notify.hpp"
@@ -52,8 +53,8 @@ void write_daemon_file(const std::string& dir, const std::string& host, int port
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
-    f << nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
-                        {"config", config}, {"started_ms", state::now_ms()}}.dump()
+    f << dump_safe(nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
+                                  {"config", config}, {"started_ms", state::now_ms()}})
       << "\n";
   }
   std::filesystem::rename(tmp, path);
