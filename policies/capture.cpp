@@ -13,6 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::policies {
 namespace {
 
@@ -149,7 +151,7 @@ CaptureResult capture_exchange(const registry::ModelEntry& model, const json& re
   std::string path = o.dir + "/" + std::to_string(now_ms) + "-" + std::to_string(::getpid()) + "-" +
                      std::to_string(seq++) + "-" + safe_name(model.name) + ".json";
   json doc = {{"model", model.name}, {"time_unix_ms", now_ms}, {"request", request}, {"response", response}};
-  std::string text = doc.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::string text = dump_safe(doc) + "\n";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     result.error = "capture: cannot create '" + path + "': " + errno_text(errno);

@@ -1,4 +1,5 @@
 // JSON helpers that never throw on outside input (the gateway's request path has no exceptions).
+// Parsing and serialising go through common/json_limits.hpp (parse_untrusted, dump_safe).
 #pragma once
 
 #include <string>
@@ -6,12 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace servedeck::policies {
+#include "common/json_limits.hpp"
 
-/// Compact serialisation; invalid UTF-8 is replaced with U+FFFD instead of throwing.
-inline std::string dump_safe(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+namespace servedeck::policies {
 
 /// obj[key] when obj is an object and that member is a string; otherwise "". (json::value()
 /// throws when the member exists with another type.)

@@ -52,10 +52,14 @@ void sanitize_history(json& body, RequestContext& ctx) {
         }
       }
       const DeclaredTool* tool = f.contains("name") && f["name"].is_string()
-                                     ? find_tool(tools, f["name"].get<std::string>()) : nullptr;
+                                     ? find_tool(tools, f["name"].get<std::string>(), &ctx.budget) : nullptr;
       std::string args = arguments_text(f);
-      auto r = repair_arguments(args, tool, {.sanitize = true, .coerce = false, .allow_resplit = true});
-      if (r.error) r = repair_arguments(args, tool, {.sanitize = true, .coerce = false, .allow_resplit = false});
+      auto r = repair_arguments(args, tool, {.sanitize = true, .coerce = false, .allow_resplit = true, .budget = &ctx.budget});
+      if (ctx.budget.exhausted()) return;
+      if (r.error) {
+        r = repair_arguments(args, tool, {.sanitize = true, .coerce = false, .allow_resplit = false, .budget = &ctx.budget});
+      }
+      if (ctx.budget.exhausted()) return;
       if (!r.error && r.sanitized) {
         f["arguments"] = r.text;
         repaired = true;
@@ -90,10 +94,12 @@ std::optional<std::string> RequestPipeline::apply(json& body) {
     return "request body: `chat_template_kwargs` must be an object, got " +
            std::string(body["chat_template_kwargs"].type_name());
   }
+  ctx_.budget.grant(json_text_bytes(body));
   apply_reasoning_dialects(body, ctx_);
   apply_flatten_content(body, ctx_);
   apply_request_cleanup(body, ctx_);
   sanitize_history(body, ctx_);
+  if (ctx_.budget.exhausted()) return ctx_.budget.message();
   apply_unsupported_kwargs(body, ctx_);
   apply_effort_presets(body, ctx_);
   apply_min_output_tokens(body, ctx_);
@@ -112,6 +118,9 @@ std::optional<PolicyError> ResponsePipeline::apply_body(json& body) {
   const auto& config = ctx_.model->policies;
   const bool repair_on = tool_call_repair_enabled(config);
   const auto tools = declared_tools(ctx_.request);
+  WorkBudget* budget = &ctx_.budget;
+  budget->grant(json_text_bytes(body));
+  auto spent = [&] { return PolicyError{budget->message(), std::string(k_work_budget_code)}; };
 
   for (auto& choice : body["choices"]) {
     if (!choice.is_object() || !choice.contains("message") || !choice["message"].is_object()) continue;
@@ -135,14 +144,15 @@ std::optional<PolicyError> ResponsePipeline::apply_body(json& body) {
       std::string args = arguments_text(f);
       const DeclaredTool* tool = nullptr;
       if (!tools.empty() && (repair_on || config.sanitize_tool_tags)) {
-        auto res = resolve_tool_name(name, tools, config.sanitize_tool_tags);
+        auto res = resolve_tool_name(name, tools, config.sanitize_tool_tags, budget);
+        if (budget->exhausted()) return spent();
         if (res.error) {
           if (repair_on) return PolicyError{"servedeck: " + *res.error, "tool_call_unknown_name"};
         } else {
           if (res.sanitized) count_repair(ctx_, "sanitize_tool_tags");
-          tool = find_tool(tools, res.name);
+          tool = find_tool(tools, res.name, budget);
           if (res.split_param && repair_on) {
-            args = arguments_after_split(args, *tool, *res.split_param);
+            args = arguments_after_split(args, *tool, *res.split_param, budget);
             count_repair(ctx_, "tool_call_repair");
           }
           name = res.name;
@@ -155,7 +165,9 @@ std::optional<PolicyError> ResponsePipeline::apply_body(json& body) {
       }
       auto r = repair_arguments(args, tool, {.sanitize = config.sanitize_tool_tags,
                                              .coerce = config.coerce_tool_argument_types && tool != nullptr,
-                                             .allow_resplit = true});
+                                             .allow_resplit = true,
+                                             .budget = budget});
+      if (budget->exhausted()) return spent();
       if (r.error) {
         return PolicyError{"servedeck: tool call '" + name + "' has corrupted arguments that cannot be repaired: " +
                                *r.error, "tool_call_unrecoverable"};
@@ -163,13 +175,14 @@ std::optional<PolicyError> ResponsePipeline::apply_body(json& body) {
       if (r.sanitized) count_repair(ctx_, "sanitize_tool_tags");
       if (r.coerced) count_repair(ctx_, "tool_call_repair");
       args = r.text;
-      if (repair_on && tool && !tool->required().empty() && is_empty_arguments(args)) {
-        std::optional<RecoveredCall> rec = recover_call(content, tools, name);
+      if (repair_on && tool && !tool->required().empty() && is_empty_arguments(args, budget)) {
+        std::optional<RecoveredCall> rec = recover_call(content, tools, name, budget);
         if (rec) {
           content = remove_ranges(content, {*rec});
         } else {
-          rec = recover_call(reasoning, tools, name);
+          rec = recover_call(reasoning, tools, name, budget);
         }
+        if (budget->exhausted()) return spent();
         if (!rec) {
           std::string req;
           for (const auto& q : tool->required()) req += (req.empty() ? "" : ", ") + q;
@@ -184,9 +197,10 @@ std::optional<PolicyError> ResponsePipeline::apply_body(json& body) {
     }
 
     if (calls.empty() && !tools.empty() && (config.answer_rescue || (repair_on && finish == "tool_calls"))) {
-      auto found = extract_calls(content, tools);
+      auto found = extract_calls(content, tools, budget);
       bool from_content = !found.empty();
-      if (found.empty()) found = extract_calls(reasoning, tools);
+      if (found.empty()) found = extract_calls(reasoning, tools, budget);
+      if (budget->exhausted()) return spent();
       if (!found.empty()) {
         for (const auto& c : found) {
           calls.push_back({{"id", new_tool_call_id()}, {"type", "function"},

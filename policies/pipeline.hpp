@@ -9,6 +9,11 @@
 // The gateway's own stream normalisation (one finish chunk, [DONE], ids) runs after the
 // policies, so policies may emit chunks in any OpenAI-valid shape.
 //
+// Work: each pipeline grants its context's WorkBudget (work_budget.hpp) the text bytes of what it
+// is given (the request body, the response body, each chunk), and every repair charges it; a
+// request whose policies spend it ends with an error naming the limit (code
+// policy_work_budget_exceeded), never a stuck thread.
+//
 // Thread-safety: pipelines are built per request and used from one thread at a time. The
 // reasoning store (restore_reasoning) is shared and internally synchronised.
 #pragma once
@@ -24,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "policies/work_budget.hpp"
 #include "registry/model_entry.hpp"
 
 namespace servedeck::policies {
@@ -47,6 +53,7 @@ struct RequestContext {
   /// Headers the gateway adds to the client's response (name, value), e.g. fit_output_budget's
   /// "x-servedeck-output-budget".
   std::vector<std::pair<std::string, std::string>> response_headers;
+  WorkBudget budget;                              // granted by apply() from the body's size
 };
 
 /// The request side. Construct per request.
@@ -60,7 +67,8 @@ class RequestPipeline {
   bool wants_prompt_tokens(const nlohmann::json& body) const;
 
   /// Applies every configured request policy to a /v1/chat/completions body in place.
-  /// Returns an error message (client's fault, HTTP 400) or nullopt.
+  /// Returns an error message (client's fault, HTTP 400) or nullopt; a spent work budget is
+  /// such an error (WorkBudget::message()), and the body is then partly transformed.
   std::optional<std::string> apply(nlohmann::json& body);
 
  private:
@@ -74,6 +82,7 @@ struct ResponseContext {
   nlohmann::json request;            // the body sent to the engine (tools, tool_choice, ...)
   RepairCounter count_repair;
   ReasoningStore* reasoning_store = nullptr;
+  WorkBudget budget;                 // granted per body or chunk; shared by a stream's chunks
 };
 
 /// A policy verdict that the response must not reach the client as is (e.g. a tool call with
@@ -88,7 +97,8 @@ class ResponsePipeline {
  public:
   explicit ResponsePipeline(ResponseContext& ctx);
   /// Transforms a chat.completion body in place. Returns an error when the response cannot
-  /// be repaired into something valid (the gateway answers 502 with it).
+  /// be repaired into something valid, or its repair spent the work budget (code
+  /// policy_work_budget_exceeded); the gateway answers 502 with it.
   std::optional<PolicyError> apply_body(nlohmann::json& body);
 
  private:

@@ -7,7 +7,6 @@ namespace servedeck::policies {
 namespace {
 
 using json = nlohmann::json;
-using markup::TagKind;
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
@@ -45,99 +44,19 @@ bool escape_complete(std::string_view esc) {
   return true;
 }
 
-// Length of the suffix of `d`, starting at a '<', that is entirely (tag ws*)* followed by an
-// optional partial tag: text that may still turn into a trailing edge of markup. 0 when none.
-std::size_t trailing_candidate(std::string_view d, bool allow_partial) {
-  for (std::size_t s = 0; s < d.size(); ++s) {
-    if (d[s] != '<') continue;
-    std::string_view x = d.substr(s);
-    bool ok = false;
-    while (true) {
-      if (x.empty()) {
-        ok = true;
-        break;
-      }
-      if (std::size_t n = markup::complete_tag_at(x, 0); n > 0) {
-        x.remove_prefix(n);
-        while (!x.empty() && is_space(x.front())) x.remove_prefix(1);
-        continue;
-      }
-      ok = allow_partial && markup::is_partial_tag(x);
-      break;
-    }
-    if (ok) return d.size() - s;
-  }
-  return 0;
-}
-
 }  // namespace
-
-KeyRepair repair_key(std::string_view key) {
-  KeyRepair r;
-  std::string_view k = key;
-  // A leading fragment that ends a tag ("_key>", ">"), left by a tag split across tokens.
-  std::size_t lead = 0;
-  for (auto tag : markup::kTags) {
-    for (std::size_t n = tag.size() - 1; n > lead; --n) {
-      if (k.substr(0, n) == tag.substr(tag.size() - n)) {
-        lead = n;
-        break;
-      }
-    }
-  }
-  if (lead > 0) {
-    k.remove_prefix(lead);
-    r.changed = true;
-  }
-  // A trailing fragment that starts a tag ("<", "</arg_k"), however short.
-  for (std::size_t s = 0; s < k.size(); ++s) {
-    std::string_view frag = k.substr(s);
-    if (frag.front() == '<' && markup::is_partial_tag(frag)) {
-      // "<arg_k..." after text: the next key began here (G02)
-      if (frag.size() >= 6 && std::string_view("<arg_key>").starts_with(frag) &&
-          !markup::trim(k.substr(0, s)).empty()) {
-        r.structural = true;
-      }
-      k = k.substr(0, s);
-      r.changed = true;
-      break;
-    }
-  }
-  auto tags = markup::scan_tags(k);
-  if (tags.empty() && !r.changed) {
-    r.pieces.emplace_back(key);
-    return r;
-  }
-  r.changed = true;
-  std::size_t cursor = 0;
-  bool text_seen = false;
-  for (std::size_t t = 0; t <= tags.size(); ++t) {
-    std::size_t end = t < tags.size() ? tags[t].pos : k.size();
-    std::string_view text = markup::trim(k.substr(cursor, end - cursor));
-    if (!text.empty()) {
-      r.pieces.emplace_back(text);
-      text_seen = true;
-    }
-    if (t < tags.size()) {
-      if (text_seen && tags[t].kind == TagKind::open_key) r.structural = true;
-      cursor = tags[t].pos + tags[t].len;
-    }
-  }
-  if (r.pieces.size() >= 2) r.structural = true;
-  return r;
-}
-
-std::optional<std::string> sanitize_tool_name(std::string_view name) {
-  auto r = repair_key(name);
-  if (!r.changed || r.pieces.size() != 1) return std::nullopt;
-  return r.pieces.front();
-}
 
 ArgumentRepair::ArgumentRepair(const DeclaredTool* tool, ArgumentRepairOptions options)
     : tool_(tool), options_(options) {}
 
 void ArgumentRepair::fail(std::string message) {
   if (!error_) error_ = std::move(message);
+}
+
+bool ArgumentRepair::spend(std::uint64_t steps) {
+  if (charge(options_.budget, steps)) return true;
+  fail(options_.budget->message());
+  return false;
 }
 
 bool ArgumentRepair::top_expects_key() const {
@@ -147,6 +66,7 @@ bool ArgumentRepair::top_expects_key() const {
 std::string ArgumentRepair::feed(std::string_view raw) {
   if (error_) return {};
   for (char ch : raw) {
+    if (!spend(1)) return {};
     on_char(ch);
     if (error_) return {};
   }
@@ -175,8 +95,12 @@ void ArgumentRepair::on_char(char ch) {
         } else {
           mode_ = Mode::value;
           emit("\"");
-          units_.clear();
+          held_raw_.clear();
+          held_chars_.clear();
+          held_sizes_.clear();
           lead_resolved_ = false;
+          lead_scan_ = lead_strip_ = 0;
+          partial_at_ = std::string::npos;
         }
         return;
       }
@@ -223,9 +147,9 @@ void ArgumentRepair::on_char(char ch) {
       if (!escape_.empty()) {
         escape_.push_back(ch);
         if (escape_complete(escape_)) {
-          Unit u{escape_, decode_escape(escape_)};
+          std::string esc = std::move(escape_);
           escape_.clear();
-          on_value_unit(std::move(u));
+          on_value_unit(esc, decode_escape(esc));
         }
         return;
       }
@@ -237,14 +161,15 @@ void ArgumentRepair::on_char(char ch) {
         end_value();
         return;
       }
-      on_value_unit(Unit{std::string(1, ch), ch});
+      on_value_unit(std::string_view(&ch, 1), ch);
       return;
   }
 }
 
 void ArgumentRepair::end_key() {
   mode_ = Mode::structural;
-  auto decoded = json::parse(string_raw_, nullptr, false);
+  if (!spend(2 * string_raw_.size())) return;  // the parse and repair_key's scans
+  auto decoded = parse_untrusted(string_raw_);
   if (decoded.is_discarded() || !decoded.is_string()) {
     emit(string_raw_);
     return;
@@ -272,7 +197,7 @@ void ArgumentRepair::end_key() {
     for (const auto& p : r.pieces) fixed += p;
   }
   if (top && tool_) {
-    if (auto canon = tool_->canonical_key(fixed)) fixed = *canon;
+    if (auto canon = tool_->canonical_key(fixed, options_.budget)) fixed = *canon;
   }
   emit(dump_safe(json(fixed)));
 }
@@ -280,7 +205,8 @@ void ArgumentRepair::end_key() {
 void ArgumentRepair::end_resplit() {
   mode_ = Mode::structural;
   expect_key_.back() = false;
-  auto decoded = json::parse(string_raw_, nullptr, false);
+  if (!spend(3 * (string_raw_.size() + resplit_key_.size()))) return;  // parse, split_roles, re-serialise
+  auto decoded = parse_untrusted(string_raw_);
   if (decoded.is_discarded() || !decoded.is_string()) {
     fail("argument value after key '" + resplit_key_ + "' is not a JSON string");
     return;
@@ -298,7 +224,11 @@ void ArgumentRepair::end_resplit() {
   std::optional<std::string> key;
   for (auto& p : pieces) {
     if (p.role == markup::Piece::Role::key) {
-      auto canon = tool_->canonical_key(p.text);
+      auto canon = tool_->canonical_key(p.text, options_.budget);
+      if (options_.budget && options_.budget->exhausted()) {
+        fail(options_.budget->message());
+        return;
+      }
       if (!canon) {
         fail(what + ": fragment '" + p.text + "' is not a parameter of '" + tool_->name + "'");
         return;
@@ -306,7 +236,7 @@ void ArgumentRepair::end_resplit() {
       if (key) lost.push_back(*key);
       key = *canon;
     } else if (p.role == markup::Piece::Role::value && key) {
-      pairs.emplace_back(*key, typed_from_text(p.text, tool_->property(*key)));
+      pairs.emplace_back(*key, typed_from_text(p.text, tool_->property(*key), options_.budget));
       key.reset();
     } else {
       fail(what + ": fragment '" + p.text + "' has no key");
@@ -314,8 +244,10 @@ void ArgumentRepair::end_resplit() {
     }
   }
   if (key) lost.push_back(*key);
+  const auto required = tool_->required();
+  if (!spend(lost.size() * (required.size() + 1))) return;
   for (const auto& l : lost) {
-    for (const auto& req : tool_->required()) {
+    for (const auto& req : required) {
       if (req == l) {
         fail(what + ": the value of required parameter '" + l + "' was lost");
         return;
@@ -334,61 +266,150 @@ void ArgumentRepair::end_resplit() {
   emit(out);
 }
 
-void ArgumentRepair::on_value_unit(Unit u) {
-  units_.push_back(std::move(u));
-  release_value(false);
-}
-
-void ArgumentRepair::release_value(bool closing) {
-  std::string d;
-  d.reserve(units_.size());
-  for (const auto& u : units_) d.push_back(u.c);
-  std::size_t drop_front = 0;
-  if (!lead_resolved_) {
-    std::size_t p = 0, strip_to = 0;
-    while (true) {
-      std::size_t q = p;
-      while (q < d.size() && is_space(d[q])) ++q;
-      std::size_t n = markup::complete_tag_at(d, q);
-      if (n == 0) {
-        p = q;
-        break;
-      }
-      p = strip_to = q + n;
-    }
-    if (!closing && (p == d.size() || markup::is_partial_tag(std::string_view(d).substr(p)))) {
-      return;  // may still become markup
-    }
-    lead_resolved_ = true;
-    if (strip_to > 0) sanitized_ = true;
-    drop_front = strip_to;
-  }
-  std::string_view rest = std::string_view(d).substr(drop_front);
-  std::size_t keep = 0;
-  if (closing) {
-    keep = trailing_candidate(rest, false);
-    std::size_t body_end = rest.size() - keep;
-    // A damaged closing tag at the very end ("</arg_value" with no '>').
-    if (keep == 0) {
-      auto tags = markup::scan_tags(rest);
-      if (!tags.empty() && !tags.back().complete && tags.back().pos + tags.back().len == rest.size() &&
-          rest[tags.back().pos + 1] == '/') {
-        body_end = tags.back().pos;
-      }
-    }
-    if (body_end < rest.size()) sanitized_ = true;
-    for (std::size_t i = drop_front; i < drop_front + body_end; ++i) emit(units_[i].raw);
-    units_.clear();
+// A string value's edges, as a state machine over its units (one step each):
+//   leading edge open   the units so far are (ws* tag)* ws* [partial tag]: held, since they may
+//                       still be leading markup; lead_scan_ is how far they have been read.
+//                       The first unit that breaks the form resolves the edge: the leading tags
+//                       (and the whitespace before them) are dropped, the rest goes on below.
+//   leading edge known  held = the longest suffix of the units that may still become trailing
+//                       markup: empty, '<' + a partial tag (partial_at_ is where the partial
+//                       starts), or (tag ws*)+ (partial_at_ == npos). A unit that breaks the form
+//                       releases the held units (all of them, or all but a new '<').
+void ArgumentRepair::on_value_unit(std::string_view raw, char c) {
+  if (lead_resolved_) {
+    push_trailing(raw, c);
     return;
   }
-  keep = trailing_candidate(rest, true);
-  std::size_t upto = drop_front + rest.size() - keep;
-  for (std::size_t i = drop_front; i < upto; ++i) emit(units_[i].raw);
-  units_.erase(units_.begin(), units_.begin() + static_cast<std::ptrdiff_t>(upto));
+  held_raw_.append(raw);
+  held_chars_.push_back(c);
+  held_sizes_.push_back(static_cast<char>(raw.size()));
+  scan_lead();
+}
+
+void ArgumentRepair::scan_lead() {
+  const std::string_view d = held_chars_;
+  while (true) {
+    while (lead_scan_ < d.size() && is_space(d[lead_scan_])) {
+      ++lead_scan_;
+      if (!spend(1)) return;
+    }
+    if (lead_scan_ == d.size()) return;  // may still become markup
+    if (!spend(markup::kTags[1].size())) return;  // one complete_tag_at / is_partial_tag probe
+    if (std::size_t n = markup::complete_tag_at(d, lead_scan_); n > 0) {
+      lead_scan_ += n;
+      lead_strip_ = lead_scan_;
+      continue;
+    }
+    if (markup::is_partial_tag(d.substr(lead_scan_))) return;  // may still become markup
+    break;
+  }
+  resolve_lead();
+}
+
+void ArgumentRepair::resolve_lead() {
+  lead_resolved_ = true;
+  if (lead_strip_ > 0) sanitized_ = true;
+  std::size_t raw_at = 0;
+  for (std::size_t i = 0; i < lead_strip_; ++i) raw_at += static_cast<unsigned char>(held_sizes_[i]);
+  std::string raw = held_raw_.substr(raw_at), chars = held_chars_.substr(lead_strip_),
+              sizes = held_sizes_.substr(lead_strip_);
+  if (!spend(held_chars_.size())) return;
+  held_raw_.clear();
+  held_chars_.clear();
+  held_sizes_.clear();
+  partial_at_ = std::string::npos;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < chars.size(); ++i) {
+    std::size_t n = static_cast<unsigned char>(sizes[i]);
+    push_trailing(std::string_view(raw).substr(at, n), chars[i]);
+    at += n;
+  }
+}
+
+void ArgumentRepair::push_trailing(std::string_view raw, char c) {
+  if (!spend(1)) return;
+  held_raw_.append(raw);
+  held_chars_.push_back(c);
+  held_sizes_.push_back(static_cast<char>(raw.size()));
+  const std::size_t n = held_chars_.size();
+  if (n == 1) {  // nothing was held
+    if (c == '<') {
+      partial_at_ = 0;
+    } else {
+      emit_held(n);
+    }
+    return;
+  }
+  if (partial_at_ != std::string::npos) {
+    std::string_view p = std::string_view(held_chars_).substr(partial_at_);  // at most one tag long
+    if (!spend(p.size())) return;
+    if (markup::complete_tag_at(p, 0) == p.size()) {
+      partial_at_ = std::string::npos;  // held = (tag ws*)+
+    } else if (!markup::is_partial_tag(p)) {
+      emit_held(c == '<' ? n - 1 : n);
+      partial_at_ = c == '<' ? 0 : std::string::npos;
+    }
+    return;
+  }
+  // held = (tag ws*)+
+  if (is_space(c)) return;
+  if (c == '<') {
+    partial_at_ = n - 1;
+    return;
+  }
+  emit_held(n);
+}
+
+void ArgumentRepair::emit_held(std::size_t units) {
+  std::size_t raw_len = 0;
+  if (units == held_chars_.size()) {
+    raw_len = held_raw_.size();
+  } else {  // all but the last unit
+    raw_len = held_raw_.size() - static_cast<unsigned char>(held_sizes_.back());
+  }
+  emit(std::string_view(held_raw_).substr(0, raw_len));
+  held_raw_.erase(0, raw_len);
+  held_chars_.erase(0, units);
+  held_sizes_.erase(0, units);
 }
 
 void ArgumentRepair::end_value() {
-  release_value(true);
+  // At the closing quote: trailing markup is dropped — complete tags (and the whitespace after
+  // them), or a damaged closing tag at the very end ("</arg_value" with no '>').
+  std::string_view chars = held_chars_;
+  std::size_t from = 0;  // the first held unit that is value text, not leading markup
+  bool only_tags = false;
+  if (!lead_resolved_) {
+    lead_resolved_ = true;
+    if (lead_strip_ > 0) sanitized_ = true;
+    from = lead_strip_;
+  } else {
+    only_tags = !chars.empty() && partial_at_ == std::string::npos;
+  }
+  std::size_t body_end = chars.size();
+  if (only_tags) {
+    body_end = from;
+  } else {
+    std::string_view rest = chars.substr(from);
+    if (spend(rest.size())) {
+      auto tags = markup::scan_tags(rest);
+      if (!tags.empty() && !tags.back().complete && tags.back().pos + tags.back().len == rest.size() &&
+          rest[tags.back().pos + 1] == '/') {
+        body_end = from + tags.back().pos;
+      }
+    }
+  }
+  if (body_end < chars.size()) sanitized_ = true;
+  std::size_t raw_from = 0, raw_to = 0;
+  for (std::size_t i = 0; i < body_end; ++i) {
+    std::size_t n = static_cast<unsigned char>(held_sizes_[i]);
+    if (i < from) raw_from += n;
+    raw_to += n;
+  }
+  emit(std::string_view(held_raw_).substr(raw_from, raw_to - raw_from));
+  held_raw_.clear();
+  held_chars_.clear();
+  held_sizes_.clear();
   emit("\"");
   mode_ = Mode::structural;
 }
@@ -399,24 +420,27 @@ std::string ArgumentRepair::finish() {
     if (mode_ == Mode::key) {
       emit(string_raw_);  // unterminated key: nothing better to do than pass it on
     } else if (mode_ == Mode::value) {
-      for (const auto& u : units_) emit(u.raw);
+      emit(held_raw_);
       emit(escape_);
     } else if (mode_ == Mode::resplit_colon || mode_ == Mode::resplit_value) {
       fail("arguments ended inside a value whose key holds tool-call markup ('" + resplit_key_ + "')");
       return {};
     }
-    units_.clear();
+    held_raw_.clear();
+    held_chars_.clear();
+    held_sizes_.clear();
   }
   std::string out;
   if (options_.coerce) {
     out = held_ + pending_;
     held_.clear();
-    auto j = json::parse(out, nullptr, false);
+    if (!spend(2 * out.size())) return {};  // the parse and the re-serialisation
+    auto j = parse_untrusted(out);
     if (!j.is_discarded() && j.is_object() && tool_) {
       bool changed = false;
       for (auto it = j.begin(); it != j.end(); ++it) {
         if (const json* schema = tool_->property(it.key())) {
-          if (auto v = coerce_value(it.value(), *schema)) {
+          if (auto v = coerce_value(it.value(), *schema, options_.budget)) {
             it.value() = *v;
             changed = true;
           }
@@ -426,6 +450,10 @@ std::string ArgumentRepair::finish() {
         coerced_ = true;
         out = dump_safe(j);
       }
+    }
+    if (options_.budget && options_.budget->exhausted()) {
+      fail(options_.budget->message());
+      return {};
     }
   } else {
     out = std::move(pending_);

@@ -19,7 +19,10 @@
 // until its closing quote, a value's edges while they could still become markup). Invariant:
 // the concatenation of feed() outputs and finish() equals the result of feeding the whole text
 // at once, and every output is a prefix-extension of the earlier ones. The non-streaming path
-// uses the same class, so both paths agree by construction.
+// uses the same class, so both paths agree by construction. Linear time: each raw byte costs a
+// bounded number of steps however the text is split (a value's held edge is tracked as a state,
+// never re-scanned); the steps are charged to ArgumentRepairOptions::budget when one is given,
+// and a spent budget makes the call unrecoverable (error()).
 //
 // Thread-safety: an ArgumentRepair is used by one thread.
 #pragma once
@@ -32,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "policies/tool_schema.hpp"
+#include "policies/work_budget.hpp"
 
 namespace servedeck::policies {
 
@@ -39,6 +43,7 @@ struct ArgumentRepairOptions {
   bool sanitize = false;       // sanitize_tool_tags
   bool coerce = false;         // G07: coerce values to declared types at the end; holds all output
   bool allow_resplit = true;   // G02 re-split; off → a structural key keeps its first piece
+  WorkBudget* budget = nullptr;  // the request's work budget (steps charged here); none: unbounded
 };
 
 class ArgumentRepair {
@@ -61,19 +66,19 @@ class ArgumentRepair {
 
  private:
   enum class Mode { structural, key, value, resplit_colon, resplit_value };
-  struct Unit {
-    std::string raw;
-    char c = 0;  // decoded ASCII character, or '\x01' for anything markup cannot contain
-  };
 
   void on_char(char ch);
-  void on_value_unit(Unit u);
+  void on_value_unit(std::string_view raw, char c);
+  void scan_lead();
+  void resolve_lead();
+  void push_trailing(std::string_view raw, char c);
+  void emit_held(std::size_t units);
   void end_key();
   void end_value();
   void end_resplit();
-  void release_value(bool closing);
   void emit(std::string_view s) { pending_ += s; }
   void fail(std::string message);
+  bool spend(std::uint64_t steps);
   bool top_expects_key() const;
 
   const DeclaredTool* tool_;
@@ -83,8 +88,17 @@ class ArgumentRepair {
   std::vector<bool> expect_key_;     // per stack entry: object awaiting a key
   std::string string_raw_;           // key string raw text, or resplit value raw text
   std::string escape_;               // an escape sequence in progress ("\\u00")
-  std::vector<Unit> units_;          // value units not yet emitted
+  // The current string value's units not yet emitted (a unit: one raw character or one complete
+  // escape sequence). While the leading edge is open they are the whole value so far, of the form
+  // (ws* tag)* ws* [partial tag]; after it, the longest suffix that may still become trailing
+  // markup: empty, or '<' … of the form (tag ws*)* [partial tag].
+  std::string held_raw_;             // their raw JSON text, concatenated
+  std::string held_chars_;           // one per unit: the decoded ASCII character, '\x01' for anything else
+  std::string held_sizes_;           // one per unit: its raw length in bytes (1, 2 or 6)
   bool lead_resolved_ = false;       // the value's leading edge is known
+  std::size_t lead_scan_ = 0;        // leading edge open: held units before this one are scanned
+  std::size_t lead_strip_ = 0;       // leading edge open: units before this one are leading markup
+  std::size_t partial_at_ = std::string::npos;  // leading edge known: the held unit where a partial tag starts
   std::string resplit_key_;          // decoded key awaiting its value (G02)
   std::string pending_;              // produced, not yet returned
   std::string held_;                 // coerce mode: everything produced

@@ -13,6 +13,9 @@
 //                       parameters (G03: never forward {})
 //   finish            → open calls end; extraction, G05, answer rescue; held text flushed; then
 //                       the finish chunk (withheld when the stream is unrepairable: see error()).
+// Each chunk grants the context's work budget its text bytes; held text is searched only from
+// where the last search stopped, so the work stays linear in the stream however it is split.
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -44,6 +47,8 @@ struct CallState {
   std::unique_ptr<ArgumentRepair> repair;
   std::string out_pending;   // repaired text not yet emitted
   std::string args_emitted;
+  bool quote_seen = false;   // a '"' was produced: the arguments are more than "{" (G03 hold ends)
+  bool g03 = false;          // G03: the tool has required parameters, so "{}" is never forwarded
   bool header_emitted = false;
   bool ended = false;
 };
@@ -62,7 +67,9 @@ struct ChoiceState {
   bool think_watch = false;   // answer_rescue: content is watched for a stray </think> (G16)
   std::string think_tail;    // the end of the content that could still begin a think tag
   bool trim_lead = false;    // after a stray </think>: leading whitespace of the answer dropped
-  std::string scan_hold;
+  std::string scan_hold;          // content held: a partial "<tool_call>", or a block not yet closed
+  bool in_block = false;          // scan_hold starts with "<tool_call>"
+  std::size_t close_from = 0;     // in a block: where the search for "</tool_call>" resumes
   std::vector<std::string> candidates;  // held <tool_call> blocks naming a declared tool
   std::vector<EmittedCall> emitted_calls;
   bool finished = false;
@@ -98,14 +105,15 @@ struct StreamPipeline::State {
     return c;
   }
 
-  bool g03_hold(const CallState& c) const { return repair_on && c.tool && !c.tool->required().empty(); }
+  void fail_work() {
+    if (!error) error = PolicyError{ctx->budget.message(), std::string(k_work_budget_code)};
+  }
+  WorkBudget* budget() const { return &ctx->budget; }
 
   void emit_call_text(CallState& c, std::string_view text, json& deltas) {
     c.out_pending += text;
-    if (!c.ended && g03_hold(c) && c.args_emitted.find('"') == std::string::npos &&
-        c.out_pending.find('"') == std::string::npos) {
-      return;
-    }
+    if (!c.quote_seen && text.find('"') != std::string_view::npos) c.quote_seen = true;
+    if (!c.ended && c.g03 && !c.quote_seen) return;
     if (c.out_pending.empty() && (c.header_emitted || !c.ended)) return;
     json d = {{"index", c.index}};
     if (!c.header_emitted) {
@@ -126,7 +134,8 @@ struct StreamPipeline::State {
     c.name = c.name_raw;
     const auto& config = ctx->model->policies;
     if (!tools.empty() && (repair_on || sanitize)) {
-      auto res = resolve_tool_name(c.name_raw, tools, sanitize);
+      auto res = resolve_tool_name(c.name_raw, tools, sanitize, budget());
+      if (ctx->budget.exhausted()) return fail_work();
       if (res.error) {
         if (repair_on) {
           fail(*res.error, "tool_call_unknown_name");
@@ -145,11 +154,13 @@ struct StreamPipeline::State {
         count_repair(*ctx, "sanitize_tool_tags");
       }
     }
-    c.tool = find_tool(tools, c.name);
+    c.tool = find_tool(tools, c.name, budget());
+    c.g03 = repair_on && c.tool && !c.tool->required().empty();
     c.repair = std::make_unique<ArgumentRepair>(
         c.tool, ArgumentRepairOptions{.sanitize = sanitize,
                                       .coerce = config.coerce_tool_argument_types && c.tool != nullptr,
-                                      .allow_resplit = true});
+                                      .allow_resplit = true,
+                                      .budget = budget()});
   }
 
   void feed_args(CallState& c, std::string_view raw, json& deltas) {
@@ -158,6 +169,7 @@ struct StreamPipeline::State {
       return;
     }
     std::string out = c.repair->feed(raw);
+    if (ctx->budget.exhausted()) return fail_work();
     if (c.repair->error()) {
       fail("tool call '" + c.name + "' has corrupted arguments that cannot be repaired: " + *c.repair->error(),
            "tool_call_unrecoverable");
@@ -192,8 +204,10 @@ struct StreamPipeline::State {
       if (error) return;
     }
     std::string out;
-    if (c.split_param && c.tool) out = c.repair->feed(arguments_after_split(c.split_raw, *c.tool, *c.split_param));
+    if (c.split_param && c.tool)
+      out = c.repair->feed(arguments_after_split(c.split_raw, *c.tool, *c.split_param, budget()));
     out += c.repair->finish();
+    if (ctx->budget.exhausted()) return fail_work();
     if (c.repair->error()) {
       fail("tool call '" + c.name + "' has corrupted arguments that cannot be repaired: " + *c.repair->error(),
            "tool_call_unrecoverable");
@@ -202,14 +216,15 @@ struct StreamPipeline::State {
     if (c.repair->sanitized()) count_repair(*ctx, "sanitize_tool_tags");
     if (c.repair->coerced()) count_repair(*ctx, "tool_call_repair");
     std::string full = c.args_emitted + c.out_pending + out;
-    if (g03_hold(c) && c.args_emitted.empty() && is_empty_arguments(full)) {
+    if (c.g03 && c.args_emitted.empty() && is_empty_arguments(full, budget())) {
       std::optional<RecoveredCall> rec;
       for (std::size_t i = 0; i < st.candidates.size() && !rec; ++i) {
-        rec = recover_call(st.candidates[i], tools, c.name);
+        rec = recover_call(st.candidates[i], tools, c.name, budget());
         if (rec) st.candidates.erase(st.candidates.begin() + static_cast<std::ptrdiff_t>(i));
       }
-      if (!rec) rec = recover_call(st.content_all, tools, c.name);
-      if (!rec) rec = recover_call(st.reasoning_all, tools, c.name);
+      if (!rec) rec = recover_call(st.content_all, tools, c.name, budget());
+      if (!rec) rec = recover_call(st.reasoning_all, tools, c.name, budget());
+      if (ctx->budget.exhausted()) return fail_work();
       if (!rec) {
         std::string req;
         for (const auto& q : c.tool->required()) req += (req.empty() ? "" : ", ") + q;
@@ -226,32 +241,51 @@ struct StreamPipeline::State {
     st.emitted_calls.push_back({c.id, c.name, c.args_emitted});
   }
 
+  // Content through the <tool_call> block scanner: text outside blocks passes on (but for a
+  // partial "<tool_call>" at its end), a complete block naming a declared tool is held as a
+  // candidate. scan_hold is read once: `cur` walks it, an open block resumes its search for the
+  // closing tag at close_from, and the consumed prefix is erased once at the end.
   std::string scan_content(ChoiceState& st, std::string_view text) {
     if (tools.empty() || !(rescue || repair_on)) return std::string(text);
     constexpr std::string_view open = "<tool_call>";
     constexpr std::string_view close = "</tool_call>";
     st.scan_hold += text;
+    const std::string& h = st.scan_hold;
     std::string out;
-    while (true) {
-      std::size_t pos = st.scan_hold.find(open);
-      if (pos == std::string::npos) {
-        std::size_t keep = partial_suffix(st.scan_hold, open);
-        out += st.scan_hold.substr(0, st.scan_hold.size() - keep);
-        st.scan_hold.erase(0, st.scan_hold.size() - keep);
+    std::size_t cur = 0;
+    while (cur < h.size()) {
+      if (!st.in_block) {
+        std::size_t pos = h.find(open, cur);
+        if (!ctx->budget.charge((pos == std::string::npos ? h.size() : pos + open.size()) - cur)) break;
+        if (pos == std::string::npos) {
+          std::size_t keep = partial_suffix(std::string_view(h).substr(cur), open);
+          out.append(h, cur, h.size() - cur - keep);
+          cur = h.size() - keep;
+          break;
+        }
+        out.append(h, cur, pos - cur);
+        cur = pos;
+        st.in_block = true;
+        st.close_from = pos + open.size();
+      }
+      std::size_t end = h.find(close, st.close_from);
+      if (end == std::string::npos) {
+        ctx->budget.charge(h.size() - st.close_from);
+        st.close_from = std::max(st.close_from, h.size() - std::min(h.size(), close.size() - 1));
         break;
       }
-      out += st.scan_hold.substr(0, pos);
-      st.scan_hold.erase(0, pos);
-      std::size_t end = st.scan_hold.find(close);
-      if (end == std::string::npos) break;
-      std::string block = st.scan_hold.substr(0, end + close.size());
-      st.scan_hold.erase(0, end + close.size());
-      if (!extract_calls(block, tools).empty()) {
+      if (!ctx->budget.charge(end + close.size() - st.close_from)) break;
+      std::string block = h.substr(cur, end + close.size() - cur);
+      cur = end + close.size();
+      st.in_block = false;
+      if (!extract_calls(block, tools, budget()).empty()) {
         st.candidates.push_back(std::move(block));
       } else {
         out += block;
       }
     }
+    st.scan_hold.erase(0, cur);
+    if (st.in_block) st.close_from -= cur;
     return out;
   }
 
@@ -319,14 +353,15 @@ struct StreamPipeline::State {
     if (!any_calls && !tools.empty() && (rescue || (repair_on && fin == "tool_calls"))) {
       std::vector<RecoveredCall> found;
       for (const auto& b : st.candidates) {
-        auto calls = extract_calls(b, tools);
+        auto calls = extract_calls(b, tools, budget());
         found.insert(found.end(), calls.begin(), calls.end());
       }
       if (!found.empty()) {
         st.candidates.clear();
       } else {
-        found = extract_calls(st.reasoning_all, tools);
+        found = extract_calls(st.reasoning_all, tools, budget());
       }
+      if (ctx->budget.exhausted()) return fail_work();
       int index = 0;
       for (const auto& c : found) {
         std::string id = new_tool_call_id();
@@ -344,6 +379,8 @@ struct StreamPipeline::State {
     st.candidates.clear();
     content_out += st.scan_hold;
     st.scan_hold.clear();
+    st.in_block = false;
+    st.close_from = 0;
     if (repair_on && fin == "tool_calls" && !any_calls) {
       fail("the engine finished with tool_calls but sent no tool call, and none could be recovered from its text",
            "tool_call_missing");
@@ -409,6 +446,7 @@ const std::optional<PolicyError>& StreamPipeline::error() const { return state_-
 std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
   State& s = *state_;
   if (s.error) return {};
+  ctx_->budget.grant(json_text_bytes(chunk));
   if (!chunk.is_object()) return {chunk};
   s.last_chunk = chunk;
   if (!ctx_->model || !chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
@@ -467,6 +505,7 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
         if (s.error) break;
       }
     }
+    if (ctx_->budget.exhausted()) s.fail_work();
     if (s.error) return out;
     if (!reasoning_out.empty()) {
       if (s.mirror) {
@@ -493,6 +532,7 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
     }
     if (has_finish && !st.finished) {
       s.finalize(st, idx, choice["finish_reason"].get<std::string>(), &choice, out);
+      if (ctx_->budget.exhausted()) s.fail_work();
       if (s.error) return out;
     }
   }
@@ -505,6 +545,7 @@ std::vector<json> StreamPipeline::finish(std::optional<PolicyError>& error) {
   if (!s.error && ctx_->model) {
     for (auto& [idx, st] : s.choices) {
       if (!st.finished) s.finalize(st, idx, std::nullopt, nullptr, out);
+      if (ctx_->budget.exhausted()) s.fail_work();
       if (s.error) break;
     }
   }

@@ -152,7 +152,7 @@ ParsedCall parse_block_body(std::string_view body) {
   ParsedCall call;
   std::string_view b = trim(body);
   if (!b.empty() && b.front() == '{') {
-    auto j = nlohmann::json::parse(b, nullptr, false);
+    auto j = parse_untrusted(b);
     if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return call;
     call.name = j["name"].get<std::string>();
     const auto& args = j.contains("arguments") ? j["arguments"]

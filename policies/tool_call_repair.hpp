@@ -14,7 +14,8 @@
 //   G07  values coerced to the declared JSON-schema types at the end of each call (see
 //        ArgumentRepair, option coerce).
 //
-// Pure functions; thread-safe.
+// Pure functions; thread-safe. Each takes the request's WorkBudget (optional) and charges it the
+// bytes it scans and the tools it visits; with the budget spent it finds nothing.
 #pragma once
 
 #include <optional>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "policies/tool_schema.hpp"
+#include "policies/work_budget.hpp"
 #include "registry/model_entry.hpp"
 
 namespace servedeck::policies {
@@ -45,17 +47,20 @@ struct NameResolution {
 /// Resolves `name` against `tools` (which must be non-empty): exact match; markup stripped
 /// (when `sanitize`); declared tool + parameter name, optionally joined by '_', '-' or '.'
 /// (G04, only when exactly one split fits).
-NameResolution resolve_tool_name(std::string_view name, const std::vector<DeclaredTool>& tools, bool sanitize);
+NameResolution resolve_tool_name(std::string_view name, const std::vector<DeclaredTool>& tools, bool sanitize,
+                                 WorkBudget* budget = nullptr);
 
 /// G04 arguments after a split: a JSON object stays as it is; empty text becomes "{}"; any other
 /// text (or JSON scalar) becomes {param: value typed by the schema}.
-std::string arguments_after_split(std::string_view arguments, const DeclaredTool& tool, const std::string& param);
+std::string arguments_after_split(std::string_view arguments, const DeclaredTool& tool, const std::string& param,
+                                  WorkBudget* budget = nullptr);
 
 /// True when `arguments` is empty, whitespace, or an empty JSON object.
-bool is_empty_arguments(std::string_view arguments);
+bool is_empty_arguments(std::string_view arguments, WorkBudget* budget = nullptr);
 
 /// Required parameters of `tool` missing from `arguments` (all of them when it does not parse).
-std::vector<std::string> missing_required(std::string_view arguments, const DeclaredTool& tool);
+std::vector<std::string> missing_required(std::string_view arguments, const DeclaredTool& tool,
+                                          WorkBudget* budget = nullptr);
 
 /// A tool call read out of free text.
 struct RecoveredCall {
@@ -70,10 +75,12 @@ struct RecoveredCall {
 /// markup without the block tags. Only calls whose arguments carry every required parameter
 /// count. `name` restricts the search to that tool.
 std::optional<RecoveredCall> recover_call(std::string_view text, const std::vector<DeclaredTool>& tools,
-                                          std::optional<std::string_view> name = std::nullopt);
+                                          std::optional<std::string_view> name = std::nullopt,
+                                          WorkBudget* budget = nullptr);
 
 /// Every complete block in `text` naming a declared tool (answer rescue), in order.
-std::vector<RecoveredCall> extract_calls(std::string_view text, const std::vector<DeclaredTool>& tools);
+std::vector<RecoveredCall> extract_calls(std::string_view text, const std::vector<DeclaredTool>& tools,
+                                         WorkBudget* budget = nullptr);
 
 /// Removes the ranges of `calls` (from `text`) and trims the result.
 std::string remove_ranges(std::string_view text, const std::vector<RecoveredCall>& calls);

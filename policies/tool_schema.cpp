@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::policies {
 namespace {
 
@@ -33,7 +35,7 @@ std::vector<std::string> types_of(const json& schema) {
 std::optional<json> convert(const std::string& s, std::string_view type) {
   if (type == "integer" || type == "number" || type == "boolean" || type == "null" ||
       type == "array" || type == "object") {
-    auto j = json::parse(s, nullptr, false);
+    auto j = parse_untrusted(s);
     if (j.is_discarded()) return std::nullopt;
     if (type == "integer" && j.is_number_integer()) return j;
     if (type == "integer" && j.is_number_float()) {
@@ -51,16 +53,6 @@ std::optional<json> convert(const std::string& s, std::string_view type) {
 }
 
 }  // namespace
-
-std::vector<std::string> DeclaredTool::parameter_names() const {
-  std::vector<std::string> out;
-  if (parameters.is_object() && parameters.contains("properties") && parameters["properties"].is_object()) {
-    for (auto it = parameters["properties"].begin(); it != parameters["properties"].end(); ++it) {
-      out.push_back(it.key());
-    }
-  }
-  return out;
-}
 
 std::vector<std::string> DeclaredTool::required() const {
   std::vector<std::string> out;
@@ -80,9 +72,16 @@ const json* DeclaredTool::property(std::string_view name) const {
   return it == props.end() ? nullptr : &*it;
 }
 
-std::optional<std::string> DeclaredTool::canonical_key(std::string_view key) const {
+std::optional<std::string> DeclaredTool::canonical_key(std::string_view key, WorkBudget* budget) const {
+  if (!parameters.is_object() || !parameters.contains("properties") || !parameters["properties"].is_object())
+    return std::nullopt;
+  const auto& props = parameters["properties"];
+  charge(budget, props.size() + key.size());
   std::string k = fold(key);
-  for (const auto& name : parameter_names()) {
+  for (auto it = props.begin(); it != props.end(); ++it) {
+    const std::string& name = it.key();
+    if (name.size() != k.size()) continue;  // folding keeps the length
+    if (!charge(budget, name.size())) return std::nullopt;
     if (fold(name) == k) return name;
   }
   return std::nullopt;
@@ -103,14 +102,17 @@ std::vector<DeclaredTool> declared_tools(const json& request) {
   return out;
 }
 
-const DeclaredTool* find_tool(const std::vector<DeclaredTool>& tools, std::string_view name) {
+const DeclaredTool* find_tool(const std::vector<DeclaredTool>& tools, std::string_view name, WorkBudget* budget) {
+  charge(budget, tools.size());
   for (const auto& t : tools) {
+    if (t.name.size() != name.size()) continue;
+    if (!charge(budget, name.size())) return nullptr;
     if (t.name == name) return &t;
   }
   return nullptr;
 }
 
-std::optional<json> coerce_value(const json& value, const json& schema) {
+std::optional<json> coerce_value(const json& value, const json& schema, WorkBudget* budget) {
   if (!value.is_string()) return std::nullopt;
   auto types = types_of(schema);
   for (const auto& t : types) {
@@ -118,14 +120,15 @@ std::optional<json> coerce_value(const json& value, const json& schema) {
   }
   const auto& s = value.get_ref<const std::string&>();
   for (const auto& t : types) {
+    if (!charge(budget, s.size() + 1)) return std::nullopt;
     if (auto v = convert(s, t)) return v;
   }
   return std::nullopt;
 }
 
-json typed_from_text(const std::string& text, const json* schema) {
+json typed_from_text(const std::string& text, const json* schema, WorkBudget* budget) {
   if (schema) {
-    if (auto v = coerce_value(json(text), *schema)) return *v;
+    if (auto v = coerce_value(json(text), *schema, budget)) return *v;
   }
   return json(text);
 }

@@ -1,5 +1,7 @@
 #include "registry/discovery.hpp"
 
+#include "common/json_limits.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,16 +29,17 @@ MaxCtxDiscovery discover_model_max_ctx(const std::string& checkpoint_dir) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  JsonError perr;
+  nlohmann::json j = parse_untrusted(ss.str(), &perr);
   if (j.is_discarded() || !j.is_object()) {
-    d.error = cfg.string() + ": not a JSON object";
+    d.error = cfg.string() + ": not a JSON object" + (j.is_discarded() ? " (" + perr.message + ")" : std::string());
     return d;
   }
   auto take = [&](const nlohmann::json& obj, const char* source) {
     auto it = obj.find("max_position_embeddings");
     if (it == obj.end()) return false;
     if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
-      d.error = cfg.string() + ": " + source + " = " + it->dump() + " is not a positive integer";
+      d.error = cfg.string() + ": " + source + " = " + dump_safe(*it) + " is not a positive integer";
       return true;
     }
     d.max_ctx = it->get<int64_t>();

@@ -1,5 +1,7 @@
 #include "registry/rules.hpp"
 
+#include "common/json_limits.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -17,7 +19,7 @@ std::string scalar_text(const json& j) {
   if (j.is_boolean()) return j.get<bool>() ? "true" : "false";
   if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
   if (j.is_number()) return detail::format_number(j.get<double>());
-  return j.dump();
+  return dump_safe(j);
 }
 
 std::optional<double> to_number(const std::string& s) {
@@ -58,7 +60,7 @@ json normalise_cond(const json& c) {
 
 /// Takes member `path` (dotted) of the JSON text `value`.
 std::optional<std::string> json_member(const std::string& value, const std::string& path) {
-  json doc = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  json doc = parse_untrusted(value);
   if (doc.is_discarded()) return std::nullopt;
   const json* cur = &doc;
   std::size_t start = 0;
@@ -169,7 +171,7 @@ Outcome eval_match(const json& match, const RuleSubject& s) {
         part.cc_assumed = true;
         json c = normalise_cond(spec);
         part.evidence.push_back("GPU compute capability unknown (rule applies to " +
-                                (c.contains("in") ? c["in"].dump() : c.dump()) + ")");
+                                (c.contains("in") ? dump_safe(c["in"]) : dump_safe(c)) + ")");
       } else {
         part = eval_cond(std::to_string(*s.gpu_cc), spec, "GPU compute capability", m);
       }
@@ -289,7 +291,7 @@ void validate(const json& match, const std::string& ptr, std::vector<std::pair<s
       json names = v.is_array() ? v : json::array({v});
       for (const auto& n : names)
         if (!n.is_string() || !engine_kind_from_string(n.get<std::string>()))
-          errs.emplace_back(p, "engine " + n.dump() + " is not one of native, vllm, llama.cpp, command");
+          errs.emplace_back(p, "engine " + dump_safe(n) + " is not one of native, vllm, llama.cpp, command");
     } else if (key == "model") {
       if (!v.is_string() && !v.is_array()) errs.emplace_back(p, "'model' takes a name or an array of names");
     } else if (key == "gpu_cc") {

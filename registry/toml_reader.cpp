@@ -1,5 +1,7 @@
 #include "registry/toml_reader.hpp"
 
+#include "common/json_limits.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -29,7 +31,7 @@ std::string format_number(double v) {
 }
 
 std::string show(const toml::node& n) {
-  if (auto s = n.as_string()) return nlohmann::json(s->get()).dump();
+  if (auto s = n.as_string()) return dump_safe(nlohmann::json(s->get()));
   if (auto i = n.as_integer()) return std::to_string(i->get());
   if (auto f = n.as_floating_point()) return format_number(f->get());
   if (auto b = n.as_boolean()) return b->get() ? "true" : "false";

@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "common/http/server_internal.hpp"
+#include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 
 namespace servedeck::http {
@@ -124,8 +125,7 @@ bool Server::post_blocking(std::function<void()> fn) {
 void send_error(Responder& res, int status, std::string_view message, std::string_view type,
                 std::string_view code, bool from_engine, Headers extra_headers) {
   res.send(status, "application/json",
-           make_error(message, type, code, from_engine ? ErrorSource::engine : ErrorSource::servedeck)
-               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+           dump_safe(make_error(message, type, code, from_engine ? ErrorSource::engine : ErrorSource::servedeck)),
            std::move(extra_headers));
 }
 

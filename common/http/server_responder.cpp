@@ -4,6 +4,7 @@
 #include "common/http/server_internal.hpp"
 
 #include "common/http/wire_format.hpp"
+#include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 
 namespace servedeck::http {
@@ -21,7 +22,7 @@ class ResponderImpl final : public Responder {
   ~ResponderImpl() override {
     std::lock_guard lk(mu_);
     if (!started_) {
-      auto body = make_error("the handler produced no response", "server_error", "no_response").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      auto body = dump_safe(make_error("the handler produced no response", "server_error", "no_response"));
       post_locked(status_line(500) + "Content-Type: application/json\r\nContent-Length: " +
                       std::to_string(body.size()) + "\r\n\r\n" + (session_->head_request ? std::string() : body),
                   true);

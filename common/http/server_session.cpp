@@ -43,7 +43,7 @@ void Session::start() {
 
 void Session::reject_busy() {
   auto self = shared_from_this();
-  auto body = make_error("too many connections", "overloaded_error", "too_many_connections").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  auto body = dump_safe(make_error("too many connections", "overloaded_error", "too_many_connections"));
   auto bytes = std::make_shared<std::string>(status_line(503) + "Content-Type: application/json\r\nContent-Length: " +
                                              std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
   stream_.expires_after(std::chrono::milliseconds(srv_.opt.write_timeout_ms));
@@ -157,21 +157,20 @@ void Session::read_body() {
 }
 
 std::string Session::body_too_large() const {
-  return make_error("request body exceeds the limit of " + std::to_string(srv_.opt.max_body_bytes) + " bytes",
-                    "invalid_request_error", "body_too_large")
-      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return dump_safe(make_error("request body exceeds the limit of " + std::to_string(srv_.opt.max_body_bytes) + " bytes",
+                              "invalid_request_error", "body_too_large"));
 }
 
 void Session::on_read_error(error_code ec) {
   if (ec == bhttp::error::body_limit) return send_simple_and_close(413, body_too_large());
   if (ec == bhttp::error::header_limit)
-    return send_simple_and_close(431, make_error("request headers too large", "invalid_request_error",
-                                                 "headers_too_large").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    return send_simple_and_close(431, dump_safe(make_error("request headers too large", "invalid_request_error",
+                                                           "headers_too_large")));
   if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
       ec == asio::error::operation_aborted || ec == asio::error::connection_reset || buffer_.size() == 0)
     return close();
-  send_simple_and_close(400, make_error("malformed HTTP request: " + ec.message(), "invalid_request_error",
-                                        "bad_http").dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  send_simple_and_close(400, dump_safe(make_error("malformed HTTP request: " + ec.message(), "invalid_request_error",
+                                                  "bad_http")));
 }
 
 void Session::on_body(error_code ec) {

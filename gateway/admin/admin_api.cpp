@@ -8,6 +8,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/json_limits.hpp"
 #include "common/sse.hpp"
 #include "gateway/supervisor/launch_log.hpp"
 
@@ -23,7 +24,7 @@ void admin_error(http::Responder& res, int status, const std::string& message, c
 
 /// Parses {"model": "..."}; sends the error and returns "" when absent.
 std::string model_from_body(const http::Request& req, http::Responder& res) {
-  auto j = nlohmann::json::parse(req.body, nullptr, false);
+  auto j = parse_untrusted(req.body);
   if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_string() ||
       j["model"].get<std::string>().empty()) {
     admin_error(res, 400, "expected a JSON body {\"model\": \"<registry name or served name>\"}, got: " +
@@ -47,7 +48,7 @@ void stream_operation(AdminContext& ctx, const Res& res,
     };
     supervisor::OpResult r = op(progress);
     nlohmann::json result = {{"ok", r.ok}, {"error", r.error}, {"seconds", r.seconds}};
-    res->write("event: result\ndata: " + result.dump() + "\n\n");
+    res->write("event: result\ndata: " + dump_safe(result) + "\n\n");
     res->end();
   });
   if (!posted) admin_error(*res, 503, "the daemon's blocking pool is full; retry", "busy");
@@ -142,7 +143,7 @@ std::vector<Route> admin_routes(AdminContext ctx) {
                         }
                         j["daemon"] = c->daemon_info ? c->daemon_info() : nlohmann::json::object();
                         j["daemon"]["up"] = true;
-                        res->send(200, "application/json", j.dump());
+                        res->send(200, "application/json", dump_safe(j));
                       });
                       if (!posted) admin_error(*res, 503, "the daemon's blocking pool is full; retry", "busy");
                     }});
@@ -198,8 +199,8 @@ std::vector<Route> admin_routes(AdminContext ctx) {
                         try {
                           auto report = preflight::run_preflight(*c->registry, *m, *c->readings, m->port);
                           res->send(200, "application/json",
-                                    nlohmann::json{{"report", report.to_json()}, {"table", report.table()},
-                                                   {"refused", report.refused()}}.dump());
+                                    dump_safe(nlohmann::json{{"report", report.to_json()}, {"table", report.table()},
+                                                             {"refused", report.refused()}}));
                         } catch (const std::exception& e) {
                           admin_error(*res, 500, std::string("preflight: ") + e.what(), "preflight_failed");
                         }
@@ -220,7 +221,7 @@ std::vector<Route> admin_routes(AdminContext ctx) {
                                         {"state", snap.model == m.name ? std::string(gateway::to_string(snap.state))
                                                                        : std::string("stopped")}});
                       }
-                      res->send(200, "application/json", nlohmann::json{{"models", list}}.dump());
+                      res->send(200, "application/json", dump_safe(nlohmann::json{{"models", list}}));
                     }});
   return routes;
 }

@@ -13,6 +13,7 @@
 
 #include "common/http/client.hpp"
 #include "gateway/admin/admin_token.hpp"
+#include "common/json_limits.hpp"
 #include "common/sse.hpp"
 #include "registry/registry.hpp"
 
@@ -130,17 +131,23 @@ std::optional<DaemonAddress> find_daemon(const std::string& dir, std::string& wh
     why = "no " + path;
     return std::nullopt;
   }
-  auto j = nlohmann::json::parse(f, nullptr, false);
+  // note: daemon.json is a few hundred bytes; 64 KiB bounds a file someone else wrote there.
+  constexpr std::size_t k_max_daemon_file = 64 * 1024;
+  std::string text(k_max_daemon_file + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  JsonError perr;
+  auto j = parse_untrusted(text, &perr, {.max_depth = 8, .max_bytes = k_max_daemon_file});
   if (j.is_discarded() || !j.is_object() || !j.contains("port") || !j["port"].is_number_integer()) {
-    why = daemon_file(dir) + " is not {\"host\",\"port\",...} JSON";
+    why = daemon_file(dir) + " is not {\"host\",\"port\",...} JSON" + (j.is_discarded() ? ": " + perr.message : "");
     return std::nullopt;
   }
   DaemonAddress d;
-  d.host = j.value("host", "127.0.0.1");
+  d.host = j.contains("host") && j["host"].is_string() ? j["host"].get<std::string>() : "127.0.0.1";
   if (d.host == "0.0.0.0" || d.host.empty()) d.host = "127.0.0.1";
   if (d.host == "::") d.host = "::1";
   d.port = j["port"].get<int>();
-  d.pid = j.value("pid", int64_t{0});
+  d.pid = j.contains("pid") && j["pid"].is_number_integer() ? j["pid"].get<int64_t>() : 0;
   if (auto t = admin::read_admin_token(dir, d.token_problem)) d.admin_token = *t;
   return d;
 }
@@ -159,11 +166,11 @@ nlohmann::json admin_json(const DaemonAddress& d, const std::string& method, con
   r.method = method;
   r.target = target;
   authorize(r, d);
-  if (method != "GET") r.body = body.dump();
+  if (method != "GET") r.body = dump_safe(body);
   r.timeout_ms = 120000;  // preflight reads NVML; status reads /proc
   auto res = http::fetch(r);
   status = res.status;
-  auto j = nlohmann::json::parse(res.body, nullptr, false);
+  auto j = parse_untrusted(res.body);
   if (j.is_discarded()) return nlohmann::json{{"raw", res.body}};
   return j;
 }
@@ -176,7 +183,7 @@ nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, c
   r.method = "POST";
   r.target = target;
   authorize(r, d);
-  r.body = body.dump();
+  r.body = dump_safe(body);
   // note: the gap between progress lines can be long (a silent model load is bounded by its
   // start_timeout_s, 600 s by default, times the extension cap): allow an hour of silence.
   r.timeout_ms = 3600 * 1000;
@@ -187,7 +194,7 @@ nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, c
   auto take = [&](const sse::Event& e) {
     if (e.comment) return;
     if (e.event == "result") {
-      result = nlohmann::json::parse(e.data, nullptr, false);
+      result = parse_untrusted(e.data);
       if (result.is_discarded()) result = {{"ok", false}, {"error", "malformed result event: " + e.data}};
     } else {
       on_line(e.data);
@@ -203,8 +210,10 @@ nlohmann::json admin_stream(const DaemonAddress& d, const std::string& target, c
                        return true;
                      });
   if (status != 200) {
-    auto j = nlohmann::json::parse(error_body, nullptr, false);
-    std::string msg = !j.is_discarded() && j.contains("error") ? j["error"].value("message", error_body) : error_body;
+    auto j = parse_untrusted(error_body);
+    std::string msg = j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+                              j["error"]["message"].is_string()
+                          ? j["error"]["message"].get<std::string>() : error_body;
     return {{"ok", false}, {"error", "daemon answered HTTP " + std::to_string(status) + ": " + msg + admin_refusal_hint(d, status)}};
   }
   if (auto e = parser.finish()) take(*e);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/http/client.hpp"
+#include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "gateway/state/store.hpp"
 #include "gateway/supervisor/launch_log.hpp"
@@ -123,7 +124,7 @@ int status_offline(const Args& a, const std::string& dir, const std::string& why
   j["recent_events"] = events;
   if (!store_error.empty()) j["store_error"] = store_error;
   if (a.has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << dump_safe(j, 2) << "\n";
     return 3;
   }
   std::cout << "servedeck daemon: DOWN (" << why << ")\n";
@@ -178,12 +179,12 @@ int cmd_status(const Args& a) {
     return status_offline(a, dir, "no answer at " + d->host + ":" + std::to_string(d->port) + ": " + e.what());
   }
   if (status != 200) {
-    std::cerr << "servedeck: status: daemon answered HTTP " << status << ": " << s.dump() << admin_refusal_hint(*d, status)
+    std::cerr << "servedeck: status: daemon answered HTTP " << status << ": " << dump_safe(s) << admin_refusal_hint(*d, status)
               << "\n";
     return status == 401 ? 2 : 1;
   }
   if (a.has("--json")) {
-    std::cout << s.dump(2) << "\n";
+    std::cout << dump_safe(s, 2) << "\n";
     return 0;
   }
   std::cout << "servedeck daemon: up (pid " << s["daemon"].value("pid", 0) << ", " << d->host << ":" << d->port
@@ -290,7 +291,7 @@ int cmd_models(const Args& a) {
     }
   }
   if (a.has("--json")) {
-    std::cout << models.dump(2) << "\n";
+    std::cout << dump_safe(models, 2) << "\n";
     return 0;
   }
   std::cout << models_table(models);

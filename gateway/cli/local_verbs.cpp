@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "preflight/preflight.hpp"
 #include "registry/registry.hpp"
@@ -84,7 +85,7 @@ int cmd_preflight(const Args& a) {
   if (a.has("--state-dir")) reg.server.state_dir = a.get("--state-dir");
   auto readings = preflight::system_readings();
   auto report = preflight::run_preflight(reg, *m, *readings, m->port);
-  if (a.has("--json")) std::cout << report.to_json().dump(2) << "\n";
+  if (a.has("--json")) std::cout << dump_safe(report.to_json(), 2) << "\n";
   else std::cout << report.table() << (report.table().empty() || report.table().back() != '\n' ? "\n" : "");
   // Exit 1 on a refusal so scripts can gate a launch on it.
   return report.refused() ? 1 : 0;

@@ -25,6 +25,7 @@
 
 #include "gateway/admin/admin_api.hpp"
 #include "gateway/admin/admin_token.hpp"
+#include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "gateway/cli/serve_state.hpp"
 #include "gateway/server/gateway.hpp"
@@ -58,8 +59,8 @@ void write_daemon_file(const std::string& dir, const std::string& host, int port
   {
     std::ofstream f(tmp);
     ::chmod(tmp.c_str(), 0640);  // the CLI's group reads it (the state directory decides who reaches it)
-    f << nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
-                        {"config", config}, {"started_ms", state::now_ms()}}.dump()
+    f << dump_safe(nlohmann::json{{"host", host}, {"port", port}, {"pid", static_cast<int64_t>(getpid())},
+                                  {"config", config}, {"started_ms", state::now_ms()}})
       << "\n";
   }
   std::filesystem::rename(tmp, path);

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "gateway/tools/amnesia_probe.hpp"
 #include "gateway/tools/compare.hpp"
@@ -113,7 +114,7 @@ int cmd_soak(const Args& a) {
             << o.tools << " tools, max_tokens " << o.max_tokens << (o.cold_prefix ? ", cold prefix" : "") << "\n";
   auto report = tools::run_soak(o, a.has("--json") ? nullptr : &std::cout);
   if (a.has("--json")) {
-    std::cout << report.to_json().dump(2) << "\n";
+    std::cout << dump_safe(report.to_json(), 2) << "\n";
   } else {
     std::cout << report.table();
   }
@@ -149,7 +150,7 @@ int cmd_probe(const Args& a) {
     if (!in) throw std::invalid_argument("--conversation " + a.get("--conversation") + ": cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    auto j = parse_untrusted(ss.str());
     if (j.is_object() && j.contains("messages")) {
       if (j.contains("tools")) o.tools = j["tools"];
       j = j["messages"];
@@ -162,7 +163,7 @@ int cmd_probe(const Args& a) {
   }
   if (a.has("--continuation")) o.continuation = a.get("--continuation");
   auto report = tools::run_amnesia_probe(o);
-  std::cout << (a.has("--json") ? report.to_json().dump(2) + "\n" : report.table());
+  std::cout << (a.has("--json") ? dump_safe(report.to_json(), 2) + "\n" : report.table());
   return 0;
 }
 
@@ -181,7 +182,7 @@ int cmd_compare(const Args& a) {
     if (!in) throw std::invalid_argument("--prompts " + a.get("--prompts") + ": cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
-    auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+    auto j = parse_untrusted(ss.str());
     if (!j.is_array()) throw std::invalid_argument("--prompts " + a.get("--prompts") + ": expected a JSON array of strings");
     for (const auto& p : j) {
       if (!p.is_string()) throw std::invalid_argument("--prompts: every entry must be a string");
@@ -189,7 +190,7 @@ int cmd_compare(const Args& a) {
     }
   }
   auto report = tools::run_compare(o);
-  std::cout << (a.has("--json") ? report.to_json().dump(2) + "\n" : report.table());
+  std::cout << (a.has("--json") ? dump_safe(report.to_json(), 2) + "\n" : report.table());
   return report.pass ? 0 : 1;
 }
 

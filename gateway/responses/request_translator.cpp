@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::gateway::responses {
 
 using nlohmann::json;
@@ -187,7 +189,7 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
       std::string call_id = item.value("call_id", item.value("id", ""));
       std::string name = engine_name_for(out, item.value("namespace", ""), item.value("name", ""));
       json args = item.contains("arguments") ? item["arguments"] : json("{}");
-      if (!args.is_string()) args = args.dump();
+      if (!args.is_string()) args = dump_safe(args);
       if (call_id.empty()) {
         call_id = "call_" + std::to_string(i);
         out.warnings.push_back("function_call item " + std::to_string(i) + " had no call_id; named it " + call_id);

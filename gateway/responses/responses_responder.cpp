@@ -2,6 +2,8 @@
 
 #include <ctime>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::gateway::responses {
 
 using nlohmann::json;
@@ -28,11 +30,13 @@ void ResponsesResponder::send(int status, std::string content_type, std::string 
     client_->send(status, std::move(content_type), std::move(body), std::move(extra_headers));
     return;
   }
-  json completion = json::parse(body, nullptr, false);
+  JsonError perr;
+  json completion = parse_untrusted(body, &perr);
   if (completion.is_discarded() || !completion.is_object()) {
-    json err = {{"error", {{"message", "the engine's chat completion could not be read as JSON"}, {"type", "server_error"},
+    std::string why = completion.is_discarded() ? perr.message : std::string("not a JSON object");
+    json err = {{"error", {{"message", "the engine's chat completion could not be read: " + why}, {"type", "server_error"},
                            {"code", "bad_upstream_body"}, {"param", nullptr}, {"source", "servedeck"}}}};
-    client_->send(502, "application/json", err.dump());
+    client_->send(502, "application/json", dump_safe(err));
     return;
   }
   // The same state machine as streams: one chunk carrying the whole message, then finish.
@@ -54,7 +58,7 @@ void ResponsesResponder::send(int status, std::string content_type, std::string 
   (void)translator_.finish();
   json r = translator_.response();
   if (r.value("status", "") != "failed") store_if_completed();
-  client_->send(200, "application/json", r.dump(), std::move(extra_headers));
+  client_->send(200, "application/json", dump_safe(r), std::move(extra_headers));
 }
 
 bool ResponsesResponder::start_stream(int status, std::string content_type, http::Headers extra_headers) {
@@ -85,16 +89,19 @@ bool ResponsesResponder::write(std::string_view bytes) {
       store_if_completed();
       continue;
     }
-    json chunk = json::parse(ev.data, nullptr, false);
+    JsonError perr;
+    json chunk = parse_untrusted(ev.data, &perr);
     if (chunk.is_discarded()) {
-      ok = emit(translator_.fail("bad_upstream_event", "unparseable event from the engine: " + ev.data.substr(0, 200))) && ok;
+      ok = emit(translator_.fail("bad_upstream_event", "unparseable event from the engine (" + perr.message +
+                                                           "): " + ev.data.substr(0, 200))) && ok;
       continue;
     }
-    if (chunk.contains("error")) {
+    if (chunk.is_object() && chunk.contains("error")) {
       const json& e = chunk["error"];
       std::string code = e.is_object() && e.contains("code") && !e["code"].is_null()
-                             ? (e["code"].is_string() ? e["code"].get<std::string>() : e["code"].dump()) : "upstream_error";
-      std::string message = e.is_object() ? e.value("message", e.dump()) : e.dump();
+                             ? (e["code"].is_string() ? e["code"].get<std::string>() : dump_safe(e["code"])) : "upstream_error";
+      std::string message = e.is_object() && e.contains("message") && e["message"].is_string()
+                                ? e["message"].get<std::string>() : dump_safe(e);
       ok = emit(translator_.fail(code, message)) && ok;
       continue;
     }

@@ -4,6 +4,8 @@
 #include <mutex>
 #include <random>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::gateway::responses {
 
 using nlohmann::json;
@@ -12,7 +14,7 @@ std::string StreamEvent::to_sse() const {
   std::string out = "event: ";
   out += type;
   out += "\ndata: ";
-  out += data.dump();
+  out += dump_safe(data);
   out += "\n\n";
   return out;
 }

@@ -37,7 +37,7 @@ AccessRules access_rules(const registry::Registry& reg, const GatewayOptions& op
 }
 
 void send_json(http::Responder& res, int status, const json& body, http::Headers extra = {}) {
-  res.send(status, "application/json", dump_json(body), std::move(extra));
+  res.send(status, "application/json", dump_safe(body), std::move(extra));
 }
 
 }  // namespace
@@ -476,7 +476,7 @@ void Gateway::Impl::waiter_fail(const std::shared_ptr<Waiter>& w, int status, co
   auto& res = *w->job.res;
   if (w->heartbeat_started) {
     // The client already has a 200 stream: an error event and no [DONE].
-    res.write(sse::format_data(dump_json(make_error(message, "overloaded_error", code))));
+    res.write(sse::format_data(dump_safe(make_error(message, "overloaded_error", code))));
     res.end();
     record_local_answer(shared, w->job.route, w->job.model->name, w->job.requested_id, w->stream, 200, code, w->job.start);
     return;

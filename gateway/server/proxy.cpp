@@ -160,7 +160,7 @@ void ProxyCall::send_upstream() {
   req.host = job_.engine_host;
   req.port = job_.engine_port;
   req.target = std::string(upstream_path(job_.route));
-  req.body = dump_json(engine_body_);
+  req.body = dump_safe(engine_body_);
   req.connect_timeout_ms = job_.model->connect_timeout_ms;
   req.first_byte_timeout_ms = job_.model->first_byte_timeout_ms;
   req.max_gap_ms = job_.model->max_gap_ms;
@@ -251,7 +251,7 @@ void ProxyCall::fail(int status, const std::string& message, const std::string& 
   heartbeat_.cancel();
   http::Headers headers = client_headers_;
   for (auto& h : extra_headers) headers.push_back(std::move(h));
-  job_.res->send(status, "application/json", dump_json(make_error(message, type, code, source)), std::move(headers));
+  job_.res->send(status, "application/json", dump_safe(make_error(message, type, code, source)), std::move(headers));
   record(status);
 }
 

@@ -127,7 +127,7 @@ void ProxyCall::on_engine_error(const json& err) {
 
 std::string ProxyCall::engine_message(const json& err) {
   if (err.is_object() && err.contains("message") && err["message"].is_string()) return err["message"].get<std::string>();
-  return err.is_string() ? err.get<std::string>() : dump_json(err);
+  return err.is_string() ? err.get<std::string>() : dump_safe(err);
 }
 
 std::string ProxyCall::engine_type(const json& err) {
@@ -139,7 +139,7 @@ std::string ProxyCall::engine_code(const json& err) {
   if (err.is_object() && err.contains("code")) {
     const auto& c = err["code"];
     if (c.is_string() && !c.get_ref<const std::string&>().empty()) return c.get<std::string>();
-    if (c.is_number()) return dump_json(c);
+    if (c.is_number()) return dump_safe(c);
   }
   return "engine_error";
 }
@@ -280,7 +280,7 @@ void ProxyCall::answer_body() {
   ttft_ms_ = ms_since(job_.start);
   done_ = true;
   if (capture_) captured_body_ = body;
-  job_.res->send(200, "application/json", dump_json(body), client_headers_);
+  job_.res->send(200, "application/json", dump_safe(body), client_headers_);
   record(200);
 }
 

@@ -20,6 +20,7 @@
 
 #include <boost/asio.hpp>
 
+#include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
 #include "gateway/server/engine_tokenize.hpp"

@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <array>
 
+#include "common/json_limits.hpp"
 #include "common/sse.hpp"
 
 namespace servedeck::gateway {
 
 using nlohmann::json;
-
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 namespace {
 
@@ -62,7 +61,7 @@ std::string arguments_text(const json& fn) {
   auto it = fn.find("arguments");
   if (it == fn.end() || it->is_null()) return {};
   if (it->is_string()) return it->get<std::string>();
-  return dump_json(*it);
+  return dump_safe(*it);
 }
 
 bool has_text(const json& obj, std::string_view key) {
@@ -109,7 +108,7 @@ json StreamNormalizer::envelope() const {
 }
 
 void StreamNormalizer::emit(const json& chunk, std::string& out) {
-  out += sse::format_data(dump_json(chunk));
+  out += sse::format_data(dump_safe(chunk));
   emitted_any_ = true;
 }
 
@@ -143,7 +142,7 @@ bool StreamNormalizer::normalize_tool_calls(int64_t choice_index, json& tool_cal
     if (!args.empty()) {
       // note: a final delta re-sending the whole argument document (some engines do this after
       // streaming it piecewise) would double the arguments on the client.
-      bool resend = !ts.arguments.empty() && args == ts.arguments && json::accept(ts.arguments);
+      bool resend = !ts.arguments.empty() && args == ts.arguments && !parse_untrusted(ts.arguments).is_discarded();
       if (!resend) {
         nfn["arguments"] = args;
         ts.arguments += args;
@@ -285,17 +284,17 @@ void StreamNormalizer::fail(std::string_view message, std::string_view type, std
                             ErrorSource source, std::string& out) {
   if (ended_ != StreamEnd::none) return;
   ended_ = StreamEnd::error;
-  out += sse::format_data(dump_json(make_error(message, type, code, source)));
+  out += sse::format_data(dump_safe(make_error(message, type, code, source)));
   emitted_any_ = true;
 }
 
 void StreamNormalizer::fail_with_engine_error(const json& error, std::string& out) {
   std::string message = string_or(error, "message");
-  if (message.empty()) message = error.is_string() ? error.get<std::string>() : dump_json(error);
+  if (message.empty()) message = error.is_string() ? error.get<std::string>() : dump_safe(error);
   std::string type = string_or(error, "type", "server_error");
   std::string code = string_or(error, "code");
   if (code.empty() && error.is_object()) {
-    if (auto c = error.find("code"); c != error.end() && c->is_number()) code = dump_json(*c);
+    if (auto c = error.find("code"); c != error.end() && c->is_number()) code = dump_safe(*c);
   }
   if (code.empty()) code = "engine_error";
   fail(message, type, code, ErrorSource::engine, out);
@@ -329,7 +328,7 @@ bool StreamNormalizer::normalize_body(json& body, std::string_view model_id, std
         tc["type"] = "function";
         if (auto fn = tc.find("function"); fn != tc.end() && fn->is_object()) {
           if (auto a = fn->find("arguments"); a != fn->end() && !a->is_string())
-            (*fn)["arguments"] = a->is_null() ? std::string() : dump_json(*a);
+            (*fn)["arguments"] = a->is_null() ? std::string() : dump_safe(*a);
         }
         ++i;
         output = true;

@@ -38,9 +38,6 @@
 
 namespace servedeck::gateway {
 
-/// json::dump that never throws (invalid UTF-8 replaced by U+FFFD).
-std::string dump_json(const nlohmann::json& j);
-
 /// How a stream ended, as the normaliser saw it.
 enum class StreamEnd { none, done, error };
 

@@ -3,13 +3,13 @@
 #include <optional>
 #include <string>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::gateway {
 
 using nlohmann::json;
 
 namespace {
-
-std::string dump_replacing(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string string_or(const json& j, std::string_view key) {
   if (!j.is_object()) return {};
@@ -51,7 +51,7 @@ std::size_t message_text_bytes(const json& m) {
       if (fn == tc.end() || !fn->is_object()) continue;
       add_string(*fn, "name");
       if (auto a = fn->find("arguments"); a != fn->end() && !a->is_null())
-        bytes += a->is_string() ? a->get_ref<const std::string&>().size() : dump_replacing(*a).size();
+        bytes += a->is_string() ? a->get_ref<const std::string&>().size() : dump_safe(*a).size();
     }
   }
   return bytes;
@@ -108,7 +108,7 @@ int64_t estimate_request_tokens(const json& body) {
     n += static_cast<int64_t>((bytes + 3) / 4) + overhead;
   }
   if (auto t = body.find("tools"); t != body.end() && t->is_array() && !t->empty())
-    n += estimate_text_tokens(dump_replacing(*t)) + k_tools_preamble;
+    n += estimate_text_tokens(dump_safe(*t)) + k_tools_preamble;
   if (auto p = body.find("prompt"); p != body.end()) n += prompt_field_tokens(*p);
   return n;
 }

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "common/json_limits.hpp"
+
 namespace servedeck::state {
 
 namespace {
@@ -123,7 +125,7 @@ class Stmt {
     return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(st_, col))) : std::string();
   }
   nlohmann::json json_col(int col) const {
-    auto j = nlohmann::json::parse(text(col), nullptr, /*allow_exceptions=*/false);
+    auto j = parse_untrusted(text(col));
     return j.is_discarded() ? nlohmann::json() : j;
   }
 
@@ -171,8 +173,8 @@ LaunchRecord read_launch(const Stmt& s) {
 
 /// Binds the 14 non-id launch fields starting at parameter 1.
 void bind_launch(Stmt& s, const LaunchRecord& r) {
-  s.bind(1, r.model).bind(2, r.argv.dump()).bind(3, r.env.dump()).bind(4, r.pid)
-      .bind(5, r.pid_start_time).bind(6, r.preflight.dump()).bind(7, r.start_ms)
+  s.bind(1, r.model).bind(2, dump_safe(r.argv)).bind(3, dump_safe(r.env)).bind(4, r.pid)
+      .bind(5, r.pid_start_time).bind(6, dump_safe(r.preflight)).bind(7, r.start_ms)
       .bind(8, r.ready_ms).bind(9, r.stop_ms);
   if (r.exit_status) s.bind(10, *r.exit_status); else s.bind_null(10);
   s.bind(11, r.state).bind(12, r.why).bind(13, r.log_path).bind(14, r.port);
@@ -324,7 +326,7 @@ std::vector<LaunchRecord> Store::recent_launches(int limit) const {
 void Store::add_event(std::string_view kind, std::string_view model, const nlohmann::json& detail) {
   std::lock_guard lk(mu_);
   Stmt s(db_, "INSERT INTO events(time_ms, kind, model, detail) VALUES (?,?,?,?)", path_);
-  s.bind(1, now_ms()).bind(2, kind).bind(3, model).bind(4, detail.dump());
+  s.bind(1, now_ms()).bind(2, kind).bind(3, model).bind(4, dump_safe(detail));
   s.step();
 }
 
@@ -422,7 +424,7 @@ void Store::put_document(std::string_view ns, std::string_view key, const nlohma
          "INSERT INTO documents(ns, key, value, expires_ms) VALUES (?,?,?,?) "
          "ON CONFLICT(ns, key) DO UPDATE SET value = excluded.value, expires_ms = excluded.expires_ms",
          path_);
-  s.bind(1, ns).bind(2, key).bind(3, value.dump()).bind(4, expires_ms);
+  s.bind(1, ns).bind(2, key).bind(3, dump_safe(value)).bind(4, expires_ms);
   s.step();
 }
 

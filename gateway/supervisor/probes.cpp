@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http/client.hpp"
+#include "common/json_limits.hpp"
 #include "preflight/preflight.hpp"
 
 namespace servedeck::supervisor {
@@ -36,7 +37,7 @@ ProbeResult probe_warmup(const std::string& host, int port, const std::string& s
     req.port = port;
     req.method = "POST";
     req.target = "/v1/completions";
-    req.body = nlohmann::json{{"model", served_name}, {"prompt", "hi"}, {"max_tokens", 1}}.dump();
+    req.body = dump_safe(nlohmann::json{{"model", served_name}, {"prompt", "hi"}, {"max_tokens", 1}});
     req.timeout_ms = timeout_ms;
     auto res = http::fetch(req);
     r.status = res.status;
@@ -44,7 +45,7 @@ ProbeResult probe_warmup(const std::string& host, int port, const std::string& s
       r.detail = res.body.substr(0, 300);
       return r;
     }
-    auto j = nlohmann::json::parse(res.body, nullptr, false);
+    auto j = parse_untrusted(res.body);
     if (j.is_discarded() || !j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
         j["choices"].empty()) {
       r.detail = "200 without a JSON body carrying choices: " + res.body.substr(0, 300);

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/json_limits.hpp"
 #include "gateway/tools/engine_calls.hpp"
 
 namespace servedeck::tools {
@@ -63,7 +64,7 @@ AmnesiaArm run_arm(const AmnesiaOptions& opt, const std::string& name, const jso
     top = &out.at("choices").at(0).at("logprobs").at("top_logprobs").at(0);
   } catch (const json::exception&) {
     throw std::runtime_error("POST /v1/completions: expected choices[0].logprobs.top_logprobs[0], got " +
-                             out.dump().substr(0, 300));
+                             dump_safe(out).substr(0, 300));
   }
   AmnesiaArm arm;
   arm.name = name;
@@ -101,7 +102,7 @@ std::string AmnesiaReport::table() const {
     std::snprintf(line, sizeof line, "%-20s %13d %13.2f%%  ", arm->name.c_str(), arm->prompt_tokens, 100.0 * arm->amnesia_mass);
     out << line;
     for (std::size_t i = 0; i < arm->top.size() && i < 5; ++i) {
-      std::snprintf(line, sizeof line, "%s%s %.1f%%", i ? ", " : "", json(arm->top[i].first).dump().c_str(),
+      std::snprintf(line, sizeof line, "%s%s %.1f%%", i ? ", " : "", dump_safe(json(arm->top[i].first)).c_str(),
                     100.0 * arm->top[i].second);
       out << line;
     }

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/json_limits.hpp"
 #include "gateway/tools/engine_calls.hpp"
 
 namespace servedeck::tools {
@@ -49,7 +50,7 @@ json prompt_logprobs(const EngineAddress& at, const std::string& model, const st
     return pl;
   } catch (const std::exception&) {
     throw std::runtime_error("POST /v1/completions with prompt_logprobs: expected choices[0].prompt_logprobs "
-                             "(a list per prompt position), got " + out.dump().substr(0, 300));
+                             "(a list per prompt position), got " + dump_safe(out).substr(0, 300));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "common/http/client.hpp"
+#include "common/json_limits.hpp"
 
 namespace servedeck::tools {
 
@@ -14,7 +15,7 @@ json post_json(const EngineAddress& at, const std::string& path, const json& bod
   req.port = at.port;
   req.method = "POST";
   req.target = path;
-  req.body = body.dump();
+  req.body = dump_safe(body);
   req.timeout_ms = at.timeout_ms;
   http::ClientResponse res;
   try {
@@ -26,7 +27,7 @@ json post_json(const EngineAddress& at, const std::string& path, const json& bod
     throw std::runtime_error("POST " + path + " answered HTTP " + std::to_string(res.status) + ": " +
                              res.body.substr(0, 500));
   }
-  json out = json::parse(res.body, nullptr, false);
+  json out = parse_untrusted(res.body);
   if (out.is_discarded()) throw std::runtime_error("POST " + path + " answered a body that is not JSON: " + res.body.substr(0, 200));
   return out;
 }
@@ -34,10 +35,10 @@ json post_json(const EngineAddress& at, const std::string& path, const json& bod
 std::vector<int64_t> tokenize(const EngineAddress& at, const json& body) {
   json out = post_json(at, "/tokenize", body);
   if (!out.contains("tokens") || !out["tokens"].is_array())
-    throw std::runtime_error("POST /tokenize: expected {\"tokens\": [...]}, got " + out.dump().substr(0, 200));
+    throw std::runtime_error("POST /tokenize: expected {\"tokens\": [...]}, got " + dump_safe(out).substr(0, 200));
   std::vector<int64_t> ids;
   for (const auto& t : out["tokens"]) {
-    if (!t.is_number_integer()) throw std::runtime_error("POST /tokenize: a token id is not an integer: " + t.dump());
+    if (!t.is_number_integer()) throw std::runtime_error("POST /tokenize: a token id is not an integer: " + dump_safe(t));
     ids.push_back(t.get<int64_t>());
   }
   return ids;

@@ -5,6 +5,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "common/json_limits.hpp"
 #include "gateway/tools/stream_reader.hpp"
 
 namespace servedeck::tools {
@@ -75,7 +76,7 @@ SoakReport run_soak(const SoakOptions& opt, std::ostream* progress) {
     SoakTurn row;
     row.turn = turn;
     row.messages = messages.size();
-    row.request_bytes = body.dump().size();
+    row.request_bytes = dump_safe(body).size();
     StreamedTurn t = read_chat_stream(opt.host, opt.port, "/v1/chat/completions", body, opt.gap_timeout_ms, opt.api_key);
     row.status = t.status;
     row.ok = t.complete;

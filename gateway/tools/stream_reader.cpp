@@ -3,6 +3,7 @@
 #include <chrono>
 #include <map>
 
+#include "common/json_limits.hpp"
 #include "common/sse.hpp"
 
 namespace servedeck::tools {
@@ -29,7 +30,7 @@ StreamedTurn read_chat_stream(const std::string& host, int port, const std::stri
   req.port = port;
   req.method = "POST";
   req.target = path;
-  req.body = body.dump();
+  req.body = dump_safe(body);
   req.timeout_ms = timeout_ms;
   if (!api_key.empty()) req.headers.push_back({"Authorization", "Bearer " + api_key});
 
@@ -47,16 +48,18 @@ StreamedTurn read_chat_stream(const std::string& host, int port, const std::stri
       saw_done = true;
       return;
     }
-    json chunk = json::parse(ev.data, nullptr, false);
+    JsonError perr;
+    json chunk = parse_untrusted(ev.data, &perr);
     if (chunk.is_discarded()) {
       saw_error = true;
-      error_text = "unparseable event: " + ev.data.substr(0, 200);
+      error_text = "unparseable event (" + perr.message + "): " + ev.data.substr(0, 200);
       return;
     }
-    if (chunk.contains("error")) {
+    if (chunk.is_object() && chunk.contains("error")) {
       saw_error = true;
-      error_text = chunk["error"].is_object() ? chunk["error"].value("message", chunk["error"].dump())
-                                              : chunk["error"].dump();
+      const json& e = chunk["error"];
+      error_text = e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>()
+                                                                                      : dump_safe(e);
       return;
     }
     if (chunk.contains("usage") && chunk["usage"].is_object()) turn.usage = chunk["usage"];

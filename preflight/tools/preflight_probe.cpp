@@ -6,6 +6,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/json_limits.hpp"
 #include "preflight/preflight.hpp"
 #include "registry/registry.hpp"
 
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
     }
     auto readings = preflight::system_readings();
     preflight::Report r = preflight::run_preflight(reg, *m, *readings, port == 0 ? m->port : port);
-    if (json) std::cout << r.to_json().dump(2) << "\n";
+    if (json) std::cout << servedeck::dump_safe(r.to_json(), 2) << "\n";
     else std::cout << r.table();
     return r.refused() ? 1 : 0;
   } catch (const registry::RegistryError& e) {

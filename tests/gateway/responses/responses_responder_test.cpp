@@ -105,6 +105,38 @@ TEST_CASE("G32: an error event or a cut stream ends with response.failed, and no
   }
 }
 
+TEST_CASE("hostile engine events: a non-string error message, an unparseable event cut inside a UTF-8 character") {
+  auto client = std::make_shared<RecordingResponder>();
+  ResponsesResponder r(client, request(false), "tiny", nullptr);
+  r.start_stream(200);
+  // json::value("message", ...) threw type_error.302 on a number here
+  CHECK_NOTHROW(r.write(sse::format_data(R"({"error":{"message":42,"code":7}})")));
+  sse::Parser p;
+  auto events = p.feed(client->stream);
+  REQUIRE_FALSE(events.empty());
+  CHECK(events.back().event == "response.failed");
+  json failed = json::parse(events.back().data);
+  CHECK(failed["response"]["error"]["code"] == "7");
+  CHECK(failed["response"]["error"]["message"] == R"({"code":7,"message":42})");
+
+  // An event that is not JSON is quoted in response.failed (its first 200 bytes): with "é" (C3 A9)
+  // at bytes 199-200 the quote ends inside the character; dump() threw type_error.316 on it.
+  auto client2 = std::make_shared<RecordingResponder>();
+  ResponsesResponder r2(client2, request(false), "tiny", nullptr);
+  r2.start_stream(200);
+  std::string bad = "{\"content\": \"" + std::string(199 - 13, 'a') + "\xc3\xa9 not closed";
+  REQUIRE(bad.substr(199, 2) == "\xc3\xa9");
+  CHECK_NOTHROW(r2.write("data: " + bad + "\n\n"));
+  auto events2 = p.feed(client2->stream);
+  REQUIRE_FALSE(events2.empty());
+  CHECK(events2.back().event == "response.failed");
+  json failed2 = json::parse(events2.back().data);
+  const std::string message = failed2["response"]["error"]["message"].get<std::string>();
+  CHECK(message.find("malformed JSON at byte") != std::string::npos);
+  CHECK(message.size() >= 3);
+  CHECK(message.substr(message.size() - 3) == "\xef\xbf\xbd");  // the cut half became U+FFFD
+}
+
 TEST_CASE("non-streaming: a chat.completion becomes a response object; errors pass through") {
   auto client = std::make_shared<RecordingResponder>();
   ResponsesResponder r(client, request(false), "tiny-high", nullptr);

@@ -172,6 +172,18 @@ TEST_CASE("store: events, requests, measured memory, documents") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("store: an event detail holding engine text cut inside a UTF-8 character is stored with U+FFFD") {
+  // A warm-up failure quotes the first 300 bytes of the engine's body; "é" (C3 A9) at bytes
+  // 299-300 leaves half a character, on which json::dump() threw type_error.316.
+  auto dir = temp_dir();
+  Store s(dir);
+  std::string excerpt = std::string(299, 'a') + "\xc3";
+  CHECK_NOTHROW(s.add_event("warmup_failed", "glm53", {{"detail", excerpt}}));
+  auto ev = s.recent_events(1);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0]["detail"]["detail"] == std::string(299, 'a') + "\xef\xbf\xbd");
+}
+
 TEST_CASE("store: a second connection sees the first one's writes (status with the daemon down)") {
   auto dir = temp_dir();
   Store writer(dir);
