@@ -52,6 +52,7 @@ struct ProxyShared {
   std::function<bool(std::function<void()>)> post_blocking;
   int heartbeat_ms = 5000;                        // SSE comment heartbeat interval while waiting
   policies::ReasoningStore* reasoning_store = nullptr;
+  SlotControl* slots = nullptr;                   // told about a missed first-byte deadline
 };
 
 /// One request, resolved and admitted (the model is running and `lease` holds it).

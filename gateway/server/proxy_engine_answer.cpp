@@ -175,6 +175,10 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
     return fail(502, "the engine closed the stream before its finish chunk or [DONE] (" + detail + ")",
                 "server_error", "upstream_closed", ErrorSource::engine);
   }
+  // The engine took the request and sent nothing: liveness hears about it (the slot may become
+  // unhealthy instead of every later client waiting out the same deadline).
+  if (f == UpstreamFailure::first_byte_timeout && shared_.slots)
+    shared_.slots->report_unresponsive(job_.model->name, job_.engine_port, detail);
   if (f == UpstreamFailure::connect_timeout || f == UpstreamFailure::first_byte_timeout ||
       f == UpstreamFailure::gap_timeout)
     return fail(504, detail, "timeout_error", std::string("upstream_") + std::string(to_string(f)),
