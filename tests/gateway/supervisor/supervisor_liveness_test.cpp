@@ -143,9 +143,11 @@ TEST_CASE("monitor: rotating a large launch log does not hold the supervisor's m
   }
   REQUIRE(std::filesystem::file_size(log + ".1", ec) >= (128u << 20));  // it did rotate
   INFO("copy of 128 MiB took " << copy_ms << " ms; slowest snapshot() during the rotation " << worst_us << " us");
-  if (copy_ms < 60) {
+  // A snapshot() that waited for the mutex waited for the whole copy; one that did not takes
+  // microseconds (plus whatever the scheduler adds on a loaded box).
+  if (copy_ms < 20) {
     MESSAGE("this disk copies 128 MiB in " << copy_ms << " ms: too fast to tell a held mutex from a free one");
   } else {
-    CHECK(worst_us < copy_ms * 1000 / 3);
+    CHECK(worst_us < copy_ms * 1000 / 2);
   }
 }
