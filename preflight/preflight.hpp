@@ -54,6 +54,8 @@ struct GpuProcess {
 
 /// Everything preflight reads from the machine, behind one interface so tests inject readings
 /// (CI has no GPU). SystemReadings reads /proc, statvfs, getrlimit and NVML (dlopen'ed).
+/// Thread-safety: implementations must allow calls from several threads at once (the daemon's
+/// supervisor, status and admin threads share one instance).
 class Readings {
  public:
   virtual ~Readings() = default;
@@ -71,8 +73,9 @@ class Readings {
   virtual bool is_executable(const std::string& path) = 0;
 };
 
-/// The real machine. Not thread-safe (one instance per thread, or guard it); NVML is loaded and
-/// initialised on the first GPU reading and shut down when the object is destroyed.
+/// The real machine. Thread-safe: the daemon's threads (switch, status, admin preflight) share one
+/// instance; NVML is loaded and initialised once, on the first GPU reading, its calls are
+/// serialised by an internal mutex, and it is shut down when the object is destroyed.
 std::unique_ptr<Readings> system_readings();
 /// Same, loading NVML from `nvml_library` instead of libnvidia-ml.so.1 (tests use a fake).
 std::unique_ptr<Readings> system_readings(const std::string& nvml_library);

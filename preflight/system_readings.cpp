@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -39,21 +40,30 @@ class SystemReadings final : public Readings {
     return std::nullopt;
   }
   std::optional<double> gpu_total_gib(int gpu) override {
+    std::lock_guard lk(nvml_mu_);
     auto m = nvml().memory(gpu);
     if (!m) return std::nullopt;
     return static_cast<double>(m->total) / kGiB;
   }
   std::optional<double> gpu_used_gib(int gpu) override {
+    std::lock_guard lk(nvml_mu_);
     auto m = nvml().memory(gpu);
     if (!m) return std::nullopt;
     // note: total - free, not `used`: NVML's `used` excludes memory the driver reserves, and what
     // the next engine can allocate is `free`.
     return static_cast<double>(m->total - m->free) / kGiB;
   }
-  std::optional<int> gpu_compute_capability(int gpu) override { return nvml().compute_capability(gpu); }
+  std::optional<int> gpu_compute_capability(int gpu) override {
+    std::lock_guard lk(nvml_mu_);
+    return nvml().compute_capability(gpu);
+  }
   std::vector<GpuProcess> gpu_processes(int gpu) override {
     std::vector<GpuProcess> out;
-    auto procs = nvml().processes(gpu);
+    std::optional<std::vector<NvmlProcess>> procs;
+    {
+      std::lock_guard lk(nvml_mu_);
+      procs = nvml().processes(gpu);
+    }
     if (!procs) return out;
     for (const auto& p : *procs) {
       GpuProcess g;
@@ -65,7 +75,10 @@ class SystemReadings final : public Readings {
     }
     return out;
   }
-  std::string gpu_error() override { return nvml().error(); }
+  std::string gpu_error() override {
+    std::lock_guard lk(nvml_mu_);
+    return nvml().error();
+  }
   std::optional<double> shm_free_gib() override {
     struct statvfs s {};
     if (::statvfs("/dev/shm", &s) != 0) return std::nullopt;
@@ -93,11 +106,15 @@ class SystemReadings final : public Readings {
   }
 
  private:
+  /// Call with nvml_mu_ held.
   Nvml& nvml() {
     if (!nvml_) nvml_ = std::make_unique<Nvml>(nvml_library_);
     return *nvml_;
   }
   std::string nvml_library_;
+  // note: one mutex for the lazy load and every NVML call: Nvml keeps its last error in a member
+  // and is documented single-threaded; the daemon's threads share this Readings object.
+  std::mutex nvml_mu_;
   std::unique_ptr<Nvml> nvml_;
 };
 

@@ -107,6 +107,11 @@ struct ModelEntry {
   int vram_release_timeout_s = 60;  // wait for NVML to show the memory freed after stop
   std::vector<std::string> shm_globs;  // /dev/shm files this engine owns, e.g. "/dev/shm/flashnext-kv-*"
   bool warmup = true;               // ready = health 200 AND a one-token completion succeeded
+  // Liveness after ready (docs/supervisor.md): any failure makes the slot `unhealthy`.
+  int liveness_interval_s = 10;     // GET health_path this often while ready; 0 = never
+  int liveness_idle_s = 60;         // a one-token completion after this long without a request; 0 = never
+  int liveness_timeout_s = 30;      // deadline of each liveness probe
+  bool restart_on_failure = false;  // restart an engine that became unhealthy or died after ready
 
   // Gateway behaviour.
   bool switch_on_request = false;   // queue requests for this model while the daemon switches to it
@@ -146,7 +151,7 @@ struct ServerConfig {
   std::vector<std::string> api_keys;  // empty = no auth (loopback default)
   std::string default_model;        // started when the daemon starts; empty = none
   std::size_t max_body_bytes = 32 * 1024 * 1024;
-  int log_max_bytes = 64 * 1024 * 1024;  // per-launch engine log rotation size
+  int64_t log_max_bytes = 64 * 1024 * 1024;  // per-launch engine log rotation size, bytes (up to 2^31)
   int log_keep = 5;                 // rotated launch logs kept per model
   bool restore_previous_on_failed_start = false;
   /// Host names, besides IP addresses and `localhost`, that the Host header may carry, and that an

@@ -7,6 +7,7 @@
 #include "registry/parse_internal.hpp"
 #include "registry/registry.hpp"
 #include "registry/rules.hpp"
+#include "registry/shm_glob.hpp"
 
 namespace servedeck::registry::detail {
 
@@ -29,7 +30,8 @@ const std::vector<std::string>& model_keys() {
       "load_floor_offload_gib", "pins_host_memory", "uses_cuda_ipc", "hot_profile", "hot_profile_offload_gib",
       "health_path", "start_timeout_s", "stop_timeout_s", "drain_timeout_s", "vram_release_timeout_s",
       "shm_globs", "warmup", "switch_on_request", "queue_max", "queue_timeout_s", "min_residency_s",
-      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "request_timeout_s", "vision", "policies"};
+      "connect_timeout_ms", "first_byte_timeout_ms", "max_gap_ms", "request_timeout_s", "vision", "restart_on_failure",
+      "liveness_interval_s", "liveness_idle_s", "liveness_timeout_s", "policies"};
   return k;
 }
 
@@ -276,10 +278,9 @@ ModelEntry parse_model(const std::string& name, const toml::table& t, const std:
   if (auto v = r.string_array("shm_globs")) {
     m.shm_globs = *v;
     for (std::size_t i = 0; i < v->size(); ++i)
-      if ((*v)[i].rfind("/dev/shm/", 0) != 0 || (*v)[i].find("..") != std::string::npos)
+      if (auto problem = shm_glob_problem((*v)[i]))
         sink.error(lines["shm_globs[" + std::to_string(i) + "]"], prefix + ".shm_globs[" + std::to_string(i) + "]",
-                   prefix + ".shm_globs[" + std::to_string(i) + "] = \"" + (*v)[i] +
-                       "\" must start with /dev/shm/ and contain no '..' (the reaper unlinks only there)");
+                   prefix + ".shm_globs[" + std::to_string(i) + "] = \"" + (*v)[i] + "\" " + *problem);
   }
   if (auto v = r.boolean("warmup")) m.warmup = *v;
   if (auto v = r.boolean("switch_on_request")) m.switch_on_request = *v;
@@ -291,6 +292,12 @@ ModelEntry parse_model(const std::string& name, const toml::table& t, const std:
   if (auto v = r.integer("first_byte_timeout_ms", 1, 86400000, "milliseconds")) m.first_byte_timeout_ms = static_cast<int>(*v);
   if (auto v = r.integer("max_gap_ms", 1, 86400000, "milliseconds")) m.max_gap_ms = static_cast<int>(*v);
   if (auto v = r.integer("request_timeout_s", 1, 86400, "seconds")) m.request_timeout_s = static_cast<int>(*v);
+  if (auto v = r.boolean("restart_on_failure")) m.restart_on_failure = *v;
+  if (auto v = r.integer("liveness_interval_s", 0, 86400, "seconds; 0 = no health probe after ready"))
+    m.liveness_interval_s = static_cast<int>(*v);
+  if (auto v = r.integer("liveness_idle_s", 0, 86400, "seconds; 0 = no idle completion probe"))
+    m.liveness_idle_s = static_cast<int>(*v);
+  if (auto v = r.integer("liveness_timeout_s", 1, 3600, "seconds")) m.liveness_timeout_s = static_cast<int>(*v);
   if (auto p = r.subtable("policies")) m.policies = parse_policies(*p, prefix + ".policies", sink, lines);
 
   // Discovery: config.json's max_position_embeddings (through text_config when nested).

@@ -118,7 +118,7 @@ void parse_server(const toml::table& t, const std::string& config_dir, Diagnosti
   if (auto v = r.string_array("api_keys")) s.api_keys = *v;
   if (auto v = r.string("default_model")) s.default_model = *v;
   if (auto v = r.integer("max_body_bytes", 1024, int64_t{1} << 34, "bytes")) s.max_body_bytes = static_cast<std::size_t>(*v);
-  if (auto v = r.integer("log_max_bytes", 4096, int64_t{1} << 31, "bytes")) s.log_max_bytes = static_cast<int>(*v);
+  if (auto v = r.integer("log_max_bytes", 4096, int64_t{1} << 31, "bytes")) s.log_max_bytes = *v;
   if (auto v = r.integer("log_keep", 0, 1000, "files")) s.log_keep = static_cast<int>(*v);
   if (auto v = r.boolean("restore_previous_on_failed_start")) s.restore_previous_on_failed_start = *v;
   parse_retention_and_hosts(r, sink, s);

@@ -160,7 +160,9 @@ class ReadySlot : public gateway::SlotControl {
   gateway::Lease acquire(const std::string& model) override {
     return model == "bench" ? gateway::Lease(new int(0), [](void* p) { delete static_cast<int*>(p); }) : nullptr;
   }
-  void ensure_running(const std::string&, std::function<void(bool, std::string)> done) override { done(true, ""); }
+  void ensure_running(const std::string& model, std::function<void(gateway::Lease, std::string)> done) override {
+    done(acquire(model), "");
+  }
 
  private:
   int port_;

@@ -1,6 +1,8 @@
 #include "common/http/blocking_pool.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 
 namespace servedeck::http::detail {
 
@@ -40,7 +42,15 @@ void BlockingPool::run() {
       fn = std::move(queue_.front());
       queue_.pop_front();
     }
-    fn();
+    // A task that throws fails that task only (its captures, a Responder among them, are
+    // released: an unanswered request then gets the server's 500); the thread takes the next.
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "servedeck: a blocking task failed (the pool continues): %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "servedeck: a blocking task failed (the pool continues)\n");
+    }
   }
 }
 

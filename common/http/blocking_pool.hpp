@@ -1,6 +1,7 @@
 // The server's pool for blocking work (Server::post_blocking; internal to common/http): a fixed
 // number of threads and a bounded queue, so CPU-heavy handlers (tokenizing, template rendering,
 // SQLite) never run on the I/O threads and a flood is refused instead of queued without bound.
+// A task that throws is logged to stderr and ends that task only; the thread runs on.
 #pragma once
 
 #include <condition_variable>

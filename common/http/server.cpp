@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 #include "common/http/server_internal.hpp"
 #include "common/json_limits.hpp"
@@ -74,7 +75,21 @@ void Server::start() {
   im.pool = std::make_unique<detail::BlockingPool>(im.opt.blocking_threads, 1024);
   im.work.emplace(im.ioc.get_executor());
   im.do_accept(impl_->core);
-  for (int i = 0; i < std::max(1, im.opt.threads); ++i) im.threads.emplace_back([&im] { im.ioc.run(); });
+  for (int i = 0; i < std::max(1, im.opt.threads); ++i)
+    im.threads.emplace_back([&im] {
+      // A completion handler that throws ends its own connection's work only; the I/O thread
+      // logs it and runs on (an exception leaving a std::thread is std::terminate).
+      for (;;) {
+        try {
+          im.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "servedeck: http I/O thread: a handler failed (the thread continues): %s\n", e.what());
+        } catch (...) {
+          std::fprintf(stderr, "servedeck: http I/O thread: a handler failed (the thread continues)\n");
+        }
+      }
+    });
   im.started = true;
 }
 

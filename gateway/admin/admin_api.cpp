@@ -34,24 +34,23 @@ std::string model_from_body(const http::Request& req, http::Responder& res) {
   return j["model"].get<std::string>();
 }
 
-/// Runs `op(progress)` on the blocking pool and streams its progress lines as SSE events, then
-/// the result event.
+/// Streams a queued supervisor operation: its progress lines as SSE events as they happen, then
+/// the result event. `submit` queues it on the supervisor's switch queue (never the blocking pool,
+/// which status and preflight calls share) and returns at once.
 void stream_operation(AdminContext& ctx, const Res& res,
-                      std::function<supervisor::OpResult(const supervisor::Progress&)> op) {
-  bool posted = ctx.post_blocking([res, op = std::move(op), hook = ctx.on_progress] {
-    res->start_stream(200, "text/event-stream");
-    // note: the operation continues when the client goes away (a half-done switch is worse than
-    // an unwatched one); writes to a gone client are simply dropped.
-    supervisor::Progress progress = [res, hook](const std::string& line) {
-      if (hook) hook(line);
-      res->write(sse::format_data(line));
-    };
-    supervisor::OpResult r = op(progress);
+                      const std::function<void(supervisor::Progress, supervisor::Supervisor::Done)>& submit) {
+  res->start_stream(200, "text/event-stream");
+  // note: the operation continues when the client goes away (a half-done switch is worse than
+  // an unwatched one); writes to a gone client are simply dropped.
+  supervisor::Progress progress = [res, hook = ctx.on_progress](const std::string& line) {
+    if (hook) hook(line);
+    res->write(sse::format_data(line));
+  };
+  submit(progress, [res](const supervisor::OpResult& r) {
     nlohmann::json result = {{"ok", r.ok}, {"error", r.error}, {"seconds", r.seconds}};
     res->write("event: result\ndata: " + dump_safe(result) + "\n\n");
     res->end();
   });
-  if (!posted) admin_error(*res, 503, "the daemon's blocking pool is full; retry", "busy");
 }
 
 std::atomic<int> g_followers{0};
@@ -121,14 +120,14 @@ std::vector<Route> admin_routes(AdminContext ctx) {
   routes.push_back({"POST", "/admin/switch", [c](http::Request req, Res res) {
                       std::string model = model_from_body(req, *res);
                       if (model.empty()) return;
-                      stream_operation(*c, res, [c, model](const supervisor::Progress& p) {
-                        return c->supervisor->switch_to(model, p);
+                      stream_operation(*c, res, [c, model](supervisor::Progress p, supervisor::Supervisor::Done d) {
+                        c->supervisor->submit_switch(model, std::move(p), std::move(d));
                       });
                     }});
 
   routes.push_back({"POST", "/admin/stop", [c](http::Request, Res res) {
-                      stream_operation(*c, res, [c](const supervisor::Progress& p) {
-                        return c->supervisor->stop("stopped by the admin API", p);
+                      stream_operation(*c, res, [c](supervisor::Progress p, supervisor::Supervisor::Done d) {
+                        c->supervisor->submit_stop("stopped by the admin API", std::move(p), std::move(d));
                       });
                     }});
 

@@ -16,8 +16,9 @@
 //                         state}]}.
 //
 // Errors use the OpenAI envelope with type "servedeck_admin_error".
-// Thread-safety: handlers may run concurrently; everything blocking runs on `post_blocking` (or, for
-// log following, a thread per follower, at most k_max_log_followers).
+// Thread-safety: handlers may run concurrently; switches and stops run on the supervisor's own
+// switch queue, everything else blocking on `post_blocking` (or, for log following, a thread per
+// follower, at most k_max_log_followers).
 #pragma once
 
 #include <functional>

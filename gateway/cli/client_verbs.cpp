@@ -204,7 +204,11 @@ int cmd_status(const Args& a) {
               << integer("in_flight") << "\n";
   } else if (integer("last_pid") != 0) {  // the last launch's figures, labelled as such; no live readings
     std::cout << "  last launch: pid " << integer("last_pid") << "  port " << integer("last_port");
-    if (s.contains("exit_status") && s["exit_status"].is_number_integer())
+    const std::string reason =
+        s.contains("exit_reason") && s["exit_reason"].is_string() ? s["exit_reason"].get<std::string>() : "";
+    if (reason.rfind("killed by", 0) == 0)
+      std::cout << "  " << reason;  // "killed by signal 9 (SIGKILL)", not "exit status 137"
+    else if (s.contains("exit_status") && s["exit_status"].is_number_integer())
       std::cout << "  exit status " << s["exit_status"].get<int>();
     std::cout << "\n";
   }

@@ -151,6 +151,7 @@ int cmd_serve(const Args& a) {
     else log_line("no GPU readings (" + readings->gpu_error() + "); the VRAM-release wait is skipped");
     supervisor::SupervisorOptions opt;
     opt.state_dir = dir;
+    opt.log = log_line;
     supervisor::Supervisor sup(reg, store, *readings, std::move(probe), opt);
 
     gateway::GatewayOptions gopt;
@@ -198,13 +199,18 @@ int cmd_serve(const Args& a) {
       if (def.empty()) return;
       auto snap = sup.snapshot();
       if (snap.state == gateway::SlotState::ready && snap.model == def) return;
-      service::notify_status("starting " + def);
-      auto r = sup.switch_to(def, [](const std::string& l) {
-        log_line(l);
-        service::notify_status(l);
-      });
-      if (r.ok) service::notify_status(def + " ready");
-      else log_line("default model " + def + " did not start: " + r.error);
+      // A failure here is the default model's start only: the daemon keeps serving.
+      try {
+        service::notify_status("starting " + def);
+        auto r = sup.switch_to(def, [](const std::string& l) {
+          log_line(l);
+          service::notify_status(l);
+        });
+        if (r.ok) service::notify_status(def + " ready");
+        else log_line("default model " + def + " did not start: " + r.error);
+      } catch (const std::exception& e) {
+        log_line("default model " + def + " did not start: " + e.what());
+      }
     });
 
     int sig = 0;

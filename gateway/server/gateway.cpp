@@ -91,7 +91,7 @@ struct Gateway::Impl {
   void handle_health(http::Responder& res);
   void enqueue(ProxyJob job, bool stream);
   void release_waiter(const std::shared_ptr<Waiter>& w);
-  void on_switch_done(std::shared_ptr<Waiter> w, bool ok, std::string error);
+  void on_switch_done(std::shared_ptr<Waiter> w, Lease lease, std::string error);
   void waiter_fail(const std::shared_ptr<Waiter>& w, int status, const std::string& message, const std::string& code);
   void waiter_heartbeat(const std::shared_ptr<Waiter>& w);
 };
@@ -143,7 +143,19 @@ void Gateway::start() {
   if (!im.upstream_threads.empty()) return;
   im.work.emplace(im.upstream_ioc.get_executor());
   for (int i = 0; i < std::max(1, im.opt.threads); ++i)
-    im.upstream_threads.emplace_back([&im] { im.upstream_ioc.run(); });
+    im.upstream_threads.emplace_back([&im] {
+      // A handler that throws ends that handler's call only: the thread logs it and runs on.
+      for (;;) {
+        try {
+          im.upstream_ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::cerr << "servedeck: upstream thread: a handler failed (the thread continues): " << e.what() << "\n";
+        } catch (...) {
+          std::cerr << "servedeck: upstream thread: a handler failed (the thread continues)\n";
+        }
+      }
+    });
   im.server->start();
 }
 
@@ -342,6 +354,19 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   }
   auto snap = slots.snapshot();
   std::string retry = std::to_string(opt.retry_after_s);
+  // The model is being drained by a switch (or a stop): it is going away, and a queued request
+  // would only switch it straight back. Say so, and what comes next.
+  if (snap.model == entry->name && (snap.draining || snap.state == SlotState::stopping))
+    return local(503, entry->name, id, stream,
+                 "model '" + entry->name + "' is draining: " +
+                     (snap.switching_to.empty() ? std::string("the slot is being stopped")
+                                                : "the slot is switching to '" + snap.switching_to + "'") +
+                     "; in-flight requests finish, new ones are refused until the switch ends",
+                 "overloaded_error", "model_draining", {{"Retry-After", retry}});
+  if (snap.model == entry->name && snap.state == SlotState::unhealthy)
+    return local(503, entry->name, id, stream,
+                 "model '" + entry->name + "' is unhealthy: " + snap.last_error.substr(0, snap.last_error.find('\n')),
+                 "overloaded_error", "model_unhealthy", {{"Retry-After", retry}});
   if (entry->switch_on_request) return enqueue(std::move(job), stream);
   if (snap.model == entry->name && (snap.state == SlotState::preflight || snap.state == SlotState::starting))
     return local(503, entry->name, id, stream, "model '" + entry->name + "' is loading (" + std::string(to_string(snap.state)) + ")",
@@ -418,22 +443,19 @@ void Gateway::Impl::enqueue(ProxyJob job, bool stream) {
   // note: the callback holds the waiter weakly, so a supervisor that calls back late (or never)
   // keeps no gateway object alive; the waiter lives through its own pending timer.
   std::weak_ptr<Waiter> weak = w;
-  slots.ensure_running(entry->name, [self, weak, g = guard](bool ok, std::string error) {
+  slots.ensure_running(entry->name, [self, weak, g = guard](Lease lease, std::string error) {
     std::lock_guard lk(g->mu);
     if (!g->alive) return;
-    if (auto waiter = weak.lock()) self->on_switch_done(std::move(waiter), ok, std::move(error));
+    if (auto waiter = weak.lock()) self->on_switch_done(std::move(waiter), std::move(lease), std::move(error));
   });
 }
 
-void Gateway::Impl::on_switch_done(std::shared_ptr<Waiter> w, bool ok, std::string error) {
+void Gateway::Impl::on_switch_done(std::shared_ptr<Waiter> w, Lease lease, std::string error) {
   auto strand = w->strand;
-  asio::dispatch(strand, [this, w = std::move(w), ok, error = std::move(error)] {
+  asio::dispatch(strand, [this, w = std::move(w), lease = std::move(lease), error = std::move(error)]() mutable {
     if (w->done) return;
-    if (!ok) return waiter_fail(w, 503, "switching to model '" + w->job.model->name + "' failed: " + error, "switch_failed");
-    Lease lease = slots.acquire(w->job.model->name);
-    if (!lease)
-      return waiter_fail(w, 503, "model '" + w->job.model->name + "' was switched away before this request ran",
-                         "model_switched_away");
+    // The lease was taken when the slot became ready (SlotControl::ensure_running).
+    if (!lease) return waiter_fail(w, 503, "switching to model '" + w->job.model->name + "' failed: " + error, "switch_failed");
     auto snap = slots.snapshot();
     release_waiter(w);
     ProxyJob next = std::move(w->job);

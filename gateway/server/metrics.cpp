@@ -156,7 +156,7 @@ std::string Metrics::render(const SlotSnapshot& slot) const {
   out += "servedeck_queued_requests " + std::to_string(queued_) + "\n";
   out += "# HELP servedeck_slot_state 1 for the main slot's current state.\n";
   out += "# TYPE servedeck_slot_state gauge\n";
-  for (auto s : {SlotState::stopped, SlotState::preflight, SlotState::starting, SlotState::ready, SlotState::stopping,
+  for (auto s : {SlotState::stopped, SlotState::preflight, SlotState::starting, SlotState::ready, SlotState::unhealthy, SlotState::stopping,
                  SlotState::failed})
     out += "servedeck_slot_state{model=\"" + prometheus_escape(slot.model) + "\",state=\"" + std::string(to_string(s)) +
            "\"} " + (slot.state == s ? "1" : "0") + "\n";

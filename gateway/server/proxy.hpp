@@ -61,7 +61,7 @@ struct ProxyShared {
   int heartbeat_ms = 5000;                        // SSE comment heartbeat after this long without a write
   int retry_after_s = 30;                         // Retry-After on a 503 the call answers itself
   policies::ReasoningStore* reasoning_store = nullptr;
-  SlotControl* slots = nullptr;                   // to tell an engine stopped by a switch from a crash
+  SlotControl* slots = nullptr;                   // engine stopped by a switch vs a crash; missed first-byte deadlines
 };
 
 /// One request, resolved and admitted (the model is running and `lease` holds it).

@@ -233,6 +233,10 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
   if (f == UpstreamFailure::request_timeout)
     return fail(504, detail + "; request_timeout_s = " + std::to_string(job_.model->request_timeout_s) + " s",
                 "timeout_error", "upstream_request_timeout", ErrorSource::servedeck);
+  // The engine took the request and sent nothing: liveness hears about it (the slot may become
+  // unhealthy instead of every later client waiting out the same deadline).
+  if (f == UpstreamFailure::first_byte_timeout && shared_.slots)
+    shared_.slots->report_unresponsive(job_.model->name, job_.engine_port, detail);
   if (f == UpstreamFailure::connect_timeout || f == UpstreamFailure::first_byte_timeout ||
       f == UpstreamFailure::gap_timeout)
     return fail(504, detail, "timeout_error", std::string("upstream_") + std::string(to_string(f)),

@@ -75,6 +75,7 @@ void LaunchLog::note(const std::string& line) {
 }
 
 bool LaunchLog::enforce_bound() {
+  std::lock_guard lk(mu_);
   int64_t size = file_size(path_);
   if (max_bytes_ <= 0 || size <= max_bytes_) return false;
   std::error_code ec;
@@ -85,7 +86,10 @@ bool LaunchLog::enforce_bound() {
   return true;
 }
 
-int64_t LaunchLog::bytes_written() const { return rotated_bytes_ + file_size(path_); }
+int64_t LaunchLog::bytes_written() const {
+  std::lock_guard lk(mu_);
+  return rotated_bytes_ + file_size(path_);
+}
 
 std::string tail_lines(const std::string& path, int lines) {
   constexpr int64_t k_max = 1 << 20;

@@ -8,11 +8,14 @@
 // new end (the logrotate "copytruncate" scheme; a few lines written during the copy may be lost).
 // Rotated: open() keeps the newest `keep` launch logs of each model and deletes older ones.
 //
-// Thread-safety: a LaunchLog is used by one thread at a time (the supervisor's); the free
-// functions have no shared state.
+// Thread-safety: every method may be called from any thread (the supervisor's switch thread
+// while starting, its monitor while ready, status readers); rotation and the byte count are
+// guarded by the log's own mutex, never by the supervisor's. The free functions have no shared
+// state.
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,7 @@ class LaunchLog {
   std::string path_;
   int fd_ = -1;
   int64_t max_bytes_;
+  mutable std::mutex mu_;      // guards rotated_bytes_ and serialises enforce_bound()
   int64_t rotated_bytes_ = 0;
 };
 

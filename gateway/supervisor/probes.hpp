@@ -5,9 +5,11 @@
 // callable from the supervisor's threads (one call at a time).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace servedeck::preflight {
@@ -19,8 +21,17 @@ namespace servedeck::supervisor {
 struct ProbeResult {
   bool ok = false;
   int status = 0;          // HTTP status; 0 when no answer (connection refused, timeout)
-  std::string detail;      // the client error, or the first 300 bytes of a non-200 body
+  std::string detail;      // the client error, or utf8_excerpt(body, k_probe_excerpt_bytes) of a non-200 body
 };
+
+/// Bytes of an engine's body quoted in a probe failure.
+inline constexpr std::size_t k_probe_excerpt_bytes = 300;
+
+/// `text` as valid UTF-8 of at most `max_bytes` bytes: cut only between characters (a character
+/// that would cross the limit is left out), every invalid or truncated sequence replaced by
+/// U+FFFD. Engine output is outside text: what reaches an event, last_error or a JSON answer
+/// passes through this first, so no serialisation of it can fail. Linear in text.size().
+std::string utf8_excerpt(std::string_view text, std::size_t max_bytes = static_cast<std::size_t>(-1));
 
 /// GET http://host:port`path`; ok when 200.
 ProbeResult probe_health(const std::string& host, int port, const std::string& path, int timeout_ms);

@@ -1,20 +1,20 @@
-// An engine process running in its own session, and the whole tree it spawns.
+// An engine process running in its own session, and everything of its launch.
 //
-// The engine is started with posix_spawn(POSIX_SPAWN_SETSID), so pid == pgid == sid. Every
-// descendant inherits the session id, including a grandchild that moved itself into another
-// process group with setpgid() (vLLM's EngineCore and workers stay in the session). The group
-// kill therefore signals the engine's process group AND every process group found in its session
-// (by scanning /proc). A descendant that called setsid() itself escapes both and is not found;
-// see docs/supervisor.md.
+// The engine is started in a new session (pid == pgid == sid), with stdin /dev/null, stdout and
+// stderr on the launch log, no other descriptor of the daemon, default signal dispositions and an
+// empty mask — and, before it runs any code of its own, inside its launch cgroup when it has one
+// (engine_cgroup.hpp) and with SERVEDECK_LAUNCH=<tag> in its environment. Which processes are
+// "the engine" and how they are signalled (one pidfd at a time, each verified; never kill(-pgid))
+// is engine_identity.hpp.
 //
-// note: why not Boost.Process (1.74): we need setsid (a new session, not only a new group) in the
-// child, exact control of which fds the engine inherits (only stdin=/dev/null and the log file on
-// 1 and 2; the daemon's listening sockets and SQLite handle must not leak into a 100 GiB engine
-// that may outlive it), and signalling of the whole group/session. Boost.Process 1.74 offers a
-// group (process group only, not a session) and closes fds only through its `limit_handles`
-// extension, which is Windows-first and does not compose with a session leader. posix_spawn with
-// POSIX_SPAWN_SETSID + posix_spawn_file_actions_addclosefrom_np (glibc ≥ 2.34; Debian 12 has
-// 2.36) does all three, reports exec failure as an errno, and avoids fork() in a threaded daemon.
+// note: why fork + a start gate rather than posix_spawn (or Boost.Process 1.74, which has no
+// session and no fd control at all): the child must be in its cgroup before it can fork anything,
+// and posix_spawn runs no code between fork and exec. The child blocks on a pipe until the parent
+// has opened a pidfd of it and written its pid into cgroup.procs, then does exactly what
+// posix_spawn(POSIX_SPAWN_SETSID | SETSIGDEF | SETSIGMASK) with closefrom(3) did, using only
+// async-signal-safe calls (the daemon is multi-threaded), and reports an exec failure as an errno
+// over a close-on-exec pipe. clone3(CLONE_INTO_CGROUP) would avoid the gate but is blocked
+// (ENOSYS) by common container seccomp profiles, and a launch without a cgroup needs the same code.
 //
 // Thread-safety: every public method may be called from any thread.
 #pragma once
@@ -32,6 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/supervisor/engine_cgroup.hpp"
+#include "gateway/supervisor/engine_identity.hpp"
 #include "gateway/supervisor/proc_scan.hpp"
 
 namespace servedeck::supervisor {
@@ -45,21 +47,30 @@ struct SpawnSpec {
   std::vector<std::string> argv;            // argv[0] included
   std::map<std::string, std::string> env;   // added to (overriding) the daemon's environment
   int log_fd = -1;                          // becomes the engine's stdout and stderr (not closed here)
+  std::string tag;                          // launch tag (engine_identity.hpp); "" = no marker
+  std::shared_ptr<EngineCgroup> cgroup;     // the engine starts inside it; null = none
 };
 
-/// Decodes a waitpid() status: the exit code, or 128 + signal number (shell convention).
+/// Decodes a waitpid() status: the exit code, or 128 + signal number (shell convention; what the
+/// state store's exit_status column holds).
 int decode_wait_status(int status);
+
+/// A waitpid() status as words: "exited with status 7", "killed by signal 9 (SIGKILL)" (with
+/// " (core dumped)" when it did).
+std::string describe_wait_status(int status);
 
 class EngineProcess {
  public:
-  /// Starts `spec` in a new session. Throws SpawnError naming the program and errno text when
-  /// the program cannot be executed.
+  /// Starts `spec` in a new session (and its cgroup). Throws SpawnError naming the program and
+  /// errno text when the program cannot be found or executed. A cgroup the engine could not be
+  /// moved into is dropped (cgroup_warning() says why); the launch then runs without one.
   static std::shared_ptr<EngineProcess> spawn(const SpawnSpec& spec);
 
   /// Takes over a process started by an earlier daemon (not our child: liveness is polled from
   /// /proc every 100 ms). Returns nullptr unless `pid` exists with `start_time` (/proc/PID/stat
-  /// field 22) and is not a zombie.
-  static std::shared_ptr<EngineProcess> adopt(int64_t pid, uint64_t start_time);
+  /// field 22) and is not a zombie. `tag` and `cgroup` are the launch's (may be empty / null).
+  static std::shared_ptr<EngineProcess> adopt(int64_t pid, uint64_t start_time, std::string tag = "",
+                                              std::shared_ptr<EngineCgroup> cgroup = nullptr);
 
   ~EngineProcess();
   EngineProcess(const EngineProcess&) = delete;
@@ -76,28 +87,39 @@ class EngineProcess {
   /// The decoded exit status once the leader exited; nullopt while running or when unknown
   /// (an adopted engine's status cannot be collected).
   std::optional<int> exit_status() const;
+  /// describe_wait_status() of the leader's exit; "" while running or when unknown.
+  std::string exit_description() const;
+  /// The launch's identity (leader, tag, cgroup).
+  const EngineIdentity& identity() const { return identity_; }
+  /// Why the launch has no cgroup although one was asked for; "" otherwise.
+  const std::string& cgroup_warning() const { return cgroup_warning_; }
   /// Waits up to `timeout` for the leader to exit; returns running() == false.
   bool wait_exit(std::chrono::milliseconds timeout) const;
 
-  /// Live members of the engine's process group or session (the leader included while alive).
+  /// Live members of the launch (engine_identity.hpp: its cgroup, its marker, and while the
+  /// leader lives its group and session), the leader included while alive.
   std::vector<ProcStat> members() const;
 
-  /// Sends `sig` to the engine's process group and to every other process group found in its
-  /// session. Returns the number of distinct groups signalled.
+  /// Sends `sig` to the leader (through its pidfd) and to every other member, each verified.
+  /// SIGKILL also goes through cgroup.kill when the launch has a cgroup. Returns how many
+  /// processes were signalled.
   int signal_all(int sig) const;
 
  private:
-  EngineProcess(int64_t pid, uint64_t start_time, bool adopted);
+  EngineProcess(int64_t pid, uint64_t start_time, bool adopted, Pidfd leader, EngineIdentity identity);
   void watch();
 
   int64_t pid_;
   uint64_t start_time_;
   bool adopted_;
+  Pidfd leader_fd_;               // invalid on a kernel without pidfd_open
+  EngineIdentity identity_;
+  std::string cgroup_warning_;
+  std::optional<int> wait_status_;  // raw waitpid() status, guarded by mu_
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool exited_ = false;
   bool stop_watch_ = false;
-  std::optional<int> exit_status_;
   std::thread watcher_;
 };
 
@@ -118,16 +140,19 @@ struct TerminateResult {
   std::string describe_survivors() const;
 };
 
-/// SIGTERM to the whole group/session, wait up to `grace` for every member to exit, SIGKILL to
+/// SIGTERM to every member of the launch, wait up to `grace` for every member to exit, SIGKILL to
 /// whatever is left, wait up to `kill_wait`, then report survivors (typically state D: stuck in
-/// the kernel, e.g. in a driver call, holding its memory). `progress` gets one line per step.
+/// the kernel, e.g. in a driver call, holding its memory). Removes the launch cgroup once empty.
+/// `progress` gets one line per step.
 TerminateResult terminate(EngineProcess& engine, std::chrono::milliseconds grace,
                           std::chrono::milliseconds kill_wait,
                           const std::function<void(const std::string&)>& progress = {});
 
-/// The same for a group/session whose leader is gone (found at daemon start): SIGTERM, grace,
-/// SIGKILL to every member with pgid == `id` or sid == `id`.
-TerminateResult terminate_orphans(int64_t id, std::chrono::milliseconds grace,
+/// The same for a launch whose leader is gone (found at daemon start): only processes verifiably
+/// of the launch — in its cgroup or carrying its marker — are signalled; a process that merely
+/// carries the dead leader's pid as its group or session id is left alone (that number may have
+/// been reused).
+TerminateResult terminate_orphans(const EngineIdentity& id, std::chrono::milliseconds grace,
                                   std::chrono::milliseconds kill_wait);
 
 }  // namespace servedeck::supervisor

@@ -1,6 +1,7 @@
 #include "gateway/supervisor/shm_reaper.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "gateway/supervisor/proc_scan.hpp"
+#include "registry/shm_glob.hpp"
 
 namespace servedeck::supervisor {
 
@@ -145,19 +147,34 @@ ReapReport reap_shm(const std::vector<std::string>& globs, const std::string& sh
   std::vector<std::string> patterns;
   for (const auto& g : globs) {
     auto p = name_pattern(g, shm_dir);
-    if (p.empty()) r.ignored_globs.push_back(g);
-    else patterns.push_back(p);
+    if (p.empty()) {
+      r.ignored_globs.push_back(g + " (not a file directly in " + shm_dir + ")");
+    } else if (auto problem = registry::shm_glob_problem("/dev/shm/" + p)) {
+      r.ignored_globs.push_back(g + " (" + *problem + ")");
+    } else {
+      patterns.push_back(p);
+    }
   }
   if (patterns.empty()) return r;
 
+  // Every look-up below is relative to this descriptor: the directory checked is the directory
+  // unlinked in, even if the path is replaced meanwhile.
+  int dfd = ::open(shm_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    r.errors.push_back("cannot open directory " + shm_dir + ": " + std::strerror(errno));
+    return r;
+  }
   struct Candidate {
-    std::string path;
+    std::string name;
     struct stat st;
   };
   std::vector<Candidate> candidates;
-  DIR* d = opendir(shm_dir.c_str());
+  int list_fd = ::dup(dfd);
+  DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
   if (!d) {
     r.errors.push_back("cannot read directory " + shm_dir + ": " + std::strerror(errno));
+    if (list_fd >= 0) ::close(list_fd);
+    ::close(dfd);
     return r;
   }
   while (dirent* e = readdir(d)) {
@@ -167,33 +184,49 @@ ReapReport reap_shm(const std::vector<std::string>& globs, const std::string& sh
     for (const auto& p : patterns)
       if (::fnmatch(p.c_str(), name.c_str(), FNM_PERIOD) == 0) match = true;
     if (!match) continue;
-    Candidate c{shm_dir + "/" + name, {}};
-    if (::lstat(c.path.c_str(), &c.st) != 0 || !S_ISREG(c.st.st_mode)) continue;  // never symlinks/dirs
+    Candidate c{name, {}};
+    // never symlinks or directories
+    if (::fstatat(dfd, name.c_str(), &c.st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(c.st.st_mode)) continue;
     candidates.push_back(c);
   }
-  closedir(d);
-  if (candidates.empty()) return r;
+  closedir(d);  // closes list_fd
+  if (candidates.empty()) {
+    ::close(dfd);
+    return r;
+  }
 
   Holders h = scan_holders(proc_root);
   r.unverified = h.unreadable_list;
   for (const auto& c : candidates) {
+    const std::string path = shm_dir + "/" + c.name;
     int64_t bytes = static_cast<int64_t>(c.st.st_blocks) * 512;
     FileId id{static_cast<uint64_t>(c.st.st_dev), static_cast<uint64_t>(c.st.st_ino)};
     if (auto it = h.held.find(id); it != h.held.end()) {
-      r.kept.push_back({c.path, bytes, it->second});
+      r.kept.push_back({path, bytes, it->second});
       continue;
     }
-    if (auto it = h.held_paths.find(c.path); it != h.held_paths.end()) {
-      r.kept.push_back({c.path, bytes, it->second});
+    if (auto it = h.held_paths.find(path); it != h.held_paths.end()) {
+      r.kept.push_back({path, bytes, it->second});
       continue;
     }
     if (auto it = h.unreadable.find(c.st.st_uid); keep_unverifiable && it != h.unreadable.end()) {
-      r.kept.push_back({c.path, bytes, "cannot verify: /proc maps/fd of " + it->second + " unreadable"});
+      r.kept.push_back({path, bytes, "cannot verify: /proc maps/fd of " + it->second + " unreadable"});
       continue;
     }
-    if (::unlink(c.path.c_str()) == 0) r.freed.push_back({c.path, bytes});
-    else r.errors.push_back("unlink " + c.path + ": " + std::strerror(errno));
+    // Unlink the inode that was checked, not whatever the name means now: look the name up again
+    // in the same directory and unlink only if it is still that regular file. note: Linux has no
+    // "unlink if inode matches"; a rename over the name between this fstatat and the unlinkat
+    // (two adjacent syscalls) is the residual race, and only the engines and their user write here.
+    struct stat now {};
+    if (::fstatat(dfd, c.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) continue;  // already gone
+    if (!S_ISREG(now.st_mode) || now.st_dev != c.st.st_dev || now.st_ino != c.st.st_ino) {
+      r.kept.push_back({path, bytes, "replaced while being checked (inode changed); left for the next reap"});
+      continue;
+    }
+    if (::unlinkat(dfd, c.name.c_str(), 0) == 0) r.freed.push_back({path, bytes});
+    else r.errors.push_back("unlink " + path + ": " + std::strerror(errno));
   }
+  ::close(dfd);
   return r;
 }
 

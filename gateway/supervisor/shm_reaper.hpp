@@ -2,10 +2,13 @@
 // ~40 GiB of evicted KV in a /dev/shm buffer; shmem is unreclaimable while the file exists, so
 // MemAvailable stays low until it is unlinked).
 //
-// Rules: only regular files directly inside `shm_dir` whose name matches one of the registry's
-// declared globs (fnmatch) are candidates; a candidate is unlinked only when no live process
-// maps it (/proc/*/maps: device + inode) or holds it open (/proc/*/fd: stat of the link).
-// Nothing else is ever touched.
+// Rules: only regular files directly inside `shm_dir` whose name matches one of the globs passed
+// in (the slot's model's own shm_globs; fnmatch) are candidates; a glob whose name does not start
+// with registry::k_min_shm_glob_prefix literal characters ("/dev/shm/*") is refused and listed in
+// ignored_globs. A candidate is unlinked only when no live process maps it (/proc/*/maps: device
+// + inode) or holds it open (/proc/*/fd: stat of the link), and only if the name still refers to
+// the inode that was checked (fstatat + unlinkat on one directory descriptor; the residual race
+// is a rename over the name between those two syscalls). Nothing else is ever touched.
 //
 // Processes whose maps or fd table cannot be read (non-dumpable processes, or a sandbox that
 // hides them even from root) are listed in the report as `unverified`. With
@@ -42,7 +45,7 @@ struct KeptFile {
 struct ReapReport {
   std::vector<ReapedFile> freed;
   std::vector<KeptFile> kept;
-  std::vector<std::string> ignored_globs;  // globs not under shm_dir (never applied)
+  std::vector<std::string> ignored_globs;  // globs never applied, each with why (not under shm_dir, too broad)
   std::vector<std::string> errors;         // unlink failures, unreadable directory
   std::vector<std::string> unverified;     // "pid 1 (init): maps unreadable" — processes not checked
   int64_t freed_bytes() const;

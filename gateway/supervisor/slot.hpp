@@ -7,23 +7,26 @@
 //        ▲         │               │ refused                    │      │ health 200 AND
 //        │         │               ▼                            │      │ one-token warm-up ok
 //        │         │          ┌────────┐ ◀──────────────────────┘      ▼ before the deadline
-//        │         │          │ failed │  exited / deadline /      ┌───────┐
-//        │         │          └────────┘  warm-up failed (G26)     │ ready │
-//        │         │            ▲    │                             └───────┘
-//        │         │  engine    │    │ switch / stop: full reap       │   │
-//        │         │  exited    └────┼────────────────────────────────┘   │ switch / stop
-//        │         │  (liveness)     ▼                                    ▼ (after draining leases)
-//        │         │           ┌──────────┐ ◀─────────────────────────────┘
-//        │         └────────── │ stopping │  SIGTERM → grace → SIGKILL → no member of the
-//        │  group gone AND     └──────────┘  group/session left → GPU memory released
+//        │         │          │ failed │  exited / deadline /      ┌───────┐  probe failed /   ┌───────────┐
+//        │         │          └────────┘  warm-up failed (G26)     │ ready │ ────────────────▶ │ unhealthy │
+//        │         │            ▲    │                             └───────┘  first byte late  └───────────┘
+//        │         │  engine    │    │ switch / stop: full reap       │   ▲ ◀───────────────────  │   │
+//        │         │  exited    └────┼────────────────────────────────┘   │  health + completion  │   │
+//        │         │  (liveness)     │  ◀──────────────────────────────── │ ─ probes pass again ──┘   │
+//        │         │                 ▼                                    │ switch / stop /           │
+//        │         │           ┌──────────┐ ◀─────────────────────────────┴─ restart_on_failure ─────┘
+//        │         └────────── │ stopping │  SIGTERM → grace → SIGKILL → no process of the
+//        │  group gone AND     └──────────┘  launch left (cgroup, marker, session) → GPU memory released
 //        │  VRAM released            │
 //        └───────────────────────────┘  (a member stuck in D, or VRAM never released → failed,
 //                                         and the next launch is blocked with that message)
 //
+// An `unhealthy` engine still runs but gets no new requests (its leases are refused); it exits →
+// failed, like a ready one.
 // A switch from `ready` first runs preflight's declaration checks (those stopping the engine
 // cannot change) while the slot stays `ready`: a refusal there is no transition at all.
 // A switch from `failed` or `starting` goes through `stopping` too (a full reap: any process of
-// the last launch's session is killed and the /dev/shm files are reaped) so the slot never wedges.
+// the last launch is killed and the /dev/shm files are reaped) so the slot never wedges.
 #pragma once
 
 #include <string_view>

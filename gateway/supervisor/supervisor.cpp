@@ -1,7 +1,8 @@
 // Supervisor operations: switch, launch and ready wait, a failed start, the measured-memory
-// record. Stopping an engine, the launch blocker and the /dev/shm reap are in
-// supervisor_stop.cpp; status, leases, the liveness monitor and daemon-start recovery are in
-// supervisor_watch.cpp.
+// record. The switch queue is supervisor_queue.cpp; stopping an engine, the launch blocker and
+// the /dev/shm reap are supervisor_stop.cpp; status, leases and the exit monitor are
+// supervisor_watch.cpp; probes after ready are supervisor_liveness.cpp; daemon-start recovery is
+// supervisor_recover.cpp.
 #include "gateway/supervisor/supervisor.hpp"
 
 #include <netinet/in.h>
@@ -11,10 +12,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <sstream>
 
-#include "registry/registry.hpp"
+#include "gateway/supervisor/engine_identity.hpp"
+#include "gateway/supervisor/holders.hpp"
 #include "gateway/supervisor/supervisor_internal.hpp"
+#include "registry/registry.hpp"
 
 namespace servedeck::supervisor {
 
@@ -49,6 +53,7 @@ std::string last_line(const std::string& path) {
 }  // namespace
 
 using detail::Clock;
+using detail::exit_phrase;
 using detail::fmt_s;
 using detail::say;
 using detail::seconds_since;
@@ -64,10 +69,27 @@ void Supervisor::set_state(SlotState s, const std::string& error) {
   since_ms_ = state::now_ms();
   if (s == SlotState::failed) last_error_ = error;
   if (s == SlotState::ready) ready_ms_ = since_ms_;
-  if (s != SlotState::ready) draining_ = false;
+  if (s != SlotState::ready && s != SlotState::unhealthy) draining_ = false;
 }
 
-OpResult Supervisor::switch_to(const std::string& model, const Progress& progress) {
+void Supervisor::log(const std::string& line) const {
+  if (opt_.log) {
+    opt_.log(line);
+    return;
+  }
+  std::cerr << "servedeck: " << line << std::endl;
+}
+
+void Supervisor::record_event(std::string_view kind, const std::string& model, const nlohmann::json& detail) {
+  try {
+    store_.add_event(kind, model, detail);
+  } catch (const std::exception& e) {
+    log("could not record a '" + std::string(kind) + "' event for " + (model.empty() ? "the slot" : model) +
+        " in the state store: " + utf8_excerpt(e.what()));
+  }
+}
+
+OpResult Supervisor::switch_locked(const std::string& model, const Progress& progress) {
   auto t0 = Clock::now();
   const registry::ModelEntry* m = resolve(model);
   if (!m) {
@@ -77,16 +99,26 @@ OpResult Supervisor::switch_to(const std::string& model, const Progress& progres
   }
   std::lock_guard op(op_mu_);
   std::string previous;
+  bool already = false;
   {
     std::lock_guard lk(mu_);
-    if (state_ == SlotState::ready && model_ == m->name && engine_ && engine_->running()) {
-      say(progress, m->name + " is already ready");
-      return {true, "", seconds_since(t0)};
-    }
-    if (state_ == SlotState::ready) previous = model_;
-    switching_to_ = m->name;
+    already = state_ == SlotState::ready && model_ == m->name && engine_ && engine_->running();
+    if (already) grant_leases_locked(m->name);
+    else if (state_ == SlotState::ready) previous = model_;
+    if (!already) switching_to_ = m->name;
   }
-  store_.add_event("switch", m->name, {{"from", previous}});
+  if (already) {
+    say(progress, m->name + " is already ready");
+    return {true, "", seconds_since(t0)};
+  }
+  struct ClearSwitching {  // also when an exception leaves the switch
+    Supervisor* s;
+    ~ClearSwitching() {
+      std::lock_guard lk(s->mu_);
+      s->switching_to_.clear();
+    }
+  } clear{this};
+  record_event("switch", m->name, {{"from", previous}});
   OpResult r = do_switch(*m, progress);
   if (!r.ok && !r.refused_before_stop && reg_.server.restore_previous_on_failed_start && !previous.empty() &&
       previous != m->name) {
@@ -101,10 +133,6 @@ OpResult Supervisor::switch_to(const std::string& model, const Progress& progres
                          : "\n(restoring " + previous + " failed too: " + back.error + ")";
     }
   }
-  {
-    std::lock_guard lk(mu_);
-    switching_to_.clear();
-  }
   r.seconds = seconds_since(t0);
   return r;
 }
@@ -117,10 +145,12 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
   }
   bool have_engine = false;
   std::string running;  // the ready model this switch would take down
+  std::string stopped;  // the model whose engine (or leftovers) the stop below ends
   {
     std::lock_guard lk(mu_);
     have_engine = engine_ != nullptr || state_ != SlotState::stopped;
     if (state_ == SlotState::ready) running = model_;
+    stopped = model_;
   }
   int port = m.port != 0 ? m.port : free_port();
   if (!running.empty())
@@ -132,7 +162,7 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
     if (std::string e = stop_engine("switch to " + m.name, true, progress); !e.empty())
       return {false, e, seconds_since(t0)};
   }
-  reap(progress);
+  reap({stopped, m.name}, progress);
   // A fresh port for the launch: the one picked before the drain may have been taken since.
   if (m.port == 0 && have_engine) port = free_port();
 
@@ -158,7 +188,7 @@ OpResult Supervisor::do_switch(const registry::ModelEntry& m, const Progress& pr
   std::string table = report.table();
   std::istringstream lines(table);
   for (std::string line; std::getline(lines, line);) say(progress, "preflight: " + line);
-  store_.add_event("preflight", m.name, report.to_json());
+  record_event("preflight", m.name, report.to_json());
   if (report.refused()) {
     std::string why = "preflight refused " + m.name + ":\n" + table;
     set_state(SlotState::failed, why);
@@ -215,7 +245,7 @@ std::optional<OpResult> Supervisor::preflight_before_stop(const registry::ModelE
   }
   detail["before_stop"] = true;
   detail["kept_running"] = running;
-  store_.add_event("preflight", m.name, detail);
+  record_event("preflight", m.name, detail);
   {
     std::lock_guard lk(mu_);
     last_error_ = why;  // the slot stays ready: its state, model, engine and log are untouched
@@ -249,41 +279,63 @@ OpResult Supervisor::launch(const registry::ModelEntry& m, const Progress& progr
   rec.start_ms = state::now_ms();
   rec.state = "starting";
   rec.port = spec.port != 0 ? spec.port : rec.port;
-  rec.id = store_.begin_launch(rec);
+  rec.id = store_.begin_launch(rec);  // a store failure here ends the switch before anything runs
+  {
+    std::lock_guard lk(mu_);
+    record_ = rec;
+  }
+  // A launch that ends before its engine runs: recorded failed, slot failed, nothing to stop.
+  auto refuse = [&](const std::string& why) {
+    rec.state = "failed";
+    rec.why = why;
+    rec.stop_ms = state::now_ms();
+    store_.update_launch(rec);
+    {
+      std::lock_guard lk(mu_);
+      record_ = rec;
+    }
+    set_state(SlotState::failed, why);
+    record_event("error", m.name, {{"launch", rec.id}, {"why", why}});
+    say(progress, "start failed: " + why);
+    return OpResult{false, why, 0};
+  };
 
   std::shared_ptr<LaunchLog> log;
   try {
     log = std::make_shared<LaunchLog>(opt_.state_dir, m.name, rec.id, reg_.server.log_max_bytes,
                                       reg_.server.log_keep);
   } catch (const std::exception& e) {
-    rec.state = "failed";
-    rec.why = e.what();
-    store_.update_launch(rec);
-    set_state(SlotState::failed, rec.why);
-    return {false, rec.why, 0};
+    return refuse(e.what());
   }
   rec.log_path = log->path();
   std::string cmdline;
   for (const auto& a : spec.argv) cmdline += (cmdline.empty() ? "" : " ") + a;
   log->note("launch " + std::to_string(rec.id) + " of " + m.name + ": " + cmdline);
+  // A fixed port someone else listens on: the engine would only print "Address already in use".
+  if (m.port != 0)
+    if (std::string held = describe_port_holders(rec.port); !held.empty())
+      return refuse("cannot start " + m.name + ": " + held);
 
+  const std::string tag = launch_tag(opt_.state_dir, rec.id);
+  std::shared_ptr<EngineCgroup> cgroup;
+  std::string no_cgroup = cgroup_unavailable_;
+  if (!cgroup_parent_.empty()) cgroup = EngineCgroup::create(cgroup_parent_, launch_cgroup_name(tag), &no_cgroup);
   std::shared_ptr<EngineProcess> engine;
   try {
-    engine = EngineProcess::spawn({spec.program, spec.argv, spec.env, log->fd()});
+    engine = EngineProcess::spawn({spec.program, spec.argv, spec.env, log->fd(), tag, cgroup});
   } catch (const SpawnError& e) {
-    rec.state = "failed";
-    rec.why = e.what();
-    rec.stop_ms = state::now_ms();
-    store_.update_launch(rec);
-    set_state(SlotState::failed, rec.why);
-    store_.add_event("error", m.name, {{"launch", rec.id}, {"why", rec.why}});
-    say(progress, "start failed: " + rec.why);
-    return {false, rec.why, 0};
+    if (cgroup) cgroup->remove();
+    return refuse(e.what());
   }
+  if (!engine->cgroup_warning().empty()) no_cgroup = engine->cgroup_warning();
+  log->note(engine->identity().cgroup
+                ? "launch " + std::to_string(rec.id) + " runs in cgroup " + engine->identity().cgroup->path()
+                : "launch " + std::to_string(rec.id) + " runs without a cgroup (" + no_cgroup +
+                      "); its processes are found through its session and " + k_launch_marker_var + "=" + tag);
   rec.pid = engine->pid();
   rec.pid_start_time = static_cast<int64_t>(engine->start_time());
-  store_.update_launch(rec);
   {
+    // The slot owns the engine before anything else can fail: a failure from here on stops it.
     std::lock_guard lk(mu_);
     record_ = rec;
     engine_ = engine;
@@ -292,6 +344,7 @@ OpResult Supervisor::launch(const registry::ModelEntry& m, const Progress& progr
     port_ = rec.port;
     model_ = m.name;
   }
+  store_.update_launch(rec);
   set_state(SlotState::starting);
   say(progress, "starting " + m.name + ": pid " + std::to_string(rec.pid) + ", port " + std::to_string(rec.port) +
                     ", log " + rec.log_path);
@@ -305,14 +358,27 @@ OpResult Supervisor::launch(const registry::ModelEntry& m, const Progress& progr
     record_.ready_ms = state::now_ms();
     record_.state = "ready";
     rec = record_;
+  }
+  store_.update_launch(rec);  // recorded ready before anyone is told it is
+  {
+    // Ready, and the leases of the callers waiting for this model, in one critical section.
+    std::lock_guard lk(mu_);
+    state_ = SlotState::ready;
+    since_ms_ = ready_ms_ = state::now_ms();
+    draining_ = false;
     last_error_.clear();
+    last_exit_.clear();
     refused_model_.clear();  // a model is ready: an earlier refusal is history (the event keeps it)
     refusal_.clear();
+    last_health_ms_ = last_probe_ms_ = since_ms_;
+    {
+      std::lock_guard ll(leases_->mu);
+      leases_->last_active_ms = since_ms_;
+    }
+    grant_leases_locked(m.name);
   }
-  store_.update_launch(rec);
-  set_state(SlotState::ready);
   log->note("ready in " + fmt_s(load_s) + " s");
-  store_.add_event("ready", m.name, {{"launch", rec.id}, {"load_s", load_s}});
+  record_event("ready", m.name, {{"launch", rec.id}, {"load_s", load_s}});
   record_measured_memory(m, load_s);
   say(progress, "ready in " + fmt_s(load_s) + " s");
   return {true, "", load_s};
@@ -334,8 +400,10 @@ std::string Supervisor::wait_ready(const registry::ModelEntry& m, EngineProcess&
     }
     if (abort_start_) return "start aborted by stop";
     if (!engine.running()) {
-      auto st = engine.exit_status();
-      return "engine exited during start" + (st ? " with status " + std::to_string(*st) : std::string());
+      std::string why = "engine " + exit_phrase(engine, "during start");
+      // A process outside the launch holding the port explains "Address already in use".
+      if (std::string held = describe_port_holders(port); !held.empty()) why += "; " + held;
+      return why;
     }
     log.enforce_bound();
     int64_t bytes = log.bytes_written();
@@ -355,8 +423,8 @@ std::string Supervisor::wait_ready(const registry::ModelEntry& m, EngineProcess&
              ", extended while the log grew, at most " + std::to_string(k_max_start_extension) + "x)";
     }
     auto remaining_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-    ProbeResult h = probe_health(host, port, m.health_path,
-                                 static_cast<int>(std::min<int64_t>(opt_.health_probe_timeout_ms, remaining_ms)));
+    const auto probe_ms = std::max<int64_t>(1, std::min<int64_t>(opt_.health_probe_timeout_ms, remaining_ms));
+    ProbeResult h = probe_health(host, port, m.health_path, static_cast<int>(probe_ms));
     if (h.ok) {
       if (!m.warmup) return "";
       say(progress, "health 200; warm-up: one-token completion");
@@ -385,7 +453,7 @@ OpResult Supervisor::fail_start(const registry::ModelEntry& m, const std::string
   if (engine)
     t = terminate(*engine, std::chrono::seconds(std::max(0, m.stop_timeout_s)),
                   std::chrono::milliseconds(opt_.kill_wait_ms), progress);
-  std::string tail = log ? tail_lines(log->path(), opt_.log_tail_lines) : "";
+  std::string tail = log ? utf8_excerpt(tail_lines(log->path(), opt_.log_tail_lines)) : "";
   std::string error = m.name + ": " + why;
   if (!tail.empty()) error += "\n--- engine log tail (" + (log ? log->path() : "") + ") ---\n" + tail;
   state::LaunchRecord rec;
@@ -396,6 +464,7 @@ OpResult Supervisor::fail_start(const registry::ModelEntry& m, const std::string
     record_.stop_ms = state::now_ms();
     record_.exit_status = t.exit_status;
     rec = record_;
+    if (engine) last_exit_ = engine->exit_description();
     if (!t.clean()) {
       blocker_ = "engine of launch " + std::to_string(rec.id) + " (" + m.name +
                  ") survived SIGKILL: " + t.describe_survivors();
@@ -405,9 +474,11 @@ OpResult Supervisor::fail_start(const registry::ModelEntry& m, const std::string
     }
   }
   if (rec.id) store_.update_launch(rec);
-  store_.add_event("error", m.name, {{"launch", rec.id}, {"why", why}});
+  record_event("error", m.name, {{"launch", rec.id}, {"why", why}});
+  // Files of the launch that something still holds are named with their holder.
+  ReapReport r = reap({m.name}, progress);
+  for (const auto& k : r.kept) error += "\nstill held: " + k.path + " (" + k.why + ")";
   set_state(SlotState::failed, error);
-  reap(progress);
   return {false, error, 0};
 }
 

@@ -1,8 +1,30 @@
 // The slot supervisor: starts, watches and stops the engine of the main slot, and implements
 // gateway::SlotControl for the gateway. State machine: gateway/supervisor/slot.hpp.
 //
-// Operations (switch_to, stop, recover) are serialised: one runs at a time; the others wait.
+// Operations (switch, stop, recover) are serialised: one runs at a time; the others wait.
+// Switches run on the supervisor's own switch thread, from a coalescing queue (never on the
+// gateway's shared blocking pool, so a status call never waits behind a model load):
+//   - a switch to the target of the switch running or queued joins it (one load, every caller
+//     gets its progress lines and its result);
+//   - a switch to another target, or a stop, supersedes the queued ones: their callers are told
+//     "superseded by ..." at once; the running one finishes first (a stop also aborts its start);
+//   - a caller that wants a lease (ensure_running) gets it in the same critical section in which
+//     the slot becomes ready, so no other operation can take the slot in between.
 // snapshot(), acquire(), status_json() never wait for an operation.
+//
+// Failures stay inside their operation: an exception anywhere in a switch, stop, recovery, the
+// monitor or the liveness probes (a SQLite error, a full disk) is caught on that thread, written
+// to the daemon log (SupervisorOptions::log), recorded as an "error" event when the store takes
+// it and as the slot's last_error, and fails that operation only: the slot becomes `failed`, an
+// engine the failed operation started is stopped, and the next operation starts over.
+//
+// Liveness after ready (docs/supervisor.md): the health path is probed every liveness_interval_s
+// (deadline liveness_timeout_s), a one-token completion is sent when the slot has been idle for
+// liveness_idle_s, and the proxy reports a request that got no first byte within
+// first_byte_timeout_ms (report_unresponsive). Any failure makes the slot `unhealthy` with the
+// reason (no new leases); a later pair of passing probes makes it `ready` again, and with
+// restart_on_failure the engine is restarted at once (at most k_max_auto_restarts per
+// k_auto_restart_window_s per model).
 //
 // What "ready" means: the health path answered 200 AND a one-token warm-up completion succeeded
 // before the start deadline (G26). The deadline is start_timeout_s, extended while the engine's
@@ -31,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gateway/state/store.hpp"
+#include "gateway/supervisor/engine_cgroup.hpp"
 #include "gateway/supervisor/launch_log.hpp"
 #include "gateway/supervisor/probes.hpp"
 #include "gateway/supervisor/process_group.hpp"
@@ -50,6 +73,12 @@ using Progress = std::function<void(const std::string& line)>;
 /// slowest load measured (GLM-5.3 with expert offload, ~9 min).
 constexpr int k_max_start_extension = 10;
 
+/// note: restart_on_failure restarts a model at most this many times in k_auto_restart_window_s
+/// (systemd's StartLimitBurst/StartLimitIntervalSec idea): an engine that dies at every load
+/// stays failed instead of reloading a 100 GiB checkpoint for ever.
+constexpr int k_max_auto_restarts = 3;
+constexpr int k_auto_restart_window_s = 600;
+
 struct SupervisorOptions {
   std::string state_dir;                 // launch logs in <state_dir>/logs
   std::string shm_dir = "/dev/shm";      // reaped directory (tests: a temp dir)
@@ -57,6 +86,12 @@ struct SupervisorOptions {
   int health_probe_timeout_ms = 2000;    // one health GET, ms
   int kill_wait_ms = 5000;               // after SIGKILL, how long to wait before reporting survivors, ms
   int log_tail_lines = 30;               // lines of the engine log quoted in a failure
+  /// Where launch cgroups are created. nullopt: EngineCgroup::default_parent() (none when the
+  /// daemon's cgroup is not writable, see engine_cgroup.hpp); "": never (launches are found
+  /// through their session and marker only).
+  std::optional<std::string> cgroup_parent;
+  /// The daemon's log (one line per call; `servedeck serve` prefixes the time). Default: stderr.
+  std::function<void(const std::string&)> log;
   /// Overrides the preflight (tests). Default: preflight::run_preflight(reg, m, readings, port).
   std::function<preflight::Report(const registry::ModelEntry&, int port)> preflight;
 };
@@ -85,7 +120,21 @@ class Supervisor : public gateway::SlotControl {
   // SlotControl
   gateway::SlotSnapshot snapshot() const override;
   gateway::Lease acquire(const std::string& model) override;
-  void ensure_running(const std::string& model, std::function<void(bool ok, std::string error)> done) override;
+  /// Queues a request-triggered switch (switch_for_request's residency wait applies); `done` gets
+  /// a lease taken when the slot became ready, or nullptr and why.
+  void ensure_running(const std::string& model, std::function<void(gateway::Lease, std::string)> done) override;
+  /// The proxy got no first byte from the ready engine of `model` on `port` in time: the slot
+  /// becomes unhealthy (a report about an engine that is no longer the slot's is ignored).
+  void report_unresponsive(const std::string& model, int port, const std::string& why) override;
+
+  /// What a queued operation's caller hears at the end (on the switch thread).
+  using Done = std::function<void(const OpResult&)>;
+  /// Queues a switch like switch_to() and returns at once; `progress` gets the switch's lines as
+  /// they happen from the moment this call queued or joined it, `done` the result (on the
+  /// switch thread; on the calling thread when refused at once: unknown model, shutting down).
+  void submit_switch(const std::string& model, Progress progress, Done done);
+  /// Queues a stop like stop() (superseding queued switches, aborting a start in progress).
+  void submit_stop(const std::string& why, Progress progress, Done done);
 
   /// Brings `model` (registry key, served name or alias) up. When a model is ready: first the
   /// declaration checks of the preflight (those whose verdict stopping it cannot change: program,
@@ -97,7 +146,7 @@ class Supervisor : public gateway::SlotControl {
   /// /dev/shm, the full preflight (a refusal ends the switch with the table, slot `failed`),
   /// start, wait for ready. Blocking; `progress` gets each step as it happens. On a failed start
   /// (not a refusal before the stop) with server.restore_previous_on_failed_start, starts the
-  /// previous model.
+  /// previous model. Runs on the switch queue (above); blocks until the result.
   OpResult switch_to(const std::string& model, const Progress& progress = {});
 
   /// A switch asked for by a client request (ensure_running) rather than by the operator: it
@@ -111,8 +160,11 @@ class Supervisor : public gateway::SlotControl {
   OpResult stop(const std::string& why, const Progress& progress = {});
 
   /// At daemon start: for each launch the store records as unfinished, adopt it when its pid and
-  /// start time still match (then health + warm-up → ready), otherwise kill what is left of its
-  /// group/session and mark it stopped; then reap /dev/shm.
+  /// start time still match AND the recorded launch (argv and env) equals what models.toml renders
+  /// for it now (then health + warm-up → ready); otherwise stop it (the reason names the first
+  /// difference and both argv+env hashes) or kill what is verifiably left of it, and mark it
+  /// stopped; then reap the /dev/shm globs of those models. A failure with one launch is logged
+  /// and recorded and does not stop the others.
   void recover(const Progress& progress = {});
 
   /// Status for the admin API and the CLI: the snapshot plus uptime, ctx, host RSS of the group
@@ -138,10 +190,46 @@ class Supervisor : public gateway::SlotControl {
     std::mutex mu;
     std::condition_variable cv;
     int count = 0;
+    int64_t last_active_ms = 0;  // epoch ms of the last acquire or release (liveness idle time)
+  };
+  /// One caller of a queued operation.
+  struct Subscriber {
+    Progress progress;
+    std::function<void(const OpResult&, gateway::Lease)> done;
+    bool wants_lease = false;
+    gateway::Lease lease;  // granted when the target became ready
+  };
+  /// A queued or running operation.
+  struct Job {
+    enum class Kind { switch_model, stop } kind = Kind::switch_model;
+    std::string target;        // registry key (switch)
+    std::string why;           // stop reason
+    bool for_request = false;  // G28 residency applies (only request-triggered callers joined)
+    bool ready_granted = false;
+    std::vector<Subscriber> subs;
   };
 
   const registry::ModelEntry* resolve(const std::string& model) const;
   void set_state(SlotState s, const std::string& error = "");
+  void log(const std::string& line) const;
+  /// add_event that never throws (a failure is logged): for records a failed write must not undo.
+  void record_event(std::string_view kind, const std::string& model, const nlohmann::json& detail);
+
+  // queue (supervisor_queue.cpp)
+  void submit(std::shared_ptr<Job> job);
+  void switch_loop();
+  OpResult run_job(Job& job);
+  /// Passes `line` to every subscriber of `job` (takes only subs_mu_: callable with mu_ held).
+  void job_progress(const Job& job, const std::string& line);
+  /// Under mu_: a lease for every subscriber of the running switch to `model` that wants one.
+  void grant_leases_locked(const std::string& model);
+  gateway::Lease make_lease_locked();
+  /// An exception ended `what`: log, record, mark the slot failed, stop the engine the operation
+  /// may have left running. Never throws.
+  OpResult contain_failure(const std::string& what, const std::exception* e);
+
+  // switch (supervisor.cpp)
+  OpResult switch_locked(const std::string& model, const Progress& progress);
   OpResult do_switch(const registry::ModelEntry& m, const Progress& progress);
   /// The declaration checks for `m` while `running` is ready; nullopt when none refuses, else the
   /// refusal (recorded; the slot untouched).
@@ -152,21 +240,56 @@ class Supervisor : public gateway::SlotControl {
   std::string wait_ready(const registry::ModelEntry& m, EngineProcess& engine, LaunchLog& log, int port,
                          const Progress& progress);
   OpResult fail_start(const registry::ModelEntry& m, const std::string& why, const Progress& progress);
+  void record_measured_memory(const registry::ModelEntry& m, double load_s);
+
+  // stop (supervisor_stop.cpp)
+  OpResult stop_locked(const std::string& why, const Progress& progress);
   /// Drain (when ready), then SIGTERM → SIGKILL → survivors check → VRAM wait. "" or why not.
   std::string stop_engine(const std::string& why, bool drain, const Progress& progress);
   std::string check_blocker();
-  ReapReport reap(const Progress& progress);
-  void record_measured_memory(const registry::ModelEntry& m, double load_s);
+  /// Reaps /dev/shm against the globs of `models` (registry keys; unknown ones are skipped).
+  ReapReport reap(const std::vector<std::string>& models, const Progress& progress);
+
+  // watch (supervisor_watch.cpp) and liveness (supervisor_liveness.cpp)
   void monitor_loop();
-  void switch_loop();
+  void monitor_tick();
+  void liveness_loop();
+  void liveness_tick();
+  /// What becoming unhealthy still has to report once mu_ is released.
+  struct Unhealthy {
+    std::string model;
+    int64_t launch_id = 0;
+    std::string why;
+    std::shared_ptr<LaunchLog> log;
+    std::shared_ptr<Job> restart;  // restart_on_failure: to submit()
+  };
+  /// Under mu_: ready → unhealthy with `why` (state, last_error, the restart job when configured).
+  Unhealthy mark_unhealthy_locked(const std::string& why);
+  /// After mu_: the log line, the launch log note, the "unhealthy" event, the restart.
+  void publish_unhealthy(const Unhealthy& u);
+  /// Under mu_: with restart_on_failure on `model`, a switch job that restarts it, unless an
+  /// operation is queued or running (it replaces the engine anyway) or k_max_auto_restarts were
+  /// made in the last k_auto_restart_window_s (then `why_not` says so). nullptr otherwise.
+  std::shared_ptr<Job> maybe_restart_locked(const std::string& model, std::string* why_not);
+
+  // recovery (supervisor_recover.cpp)
+  void recover_launch(const state::LaunchRecord& rec, bool& adopted, std::vector<std::string>& reap_models,
+                      const Progress& progress);
+  /// "" when the recorded launch equals what the registry renders for `m` now, else the first
+  /// difference with both argv+env hashes.
+  std::string launch_mismatch(const registry::ModelEntry& m, const state::LaunchRecord& rec) const;
+  /// The launch cgroup for a launch tag, when launch cgroups are available.
+  std::shared_ptr<EngineCgroup> open_cgroup(const std::string& tag) const;
 
   const registry::Registry& reg_;
   state::Store& store_;
   preflight::Readings& readings_;
   std::unique_ptr<GpuMemoryProbe> gpu_;
   SupervisorOptions opt_;
+  std::string cgroup_parent_;        // "" = no launch cgroups
+  std::string cgroup_unavailable_;   // why there are none (logged once, shown by status)
 
-  std::mutex op_mu_;  // serialises switch_to / stop / recover
+  std::mutex op_mu_;  // serialises switch / stop / recover
 
   mutable std::mutex mu_;  // guards everything below
   SlotState state_ = SlotState::stopped;
@@ -176,6 +299,7 @@ class Supervisor : public gateway::SlotControl {
   int64_t since_ms_ = 0;
   int64_t ready_ms_ = 0;
   std::string last_error_;
+  std::string last_exit_;            // describe_wait_status of the last engine exit, "" when unknown
   std::string refused_model_;        // SlotSnapshot::refused_model / refusal
   std::string refusal_;
   std::string switching_to_;
@@ -186,16 +310,23 @@ class Supervisor : public gateway::SlotControl {
   std::shared_ptr<LaunchLog> log_;
   state::LaunchRecord record_;       // the current launch (id 0 when none)
   std::shared_ptr<LeaseCounter> leases_ = std::make_shared<LeaseCounter>();
+  // liveness: per current launch
+  int64_t last_health_ms_ = 0;       // last health probe (epoch ms)
+  int64_t last_probe_ms_ = 0;        // last one-token completion probe (epoch ms)
+  std::vector<Unhealthy> unpublished_;  // report_unresponsive's, published by the liveness thread
+  std::map<std::string, std::vector<int64_t>> auto_restarts_;  // model → epoch ms of automatic restarts
 
-  // ensure_running queue
-  std::map<std::string, std::vector<std::function<void(bool, std::string)>>> waiting_;
-  std::deque<std::string> queue_;
+  // the switch queue
+  mutable std::mutex subs_mu_;       // guards every Job::subs; taken after mu_, never before it
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> current_;
   std::condition_variable queue_cv_;
 
   std::atomic<bool> abort_start_{false};  // set by stop(): a start in progress gives up
   bool shutting_down_ = false;
   std::condition_variable shutdown_cv_;
   std::thread monitor_;
+  std::thread liveness_;
   std::thread switcher_;
 };
 

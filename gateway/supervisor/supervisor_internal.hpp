@@ -30,4 +30,15 @@ inline void say(const Progress& p, const std::string& line) {
   if (p) p(line);
 }
 
+/// How the engine's leader ended, `when` ("during start", "after ready") in the sentence:
+/// "exited during start with status 7", "was killed by signal 9 (SIGKILL) after ready",
+/// "exited after ready" (status unknown: an adopted engine).
+inline std::string exit_phrase(const EngineProcess& e, const std::string& when) {
+  const std::string d = e.exit_description();
+  if (d.rfind("killed by", 0) == 0) return "was " + d + " " + when;
+  if (auto st = e.exit_status(); st && d.rfind("exited", 0) == 0)
+    return "exited " + when + " with status " + std::to_string(*st);
+  return "exited " + when + (d.empty() ? "" : " (" + d + ")");
+}
+
 }  // namespace servedeck::supervisor::detail

@@ -3,6 +3,7 @@
 // launch blocker left by processes that survived SIGKILL, and the /dev/shm reap.
 #include "gateway/supervisor/supervisor.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "gateway/supervisor/supervisor_internal.hpp"
@@ -28,19 +29,30 @@ std::string Supervisor::stop_engine(const std::string& why, bool drain, const Pr
     leases = leases_;
     state = state_;
     model = model_;
-    if (state_ == SlotState::ready) draining_ = true;
+    if (state_ == SlotState::ready || state_ == SlotState::unhealthy) draining_ = true;
   }
   const registry::ModelEntry* m = reg_.find_by_name(model);
   int drain_s = m ? m->drain_timeout_s : 30;
   int stop_s = m ? m->stop_timeout_s : 30;
   int vram_s = m ? m->vram_release_timeout_s : 60;
-  if (drain && state == SlotState::ready) {
-    std::unique_lock lk(leases->mu);
-    if (leases->count > 0) {
-      say(progress, "draining " + std::to_string(leases->count) + " in-flight request(s) on " + model + ", up to " +
+  if (drain && (state == SlotState::ready || state == SlotState::unhealthy)) {
+    // Progress lines are written with no lock held (a listener may take the queue's lock).
+    int in_flight = 0;
+    {
+      std::lock_guard lk(leases->mu);
+      in_flight = leases->count;
+    }
+    if (in_flight > 0) {
+      say(progress, "draining " + std::to_string(in_flight) + " in-flight request(s) on " + model + ", up to " +
                         std::to_string(drain_s) + " s");
-      if (!leases->cv.wait_for(lk, std::chrono::seconds(drain_s), [&] { return leases->count == 0; }))
-        say(progress, "drain timeout: " + std::to_string(leases->count) + " request(s) still in flight; stopping anyway");
+      bool drained = false;
+      {
+        std::unique_lock lk(leases->mu);
+        drained = leases->cv.wait_for(lk, std::chrono::seconds(drain_s), [&] { return leases->count == 0; });
+        in_flight = leases->count;
+      }
+      if (!drained)
+        say(progress, "drain timeout: " + std::to_string(in_flight) + " request(s) still in flight; stopping anyway");
       else
         say(progress, "drained");
     }
@@ -86,6 +98,7 @@ std::string Supervisor::stop_engine(const std::string& why, bool drain, const Pr
   state::LaunchRecord rec;
   {
     std::lock_guard lk(mu_);
+    if (engine && !engine->exit_description().empty()) last_exit_ = engine->exit_description();
     // A launch already recorded as failed/stopped keeps its state and why.
     if (record_.id && record_.state != "failed" && record_.state != "stopped") {
       record_.stop_ms = state::now_ms();
@@ -97,14 +110,15 @@ std::string Supervisor::stop_engine(const std::string& why, bool drain, const Pr
     if (failure.empty()) engine_.reset();
   }
   if (rec.id) store_.update_launch(rec);
-  store_.add_event("stop", model, {{"why", why}, {"sigkill", t.sigkill_sent}, {"failure", failure}});
+  record_event("stop", model, {{"why", why}, {"sigkill", t.sigkill_sent}, {"failure", failure}});
   if (!failure.empty()) {
     set_state(SlotState::failed, failure);
     say(progress, "stop failed: " + failure);
     return failure;
   }
   set_state(SlotState::stopped);
-  say(progress, "stopped " + model + (t.exit_status ? " (exit status " + std::to_string(*t.exit_status) + ")" : ""));
+  std::string ended = engine ? engine->exit_description() : "";
+  say(progress, "stopped " + model + (ended.empty() ? "" : " (" + ended + ")"));
   return "";
 }
 
@@ -127,35 +141,50 @@ std::string Supervisor::check_blocker() {
   return "";
 }
 
-ReapReport Supervisor::reap(const Progress& progress) {
+ReapReport Supervisor::reap(const std::vector<std::string>& models, const Progress& progress) {
+  // Only the slot's own models' globs: another model's buffers are not this slot's to free.
   std::vector<std::string> globs;
-  for (const auto& e : reg_.models) globs.insert(globs.end(), e.shm_globs.begin(), e.shm_globs.end());
+  std::vector<std::string> seen;
+  for (const auto& name : models) {
+    const registry::ModelEntry* e = reg_.find_by_name(name);
+    if (!e || std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    seen.push_back(name);
+    globs.insert(globs.end(), e->shm_globs.begin(), e->shm_globs.end());
+  }
+  if (globs.empty()) return {};
   ReapReport r = reap_shm(globs, opt_.shm_dir);
+  for (const auto& g : r.ignored_globs) say(progress, "shm: glob " + g + " ignored");
   if (!r.freed.empty() || !r.kept.empty() || !r.errors.empty()) {
     say(progress, "shm: " + r.summary());
     nlohmann::json freed = nlohmann::json::array();
     for (const auto& f : r.freed) freed.push_back({{"path", f.path}, {"bytes", f.bytes}});
     nlohmann::json kept = nlohmann::json::array();
     for (const auto& k : r.kept) kept.push_back({{"path", k.path}, {"bytes", k.bytes}, {"why", k.why}});
-    store_.add_event("reap", "", {{"freed_bytes", r.freed_bytes()}, {"freed", freed}, {"kept", kept}});
+    record_event("reap", "", {{"freed_bytes", r.freed_bytes()}, {"freed", freed}, {"kept", kept}});
   }
   return r;
 }
 
 OpResult Supervisor::stop(const std::string& why, const Progress& progress) {
-  auto t0 = Clock::now();
   abort_start_ = true;
   std::lock_guard op(op_mu_);
   abort_start_ = false;
+  return stop_locked(why, progress);
+}
+
+OpResult Supervisor::stop_locked(const std::string& why, const Progress& progress) {
+  auto t0 = Clock::now();
   std::string err;
   bool have_engine;
+  std::string model;
   {
     std::lock_guard lk(mu_);
     have_engine = engine_ != nullptr || (state_ != SlotState::stopped && state_ != SlotState::failed);
+    model = model_;
   }
   if (have_engine) err = stop_engine(why, true, progress);
   else say(progress, "no engine running");
-  reap(progress);
+  reap({model}, progress);
   if (err.empty()) {
     std::lock_guard lk(mu_);
     if (state_ == SlotState::failed) {  // a failed slot with nothing left becomes stopped

@@ -1,10 +1,10 @@
-// Supervisor: construction, status, leases, ensure_running's switch thread, the liveness monitor
-// and daemon-start recovery (adopt or reap).
+// Supervisor: construction, status, leases and the exit monitor (a ready engine that exits).
 #include <sys/stat.h>
 
 #include <chrono>
 
 #include "gateway/supervisor/supervisor.hpp"
+#include "gateway/supervisor/supervisor_internal.hpp"
 
 namespace servedeck::supervisor {
 
@@ -12,7 +12,18 @@ Supervisor::Supervisor(const registry::Registry& reg, state::Store& store, prefl
                        std::unique_ptr<GpuMemoryProbe> gpu, SupervisorOptions opt)
     : reg_(reg), store_(store), readings_(readings), gpu_(std::move(gpu)), opt_(std::move(opt)) {
   since_ms_ = state::now_ms();
+  if (!opt_.cgroup_parent) {
+    if (auto parent = EngineCgroup::default_parent(&cgroup_unavailable_)) cgroup_parent_ = *parent;
+  } else {
+    cgroup_parent_ = *opt_.cgroup_parent;
+    if (cgroup_parent_.empty()) cgroup_unavailable_ = "launch cgroups are turned off";
+  }
+  if (cgroup_parent_.empty())
+    log("engines run without a launch cgroup (" + cgroup_unavailable_ +
+        "); each launch's processes are found through its session and its " + k_launch_marker_var +
+        " marker, which a descendant that replaces its whole environment loses");
   monitor_ = std::thread([this] { monitor_loop(); });
+  liveness_ = std::thread([this] { liveness_loop(); });
   switcher_ = std::thread([this] { switch_loop(); });
 }
 
@@ -26,12 +37,10 @@ void Supervisor::begin_shutdown() {
 }
 
 Supervisor::~Supervisor() {
-  begin_shutdown();
+  begin_shutdown();  // the switch thread tells every queued caller
   if (switcher_.joinable()) switcher_.join();
+  if (liveness_.joinable()) liveness_.join();
   if (monitor_.joinable()) monitor_.join();
-  // Callers still waiting on ensure_running hear about the shutdown.
-  for (auto& [model, dones] : waiting_)
-    for (auto& d : dones) d(false, "the daemon is shutting down");
 }
 
 gateway::SlotSnapshot Supervisor::snapshot() const {
@@ -46,6 +55,7 @@ gateway::SlotSnapshot Supervisor::snapshot() const {
   s.since_ms = since_ms_;
   s.last_error = last_error_;
   s.switching_to = switching_to_;
+  s.draining = draining_ && (state_ == SlotState::ready || state_ == SlotState::unhealthy);
   s.refused_model = refused_model_;
   s.refusal = refusal_;
   {
@@ -60,198 +70,106 @@ gateway::Lease Supervisor::acquire(const std::string& model) {
   std::lock_guard lk(mu_);
   if (!m || state_ != SlotState::ready || draining_ || m->name != model_ || !engine_ || !engine_->running())
     return nullptr;
-  auto counter = leases_;
-  {
-    std::lock_guard ll(counter->mu);
-    ++counter->count;
-  }
-  // The deleter only touches the counter (shared), so a lease may safely outlive a switch.
-  return gateway::Lease(static_cast<void*>(counter.get()), [counter](void*) {
-    {
-      std::lock_guard ll(counter->mu);
-      --counter->count;
-    }
-    counter->cv.notify_all();
-  });
-}
-
-void Supervisor::ensure_running(const std::string& model, std::function<void(bool ok, std::string error)> done) {
-  const registry::ModelEntry* m = resolve(model);
-  if (!m) {
-    std::thread([done, model] { done(false, "unknown model '" + model + "'"); }).detach();
-    return;
-  }
-  std::lock_guard lk(mu_);
-  if (shutting_down_) {
-    std::thread([done] { done(false, "the daemon is shutting down"); }).detach();
-    return;
-  }
-  auto& list = waiting_[m->name];
-  list.push_back(std::move(done));
-  if (list.size() == 1) queue_.push_back(m->name);  // concurrent calls for one model share one switch
-  queue_cv_.notify_all();
-}
-
-void Supervisor::switch_loop() {
-  for (;;) {
-    std::string target;
-    {
-      std::unique_lock lk(mu_);
-      queue_cv_.wait(lk, [this] { return shutting_down_ || !queue_.empty(); });
-      if (shutting_down_) return;
-      target = queue_.front();
-      queue_.pop_front();
-    }
-    OpResult r = switch_for_request(target);
-    std::vector<std::function<void(bool, std::string)>> dones;
-    {
-      std::lock_guard lk(mu_);
-      dones = std::move(waiting_[target]);
-      waiting_.erase(target);
-    }
-    for (auto& d : dones) d(r.ok, r.error);
-  }
-}
-
-OpResult Supervisor::switch_for_request(const std::string& model, const Progress& progress) {
-  const registry::ModelEntry* target = resolve(model);
-  std::unique_lock lk(mu_);
-  if (target && state_ == SlotState::ready && model_ != target->name) {
-    if (const auto* running = reg_.find_by_name(model_); running && running->min_residency_s > 0) {
-      int64_t until = ready_ms_ + int64_t{running->min_residency_s} * 1000;
-      int64_t wait_ms = until - state::now_ms();
-      if (wait_ms > 0) {
-        if (progress)
-          progress("waiting " + std::to_string(wait_ms) + " ms: " + model_ + " has min_residency_s = " +
-                   std::to_string(running->min_residency_s));
-        shutdown_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [this] { return shutting_down_; });
-        if (shutting_down_) return {false, "the daemon is shutting down", 0};
-      }
-    }
-  }
-  lk.unlock();
-  return switch_to(model, progress);
+  return make_lease_locked();
 }
 
 void Supervisor::monitor_loop() {
-  std::unique_lock lk(mu_);
-  while (!shutting_down_) {
-    shutdown_cv_.wait_for(lk, std::chrono::milliseconds(opt_.poll_ms), [this] { return shutting_down_; });
-    if (shutting_down_) return;
-    // While starting, wait_ready() bounds the log (a LaunchLog has one user at a time).
-    if (state_ == SlotState::ready && log_) log_->enforce_bound();
-    if (state_ != SlotState::ready || !engine_ || engine_->running()) continue;
-    // Liveness: the ready engine exited on its own.
-    auto engine = engine_;
-    auto st = engine->exit_status();
-    std::string why = "engine " + model_ + " (pid " + std::to_string(engine->pid()) + ") exited after ready" +
-                      (st ? " with status " + std::to_string(*st) : std::string());
-    std::string tail = log_ ? tail_lines(log_->path(), opt_.log_tail_lines) : "";
-    record_.state = "failed";
-    record_.why = why;
-    record_.stop_ms = state::now_ms();
-    record_.exit_status = st;
-    auto rec = record_;
-    auto model = model_;
-    state_ = SlotState::failed;
-    since_ms_ = state::now_ms();
-    last_error_ = why + (tail.empty() ? "" : "\n--- engine log tail ---\n" + tail);
-    lk.unlock();
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      shutdown_cv_.wait_for(lk, std::chrono::milliseconds(opt_.poll_ms), [this] { return shutting_down_; });
+      if (shutting_down_) return;
+    }
     try {
-      store_.update_launch(rec);
-      store_.add_event("error", model, {{"launch", rec.id}, {"why", why}});
-    } catch (const std::exception&) {
+      monitor_tick();
+    } catch (const std::exception& e) {
+      log("monitor: " + utf8_excerpt(e.what()) + " (the monitor keeps running)");
+      std::unique_lock lk(mu_);
+      shutdown_cv_.wait_for(lk, std::chrono::seconds(1), [this] { return shutting_down_; });
     }
-    // Whatever the engine left in its session (workers) dies with it, unless an operation is
-    // already running (it does the same).
-    if (op_mu_.try_lock()) {
-      terminate(*engine, std::chrono::seconds(2), std::chrono::milliseconds(opt_.kill_wait_ms));
-      op_mu_.unlock();
-    }
-    lk.lock();
   }
 }
 
-void Supervisor::recover(const Progress& progress) {
-  std::lock_guard op(op_mu_);
-  auto say = [&](const std::string& s) {
-    if (progress) progress(s);
-  };
-  auto launches = store_.unfinished_launches();
-  bool adopted = false;
-  for (auto it = launches.rbegin(); it != launches.rend(); ++it) {
-    state::LaunchRecord rec = *it;
-    const registry::ModelEntry* m = reg_.find_by_name(rec.model);
-    auto engine = rec.pid > 0 ? EngineProcess::adopt(rec.pid, static_cast<uint64_t>(rec.pid_start_time)) : nullptr;
-    if (engine && m && !adopted) {
-      say("adopting " + rec.model + " (launch " + std::to_string(rec.id) + ", pid " + std::to_string(rec.pid) + ")");
-      auto log = std::make_shared<LaunchLog>(rec.log_path, reg_.server.log_max_bytes);
-      {
-        std::lock_guard lk(mu_);
-        engine_ = engine;
-        log_ = log;
-        record_ = rec;
-        model_ = rec.model;
-        host_ = m->host;
-        port_ = rec.port;
-      }
-      set_state(SlotState::starting);
-      std::string why = wait_ready(*m, *engine, *log, rec.port, progress);
-      if (why.empty()) {
-        adopted = true;
-        {
-          std::lock_guard lk(mu_);
-          record_.state = "ready";
-          if (!record_.ready_ms) record_.ready_ms = state::now_ms();
-          rec = record_;
-        }
-        store_.update_launch(rec);
-        set_state(SlotState::ready);
-        store_.add_event("adopt", rec.model, {{"launch", rec.id}, {"pid", rec.pid}});
-        say("adopted " + rec.model + ": ready");
-      } else {
-        fail_start(*m, "adopted engine not ready: " + why, progress);
-      }
-      continue;
-    }
-    // Not adoptable: kill what is left of its session, mark it ended.
-    std::string why;
-    if (engine) {
-      why = m ? "a newer launch was adopted" : "model '" + rec.model + "' is no longer in the registry";
-      auto t = terminate(*engine, std::chrono::seconds(m ? m->stop_timeout_s : 10),
-                         std::chrono::milliseconds(opt_.kill_wait_ms), progress);
-      rec.exit_status = t.exit_status;
-    } else if (auto st = read_proc_stat(rec.pid); !st || st->start_time == static_cast<uint64_t>(rec.pid_start_time)) {
-      // Gone, or a zombie of the same process: what is left of its group/session dies.
-      auto t = terminate_orphans(rec.pid, std::chrono::seconds(m ? m->stop_timeout_s : 10),
-                                 std::chrono::milliseconds(opt_.kill_wait_ms));
-      why = "engine pid " + std::to_string(rec.pid) + " gone at daemon start";
-      if (!t.pids_seen.empty())
-        why += "; killed " + std::to_string(t.pids_seen.size()) + " leftover process(es) of its session";
-    } else {
-      // The pid exists with another start time: reused by an unrelated process. The kernel does
-      // not reuse a pid while it names a live group or session, so nothing of the engine is left.
-      why = "engine pid " + std::to_string(rec.pid) + " gone at daemon start (pid now reused)";
-    }
-    rec.state = "stopped";
-    rec.why = why;
-    if (!rec.stop_ms) rec.stop_ms = state::now_ms();
-    store_.update_launch(rec);
-    store_.add_event("reap", rec.model, {{"launch", rec.id}, {"why", why}});
-    say("reaped launch " + std::to_string(rec.id) + " of " + rec.model + ": " + why);
+void Supervisor::monitor_tick() {
+  std::shared_ptr<EngineProcess> engine;
+  std::shared_ptr<LaunchLog> launch_log;
+  {
+    std::lock_guard lk(mu_);
+    if ((state_ != SlotState::ready && state_ != SlotState::unhealthy) || !engine_) return;
+    engine = engine_;
+    launch_log = log_;
   }
-  reap(progress);
+  // File I/O outside the supervisor's mutex: a copy-truncate of a 64 MiB log must not hold up
+  // snapshot() and every request's acquire(). (While starting, wait_ready() bounds the log.)
+  if (launch_log) launch_log->enforce_bound();
+  if (engine->running()) return;
+  // Liveness: the engine exited on its own.
+  const std::string ended = detail::exit_phrase(*engine, "after ready");
+  const std::string tail = launch_log ? utf8_excerpt(tail_lines(launch_log->path(), opt_.log_tail_lines)) : "";
+  state::LaunchRecord rec;
+  std::string model, why;
+  {
+    std::lock_guard lk(mu_);
+    if (engine_ != engine || (state_ != SlotState::ready && state_ != SlotState::unhealthy)) return;
+    why = "engine " + model_ + " (pid " + std::to_string(engine->pid()) + ") " + ended;
+    record_.state = "failed";
+    record_.why = why;
+    record_.stop_ms = state::now_ms();
+    record_.exit_status = engine->exit_status();
+    rec = record_;
+    model = model_;
+    state_ = SlotState::failed;
+    since_ms_ = state::now_ms();
+    draining_ = false;
+    last_exit_ = engine->exit_description();
+    last_error_ = why + (tail.empty() ? "" : "\n--- engine log tail ---\n" + tail);
+  }
+  log(why);
+  try {
+    store_.update_launch(rec);
+  } catch (const std::exception& e) {
+    log("could not record launch " + std::to_string(rec.id) + " as failed: " + utf8_excerpt(e.what()));
+  }
+  record_event("error", model, {{"launch", rec.id}, {"why", why}});
+  // Whatever the engine left of its launch dies with it, unless an operation is already running
+  // (it does the same); then the slot lets go of the dead engine.
+  if (!op_mu_.try_lock()) return;
+  std::lock_guard op(op_mu_, std::adopt_lock);
+  auto t = terminate(*engine, std::chrono::seconds(2), std::chrono::milliseconds(opt_.kill_wait_ms));
+  std::shared_ptr<Job> restart;
+  {
+    std::lock_guard lk(mu_);
+    if (engine_ == engine) {
+      if (t.clean()) {
+        engine_.reset();
+      } else {
+        blocker_ = "engine " + model + " exited and left processes that survived SIGKILL: " + t.describe_survivors();
+        blocker_pids_.clear();
+        for (const auto& sv : t.survivors) blocker_pids_.push_back(sv.stat.pid);
+      }
+    }
+    if (state_ == SlotState::failed && model_ == model) {
+      std::string not_restarted;
+      restart = maybe_restart_locked(model, &not_restarted);
+      if (!not_restarted.empty()) last_error_ += "\n" + not_restarted;
+    }
+  }
+  if (restart) {
+    log("restart_on_failure: restarting " + model);
+    submit(restart);
+  }
 }
 
 nlohmann::json Supervisor::status_json() const {
   auto s = snapshot();
   std::shared_ptr<EngineProcess> engine;
   int64_t ready_ms = 0;
-  std::string log_path, blocker;
+  std::string log_path, blocker, last_exit;
   state::LaunchRecord rec;
   {
     std::lock_guard lk(mu_);
     engine = engine_;
+    last_exit = last_exit_;
     ready_ms = ready_ms_;
     log_path = log_ ? log_->path() : record_.log_path;
     blocker = blocker_;
@@ -259,7 +177,8 @@ nlohmann::json Supervisor::status_json() const {
   }
   // Live: an engine of this slot is up (or being started/stopped). A failed or stopped slot has
   // no live pid, port, uptime or memory; its last launch's pid/port/exit status are "last_*".
-  const bool live = s.state == SlotState::ready || s.state == SlotState::starting || s.state == SlotState::stopping;
+  const bool live = s.state == SlotState::ready || s.state == SlotState::unhealthy || s.state == SlotState::starting ||
+                    s.state == SlotState::stopping;
   nlohmann::json j;
   j["slot"] = "main";
   j["state"] = std::string(gateway::to_string(s.state));
@@ -278,7 +197,13 @@ nlohmann::json Supervisor::status_json() const {
   j["last_pid"] = rec.pid;
   j["last_port"] = rec.port;
   j["exit_status"] = rec.exit_status ? nlohmann::json(*rec.exit_status) : nlohmann::json(nullptr);
-  if (s.state == SlotState::ready)
+  // How the last engine ended: "killed by signal 9 (SIGKILL)", "exited with status 1".
+  j["exit_reason"] = last_exit.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_exit);
+  j["draining"] = s.draining;
+  j["cgroup"] = engine && engine->identity().cgroup ? nlohmann::json(engine->identity().cgroup->path())
+                                                    : nlohmann::json(nullptr);
+  if (cgroup_parent_.empty()) j["cgroup_unavailable"] = cgroup_unavailable_;
+  if (s.state == SlotState::ready || s.state == SlotState::unhealthy)
     j["uptime_s"] = (state::now_ms() - ready_ms) / 1000.0;
   else if (live)
     j["uptime_s"] = 0.0;

@@ -3,10 +3,13 @@
 // preflight uses. The real library is exercised on the GPU machine (docs/preflight.md).
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "preflight/nvml.hpp"
 #include "preflight/preflight.hpp"
@@ -66,4 +69,30 @@ TEST_CASE("a library that cannot be loaded is a clear 'no GPU', not a crash") {
   CHECK_FALSE(r->gpu_total_gib(0).has_value());
   CHECK(r->gpu_error().find("no GPU") == 0);
   CHECK(r->gpu_processes(0).empty());
+}
+
+TEST_CASE("system readings used from several threads: NVML is initialised once and called one at a time") {
+  // The supervisor's switch thread (preflight, the VRAM wait), status calls on the blocking pool
+  // and admin preflights all read the one Readings object of the daemon.
+  void* lib = ::dlopen(FAKE_NVML_PATH, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(lib);
+  auto inits = reinterpret_cast<int (*)()>(::dlsym(lib, "fake_nvml_inits"));
+  auto in_flight_max = reinterpret_cast<int (*)()>(::dlsym(lib, "fake_nvml_calls_in_flight_max"));
+  const bool found = inits && in_flight_max;
+  REQUIRE(found);
+  const int inits_before = inits();
+  auto r = system_readings(FAKE_NVML_PATH);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&r] {
+      for (int i = 0; i < 10; ++i) {
+        CHECK(r->gpu_total_gib(0) == doctest::Approx(96.0));
+        CHECK(r->gpu_processes(0).size() == 3);
+        (void)r->gpu_error();
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(inits() - inits_before == 1);
+  CHECK(in_flight_max() == 1);
+  ::dlclose(lib);
 }

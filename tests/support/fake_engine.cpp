@@ -11,11 +11,18 @@
 //   --exit-after-ready-ms N  exit (code 3) N ms after listening (liveness after ready)
 //   --ignore-sigterm         SIGTERM is ignored (the group must be SIGKILLed)
 //   --fork-grandchild MODE   fork a child that keeps running: MODE "session" (same group and
-//                            session) or "setpgid" (moves into its own group, same session)
+//                            session), "setpgid" (moves into its own group, same session) or
+//                            "setsid" (forked after listening: leaves the session with setsid()
+//                            and keeps the listening socket, so it holds the port)
 //   --grandchild-pid-file P  write the grandchild's pid to P
 //   --hold-shm PATH          create PATH (--hold-shm-bytes, default 1 MiB), mmap it shared, close the
 //                            fd and keep the mapping for life
 //   --health-ok-but-completions-fail   /health 200, every completion 500 (G26)
+//   --completions-fail-utf8-edge       every completion 500 with a body whose byte 300 (where a
+//                                      probe's excerpt ends) is inside a two-byte UTF-8 character
+//   --completions-hang-after-ms N      N ms after listening, completions are accepted and never
+//                                      answered (health stays 200): a wedged engine
+//   --health-hang-after-ms N           N ms after listening, /health is never answered
 //   --chunks N               content chunks per stream (default 5)
 //   --stream-delay-ms N      delay between stream chunks (default 20)
 //   --script-dir DIR         a completion whose last user message is "script:NAME" is answered
@@ -44,6 +51,8 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <mutex>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +83,9 @@ struct Options {
   std::string hold_shm;
   long hold_shm_bytes = 1 << 20;
   bool completions_fail = false;
+  bool completions_fail_utf8_edge = false;
+  int completions_hang_after_ms = -1;
+  int health_hang_after_ms = -1;
   int chunks = 5;
   int stream_delay_ms = 20;
   std::string script_dir;
@@ -113,6 +125,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--hold-shm") o.hold_shm = value();
     else if (a == "--hold-shm-bytes") o.hold_shm_bytes = std::atol(value().c_str());
     else if (a == "--health-ok-but-completions-fail") o.completions_fail = true;
+    else if (a == "--completions-fail-utf8-edge") o.completions_fail_utf8_edge = true;
+    else if (a == "--completions-hang-after-ms") o.completions_hang_after_ms = std::atoi(value().c_str());
+    else if (a == "--health-hang-after-ms") o.health_hang_after_ms = std::atoi(value().c_str());
     else if (a == "--chunks") o.chunks = std::atoi(value().c_str());
     else if (a == "--stream-delay-ms") o.stream_delay_ms = std::atoi(value().c_str());
     else if (a == "--script-dir") o.script_dir = value();
@@ -120,8 +135,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--health-fail-file") o.health_fail_file = value();
     else usage("unknown option " + a);
   }
-  if (o.fork_grandchild != "" && o.fork_grandchild != "session" && o.fork_grandchild != "setpgid")
-    usage("--fork-grandchild expects session or setpgid, got " + o.fork_grandchild);
+  if (o.fork_grandchild != "" && o.fork_grandchild != "session" && o.fork_grandchild != "setpgid" &&
+      o.fork_grandchild != "setsid")
+    usage("--fork-grandchild expects session, setpgid or setsid, got " + o.fork_grandchild);
   return o;
 }
 
@@ -129,8 +145,10 @@ void fork_grandchild(const Options& o) {
   pid_t pid = fork();
   if (pid < 0) usage(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
+    // Only async-signal-safe calls: in setsid mode the parent already runs server threads.
     if (o.fork_grandchild == "setpgid") setpgid(0, 0);
-    for (;;) pause();  // keeps running; default SIGTERM/SIGKILL dispositions
+    if (o.fork_grandchild == "setsid") setsid();  // a new session: out of the engine's session and group
+    for (;;) pause();  // keeps running (and, in setsid mode, holding the listening socket)
   }
   if (o.fork_grandchild == "setpgid") setpgid(pid, pid);  // also from the parent: no race with the check
   if (!o.grandchild_pid_file.empty()) {
@@ -303,7 +321,7 @@ int main(int argc, char** argv) {
   }
   say("starting: served_name " + o.served_name + ", port " + std::to_string(o.port));
   if (!o.hold_shm.empty()) hold_shm(o);
-  if (!o.fork_grandchild.empty()) fork_grandchild(o);  // before any thread exists
+  if (!o.fork_grandchild.empty() && o.fork_grandchild != "setsid") fork_grandchild(o);  // before any thread exists
 
   auto t0 = std::chrono::steady_clock::now();
   int shard = 0;
@@ -323,9 +341,23 @@ int main(int argc, char** argv) {
   so.threads = 2;
   so.blocking_threads = 8;
   servedeck::http::Server* server_ptr = nullptr;
-  servedeck::http::Server server(so, [&o, &server_ptr](servedeck::http::Request req,
-                                                       std::shared_ptr<servedeck::http::Responder> res) {
+  std::atomic<int64_t> listening_ms{0};
+  auto after = [&listening_ms](int ms) {
+    return ms >= 0 && listening_ms.load() > 0 &&
+           std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                       .count() - listening_ms.load() >= ms;
+  };
+  // Requests a wedged engine never answers: their responders are kept here, unanswered, for life.
+  std::mutex wedged_mu;
+  std::vector<std::shared_ptr<servedeck::http::Responder>> wedged;
+  servedeck::http::Server server(so, [&o, &server_ptr, &after, &wedged_mu, &wedged](
+                                         servedeck::http::Request req, std::shared_ptr<servedeck::http::Responder> res) {
+    auto hang = [&] {
+      std::lock_guard lk(wedged_mu);
+      wedged.push_back(res);
+    };
     if (req.method == "GET" && req.path == "/health") {
+      if (after(o.health_hang_after_ms)) return hang();
       if (!o.health_fail_file.empty() && access(o.health_fail_file.c_str(), F_OK) == 0)
         servedeck::http::send_error(*res, 503, "loading (simulated)", "server_error", "loading", true);
       else
@@ -340,6 +372,13 @@ int main(int argc, char** argv) {
     }
     bool chat = req.path == "/v1/chat/completions";
     if (req.method == "POST" && (chat || req.path == "/v1/completions")) {
+      if (after(o.completions_hang_after_ms)) return hang();
+      if (o.completions_fail_utf8_edge) {
+        // 299 ASCII bytes, then "é" (C3 A9) at bytes 299-300: a 300-byte cut splits it.
+        std::string body = std::string(299, 'x') + "\xC3\xA9 CUDA error: out of memory (simulated)";
+        res->send(500, "text/plain", body);
+        return;
+      }
       if (o.completions_fail) {
         servedeck::http::send_error(*res, 500, "CUDA error: out of memory (simulated)", "server_error",
                                     "internal_error", true);
@@ -371,7 +410,10 @@ int main(int argc, char** argv) {
   });
   server_ptr = &server;
   server.start();
+  listening_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now().time_since_epoch()).count();
   say("listening on " + o.host + ":" + std::to_string(server.port()));
+  if (o.fork_grandchild == "setsid") fork_grandchild(o);  // inherits the listening socket
   if (o.exit_after_ready_ms >= 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(o.exit_after_ready_ms));
     say("exiting on purpose (--exit-after-ready-ms)");

@@ -162,28 +162,45 @@ class FakeSlotControl : public gateway::SlotControl {
   }
   gateway::Lease acquire(const std::string& model) override {
     std::lock_guard lk(mu_);
-    if (snap_.state != gateway::SlotState::ready || snap_.model != model) return nullptr;
+    if (snap_.state != gateway::SlotState::ready || snap_.model != model || snap_.draining) return nullptr;
     ++leases_;
     return gateway::Lease(new int(0), [this](void* p) {
       delete static_cast<int*>(p);
       --leases_;
     });
   }
-  void ensure_running(const std::string& model, std::function<void(bool, std::string)> done) override {
+  void ensure_running(const std::string& model, std::function<void(gateway::Lease, std::string)> done) override {
     ++ensure_calls_;
     std::lock_guard lk(mu_);
     int delay = switch_delay_ms;
     bool ok = switch_ok;
     threads_.emplace_back([this, model, done, delay, ok] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      gateway::Lease lease;
       if (ok) {
-        std::lock_guard lk2(mu_);
-        snap_.model = model;
-        snap_.state = gateway::SlotState::ready;
-        ++starts_;
+        {
+          std::lock_guard lk2(mu_);
+          snap_.model = model;
+          snap_.state = gateway::SlotState::ready;
+          ++starts_;
+        }
+        lease = acquire(model);  // as the supervisor does: taken the moment the slot is ready
       }
-      done(ok, ok ? "" : "preflight refused: host RAM 100 GiB < 155 GiB");
+      done(lease, ok ? "" : "preflight refused: host RAM 100 GiB < 155 GiB");
     });
+  }
+  void report_unresponsive(const std::string& model, int port, const std::string& why) override {
+    std::lock_guard lk(mu_);
+    unresponsive_.push_back(model + " " + std::to_string(port) + ": " + why);
+  }
+  std::vector<std::string> unresponsive() const {
+    std::lock_guard lk(mu_);
+    return unresponsive_;
+  }
+  void set_draining(bool draining, std::string switching_to) {
+    std::lock_guard lk(mu_);
+    snap_.draining = draining;
+    snap_.switching_to = std::move(switching_to);
   }
   void set_state(gateway::SlotState s, std::string model) {
     std::lock_guard lk(mu_);
@@ -213,6 +230,7 @@ class FakeSlotControl : public gateway::SlotControl {
   mutable std::mutex mu_;
   gateway::SlotSnapshot snap_;
   std::vector<std::thread> threads_;
+  std::vector<std::string> unresponsive_;
   std::atomic<int> ensure_calls_{0};
   std::atomic<int> starts_{0};
   std::atomic<int> leases_{0};

@@ -12,12 +12,13 @@ using namespace servedeck::supervisor;
 using namespace std::chrono_literals;
 
 namespace {
-std::shared_ptr<EngineProcess> start_fake(const std::string& dir, std::vector<std::string> args, int& log_fd) {
+std::shared_ptr<EngineProcess> start_fake(const std::string& dir, std::vector<std::string> args, int& log_fd,
+                                          const std::string& tag = "") {
   log_fd = ::open((dir + "/engine.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   REQUIRE(log_fd >= 0);
   std::vector<std::string> argv{sdtest::fake_engine(), "--port", "0"};
   argv.insert(argv.end(), args.begin(), args.end());
-  return EngineProcess::spawn({sdtest::fake_engine(), argv, {{"SD_TEST_VAR", "1"}}, log_fd});
+  return EngineProcess::spawn({sdtest::fake_engine(), argv, {{"SD_TEST_VAR", "1"}}, log_fd, tag, nullptr});
 }
 
 bool log_contains(const std::string& dir, const std::string& needle, int timeout_ms = 5000) {
@@ -132,11 +133,12 @@ TEST_CASE("process group: a grandchild in the same group, and one that called se
   }
 }
 
-TEST_CASE("process group: adopt checks pid AND start time; orphans of a dead leader are killed") {
+TEST_CASE("process group: adopt checks pid AND start time; orphans of a dead leader are killed by their marker") {
   auto dir = sdtest::temp_dir("pg");
   int fd = -1;
   std::string pid_file = dir + "/grandchild.pid";
-  auto e = start_fake(dir, {"--fork-grandchild", "setpgid", "--grandchild-pid-file", pid_file}, fd);
+  const std::string tag = launch_tag(dir, 7);
+  auto e = start_fake(dir, {"--fork-grandchild", "setpgid", "--grandchild-pid-file", pid_file}, fd, tag);
   sdtest::KillOnExit guard{e};
   int64_t gc = sdtest::read_pid_file(pid_file);
   REQUIRE(gc > 0);
@@ -152,7 +154,9 @@ TEST_CASE("process group: adopt checks pid AND start time; orphans of a dead lea
   CHECK(adopted->wait_exit(3s));
   CHECK_FALSE(adopted->exit_status().has_value());  // not our child: status unknown
   REQUIRE(sdtest::alive(gc));
-  auto r = terminate_orphans(e->pid(), 2s, 2s);
+  CHECK(has_launch_marker(gc, tag));
+  EngineIdentity id{e->pid(), e->start_time(), tag, nullptr};
+  auto r = terminate_orphans(id, 2s, 2s);
   CHECK(r.clean());
   CHECK_FALSE(sdtest::alive(gc));
   ::close(fd);

@@ -60,7 +60,8 @@ TEST_CASE("shm reaper: unlinks only unheld files matching the globs, and only on
   CHECK(r.freed_bytes() == r.freed[0].bytes);
   CHECK(has(r.kept, mapped, "mapped by pid " + std::to_string(engine->pid())));
   CHECK(has(r.kept, open_fd, "open in pid " + std::to_string(getpid())));
-  CHECK(r.ignored_globs == std::vector<std::string>{"/var/tmp/not-shm-*"});
+  REQUIRE(r.ignored_globs.size() == 1);
+  CHECK(r.ignored_globs[0].rfind("/var/tmp/not-shm-* (not a file directly in", 0) == 0);
   CHECK(fs::exists(mapped));
   CHECK(fs::exists(open_fd));
   CHECK_FALSE(fs::exists(loose));
@@ -102,7 +103,7 @@ TEST_CASE("shm reaper: bare name patterns and an unreadable directory") {
   auto r = reap_shm({"flashnext-kv-*", "sub/dir-*"}, shm);
   CHECK(r.freed.size() == 1);
   CHECK(r.ignored_globs.size() == 1);
-  auto missing = reap_shm({"x-*"}, shm + "/nope");
+  auto missing = reap_shm({"xyz-*"}, shm + "/nope");
   REQUIRE(missing.errors.size() == 1);
   CHECK(missing.errors[0].find(shm + "/nope") != std::string::npos);
   fs::remove_all(shm);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct Fixture {
   std::atomic<bool> refuse_preflight{false};
   bool fake_gpu = false;  // make(): FakeGpuProbe instead of NoGpuProbe
   bool real_preflight = false;  // make(): preflight::run_preflight on `readings` instead of the one-row fake
+  /// make(): SupervisorOptions::cgroup_parent (nullopt: the daemon's default; "": no launch cgroups).
+  std::optional<std::string> cgroup_parent;
+  Lines daemon_log;             // SupervisorOptions::log
   std::shared_ptr<std::atomic<int64_t>> gpu_held_until = std::make_shared<std::atomic<int64_t>>(0);
 
   Fixture() {
@@ -126,6 +130,8 @@ struct Fixture {
     opt.shm_dir = shm_dir;
     opt.poll_ms = 50;
     opt.kill_wait_ms = 3000;
+    opt.cgroup_parent = cgroup_parent;
+    opt.log = daemon_log.sink();
     if (!real_preflight) opt.preflight = [this](const servedeck::registry::ModelEntry& m, int port) {
       servedeck::preflight::Report r;
       r.model = m.name;

@@ -291,8 +291,8 @@ TEST_CASE("supervisor: concurrent ensure_running calls share one switch") {
   auto& sup = f.make();
   std::atomic<int> oks{0}, calls{0};
   for (int i = 0; i < 3; ++i)
-    sup.ensure_running("a", [&](bool ok, std::string) {
-      oks += ok;
+    sup.ensure_running("a", [&](gateway::Lease lease, std::string) {
+      oks += lease != nullptr;  // each caller gets its own lease on the one launch
       ++calls;
     });
   REQUIRE(sdtest::wait_for([&] { return calls == 3; }, 10000));
@@ -402,8 +402,8 @@ TEST_CASE("supervisor: G28 a request-triggered switch waits out the running mode
   REQUIRE(sup.switch_to("a").ok);
   int64_t a_ready = f.store->latest_launch()->ready_ms;
   std::atomic<bool> done{false}, ok{false};
-  sup.ensure_running("b", [&](bool good, std::string) {
-    ok = good;
+  sup.ensure_running("b", [&](gateway::Lease lease, std::string) {
+    ok = lease != nullptr;
     done = true;
   });
   REQUIRE(sdtest::wait_for([&] { return done.load(); }, 10000));
