@@ -40,12 +40,20 @@ struct Joined {
   }
 };
 
+/// The admin token the daemon with state directory `state` wrote ("" before it did).
+std::string admin_token(const std::string& state) {
+  std::string t;
+  std::ifstream(state + "/admin.token") >> t;
+  return t;
+}
+
 /// /admin/status as JSON (null when the daemon does not answer in time).
-nlohmann::json status_of(int port, int timeout_ms = 2000) {
+nlohmann::json status_of(int port, const std::string& state, int timeout_ms = 2000) {
   try {
     http::ClientRequest r;
     r.port = port;
     r.target = "/admin/status";
+    r.headers = {{"Authorization", "Bearer " + admin_token(state)}};
     r.timeout_ms = timeout_ms;
     return nlohmann::json::parse(http::fetch(r).body, nullptr, false);
   } catch (const std::exception&) {
@@ -104,6 +112,7 @@ struct Daemon {
     r.target = target;
     r.body = body;
     r.timeout_ms = timeout_ms;
+    if (target.rfind("/admin/", 0) == 0) r.headers = {{"Authorization", "Bearer " + admin_token(state)}};
     return http::fetch(r);
   }
   void sql(const std::string& statement) const {
@@ -163,12 +172,12 @@ TEST_CASE("daemon: status answers at once while switches queue behind a slow loa
     });
   // Six switches are waiting now; the load takes 3 s.
   REQUIRE(sdtest::wait_for([&] {
-    auto s = status_of(d.port);
+    auto s = status_of(d.port, d.state);
     return s.is_object() && s["state"] == "starting";
   }, 10000));
   for (int i = 0; i < 3; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    auto s = status_of(d.port, 1500);
+    auto s = status_of(d.port, d.state, 1500);
     CHECK(std::chrono::steady_clock::now() - t0 < 1000ms);
     CHECK(s.is_object());
     if (s.is_object()) CHECK(s["state"] == "starting");
@@ -226,7 +235,7 @@ TEST_CASE("daemon: an engine killed by a signal is reported by that signal, not 
   REQUIRE(pid > 0);
   ::kill(static_cast<pid_t>(pid), SIGKILL);
   REQUIRE(sdtest::wait_for([&] {
-    auto s = status_of(d.port);
+    auto s = status_of(d.port, d.state);
     return s.is_object() && s["state"] == "failed";
   }, 10000));
   auto human = run_cli(d.flags() + "status");
