@@ -337,6 +337,45 @@ TEST_CASE("hostile: a client that disconnects mid-stream is recorded once and th
   CHECK(d.metric("servedeck_requests_total{model=\"h\",status=\"200\"}") == 1);  // the warm-up is no client request
 }
 
+// --- the Anthropic Messages routes -----------------------------------------------------------
+
+namespace {
+
+/// An Anthropic error envelope {"type":"error","error":{"type":TYPE,"message"}} with `status`.
+void check_anthropic_error(const servedeck::http::ClientResponse& r, int status, const std::string& type) {
+  CAPTURE(r.body.substr(0, 300));
+  CHECK(r.status == status);
+  json j = json::parse(r.body, nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["type"] == "error");
+  CHECK(j["error"]["type"] == type);
+  CHECK(j["error"]["message"].is_string());
+}
+
+}  // namespace
+
+TEST_CASE("hostile: an empty or missing model on the Messages routes") {
+  Daemon d(hostile());
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const std::string path : {"/v1/messages/count_tokens", "/v1/messages"}) {
+    CAPTURE(path);
+    // An empty string names no configured model: Anthropic's not_found_error, like any unknown id.
+    servedeck::http::ClientResponse empty;
+    try {
+      empty = d.post(path, json{{"model", ""}, {"max_tokens", 8}, {"messages", msgs}}.dump(), 10000);
+    } catch (const std::exception& e) {
+      empty.body = std::string("no answer (the daemon died?): ") + e.what();
+    }
+    check_anthropic_error(empty, 404, "not_found_error");
+    REQUIRE_MESSAGE(d.alive(), d.log());
+    check_anthropic_error(d.post(path, json{{"max_tokens", 8}, {"messages", msgs}}.dump()), 400, "invalid_request_error");
+    check_anthropic_error(d.post(path, json{{"model", 7}, {"max_tokens", 8}, {"messages", msgs}}.dump()), 400,
+                          "invalid_request_error");
+    REQUIRE_MESSAGE(d.alive(), d.log());
+  }
+  d.check_still_serving("h-served");
+}
+
 // --- engine output ----------------------------------------------------------------------------
 
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {
