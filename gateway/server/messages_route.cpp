@@ -2,8 +2,6 @@
 
 #include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
 
-#include <iostream>
-
 #include <boost/asio.hpp>
 
 #include "common/json_limits.hpp"
@@ -11,6 +9,7 @@
 #include "gateway/anthropic/request_translator.hpp"
 #include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/request_body.hpp"
+#include "gateway/server/request_notes.hpp"
 #include "gateway/server/usage_estimate.hpp"
 #ifdef SERVEDECK_HAVE_POLICIES
 #include "policies/pipeline.hpp"
@@ -71,7 +70,7 @@ std::optional<Prepared> prepare(const MessagesRoutes& routes, const http::Reques
     local(400, err->message, "invalid_messages_request");
     return std::nullopt;
   }
-  for (const auto& w : p.translated->warnings) std::cerr << "servedeck: /v1/messages (" << p.id << "): " << w << "\n";
+  log_request_notes("/v1/messages", p.id, p.translated->warnings);
   return p;
 }
 

@@ -376,6 +376,42 @@ TEST_CASE("hostile: an empty or missing model on the Messages routes") {
   d.check_still_serving("h-served");
 }
 
+TEST_CASE("hostile: what the bridges drop is logged bounded, and a client cannot forge log lines") {
+  Daemon d(hostile());
+  d.script("noted", body_script({{"content", "ok"}}));
+  const std::string forged = "FORGED servedeck: stopped";
+  // Thousands of blocks and items of unknown types, each type carrying a line break and a fake
+  // log line: every one is a dropped-with-a-note item.
+  json blocks = json::array();
+  json items = json::array();
+  for (int i = 0; i < 5000; ++i) {
+    blocks.push_back({{"type", "x\n" + forged}});
+    items.push_back({{"type", "y\r\n" + forged}});
+  }
+  blocks.push_back({{"type", "text"}, {"text", "script:noted"}});
+  items.push_back({{"type", "message"}, {"role", "user"}, {"content", "script:noted"}});
+  const auto before = fs::file_size(d.dir() + "/daemon.log");
+  auto m = d.post("/v1/messages",
+                  json{{"model", "h-served"}, {"max_tokens", 8}, {"messages", {{{"role", "user"}, {"content", blocks}}}}}.dump());
+  CHECK(m.status == 200);
+  auto r = d.post("/v1/responses", json{{"model", "h-served"}, {"input", items}}.dump());
+  CHECK(r.status == 200);
+  std::ifstream in(d.dir() + "/daemon.log");
+  in.seekg(static_cast<std::streamoff>(before));
+  int noted = 0, forged_lines = 0, carriage_returns = 0;
+  for (std::string line; std::getline(in, line);) {
+    forged_lines += line.rfind("FORGED", 0) == 0 ? 1 : 0;
+    carriage_returns += line.find('\r') != std::string::npos ? 1 : 0;
+    if (line.find("(h-served): ") != std::string::npos) ++noted;
+  }
+  CHECK(forged_lines == 0);
+  CHECK(carriage_returns == 0);
+  // Eight notes a request, then one line that counts the rest.
+  CHECK(noted == 2 * 9);
+  CHECK(fs::file_size(d.dir() + "/daemon.log") - before < 16 * 1024);
+  d.check_still_serving("h-served");
+}
+
 // --- engine output ----------------------------------------------------------------------------
 
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {
