@@ -30,14 +30,28 @@ struct Server::Impl {
 void ServerCore::do_accept(const std::shared_ptr<ServerCore>& self) {
   acceptor->async_accept(asio::make_strand(ioc), [this, self](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
-    if (!ec) {
-      auto n = connections.fetch_add(1) + 1;
-      auto s = std::make_shared<Session>(std::move(socket), self);
-      if (n > opt.max_connections) {
-        asio::dispatch(s->executor(), [s] { s->reject_busy(); });
-      } else {
-        s->start();
-      }
+    if (ec) {
+      // Out of descriptors (or memory) the connection stays in the backlog and the next accept
+      // fails at once: accepting again at once spun an I/O thread at full speed for as long as
+      // the descriptors stayed taken. Wait, then try again; say so once per run of failures.
+      if (!accept_failing)
+        std::fprintf(stderr, "servedeck: http: accept on port %d failed (%s); retrying every %d ms\n", port,
+                     ec.message().c_str(), k_accept_retry_ms);
+      accept_failing = true;
+      accept_retry->expires_after(std::chrono::milliseconds(k_accept_retry_ms));
+      accept_retry->async_wait([this, self](error_code wait_ec) {
+        if (wait_ec || stopped.load() || !acceptor->is_open()) return;
+        do_accept(self);
+      });
+      return;
+    }
+    accept_failing = false;
+    auto n = connections.fetch_add(1) + 1;
+    auto s = std::make_shared<Session>(std::move(socket), self);
+    if (n > opt.max_connections) {
+      asio::dispatch(s->executor(), [s] { s->reject_busy(); });
+    } else {
+      s->start();
     }
     do_accept(self);
   });
@@ -59,6 +73,7 @@ void Server::start() {
                             ": not an IP address (" + ec.message() + ")");
   tcp::endpoint ep(addr, static_cast<unsigned short>(im.opt.port));
   im.acceptor.emplace(im.ioc);
+  im.accept_retry.emplace(im.ioc);
   auto check = [&](const char* what) {
     if (ec) throw ServerError("cannot listen on " + im.opt.host + ":" + std::to_string(im.opt.port) + ": " + what +
                               ": " + ec.message());

@@ -54,8 +54,9 @@ class Responder {
 
   /// Queues bytes as one chunk, flushed as soon as the socket takes it (no coalescing delay).
   /// Returns false when the client is gone: the producer should stop and cancel its work.
-  /// Bounded: when more than the server's max_pending_write_bytes are queued, the connection is
-  /// considered stuck and closed (the call returns false).
+  /// Bounded: when more than the server's max_pending_write_bytes are still queued as a chunk
+  /// comes, the connection is considered stuck and closed (the call returns false); a chunk
+  /// larger than the bound is queued whole when the queue is below it.
   virtual bool write(std::string_view bytes) = 0;
 
   /// Ends a stream (final zero chunk). Idempotent.

@@ -72,8 +72,12 @@ class ResponderImpl final : public Responder {
     chunk += "\r\n";
     chunk.append(bytes);
     chunk += "\r\n";
-    auto pending = session_->pending_bytes.fetch_add(chunk.size()) + chunk.size();
-    if (pending > session_->server().opt.max_pending_write_bytes) {
+    // Stuck is a client that left more than the bound unread when the next chunk comes; one
+    // chunk larger than the bound (a whole tool call in one event) is queued whole, so the
+    // queue holds at most the bound plus one chunk. Counting the chunk itself closed a client
+    // that read everything, at the first event over 8 MiB.
+    auto queued_before = session_->pending_bytes.fetch_add(chunk.size());
+    if (queued_before > session_->server().opt.max_pending_write_bytes) {
       session_->gone = true;
       session_->server().post(session_->executor(), [s = session_] { s->close_now(); });
       return false;

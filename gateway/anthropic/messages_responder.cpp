@@ -118,6 +118,8 @@ bool MessagesResponder::write(std::string_view bytes) {
     }
     ok = emit(translator_.on_chunk(chunk)) && ok;
   }
+  if (parser_.overflow() && !translator_.ended())
+    ok = emit(translator_.fail("api_error", "servedeck: a chat event of more than 64 MiB cannot be translated")) && ok;
   return ok;
 }
 

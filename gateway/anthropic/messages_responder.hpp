@@ -7,6 +7,7 @@
 //   start_stream + write(SSE chunks)  → message_start … message_stop, event by event
 //   SSE comments (queue / prefill heartbeats) → `ping` events
 //   an error event, or end() before [DONE] → an `error` event and no message_stop
+//   a chat event over 64 MiB               → an `error` event and no message_stop (never dropped)
 // Every answer carries a `request-id` header (Anthropic's, "req_<hex>").
 //
 // Thread-safety: like any Responder; calls are serialised by an internal mutex.
@@ -54,7 +55,9 @@ class MessagesResponder : public http::Responder {
   std::string message_id_;
   std::string model_;
   StreamTranslator translator_;
-  sse::Parser parser_;
+  // note: as the Responses bridge: the proxy's chat events are bounded by the engine's (16 MiB)
+  // plus what the policies join (a held tool call), so 64 MiB; a larger one fails the stream.
+  sse::Parser parser_{64u * 1024 * 1024, sse::Parser::OnOverflow::stop};
   std::mutex mu_;
   bool streaming_ = false;
   bool ended_ = false;

@@ -19,6 +19,7 @@
 #include "gateway/server/models_route.hpp"
 #include "gateway/server/proxy.hpp"
 #include "gateway/server/request_body.hpp"
+#include "gateway/server/request_notes.hpp"
 #include "gateway/server/stream_normalizer.hpp"
 #include "gateway/responses/request_translator.hpp"
 #include "gateway/responses/responses_responder.hpp"
@@ -284,7 +285,7 @@ void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::R
   }
   auto translated = std::make_shared<responses::TranslatedRequest>();
   if (auto err = responses::translate_request(body, prev, *translated)) return local(400, *err, "invalid_responses_request");
-  for (const auto& w : translated->warnings) std::cerr << "servedeck: /v1/responses (" << id << "): " << w << "\n";
+  log_request_notes("/v1/responses", id, translated->warnings);
   state::Store* st = &store;
   auto post = shared.post_blocking;
   // note: a stored turn expires server.responses_retention_s after it was written (0: nothing is

@@ -2,8 +2,6 @@
 
 #include <utility>  // before Boost.Asio: boost 1.74 awaitable.hpp needs std::exchange
 
-#include <iostream>
-
 #include <boost/asio.hpp>
 
 #include "common/json_limits.hpp"
@@ -11,6 +9,7 @@
 #include "gateway/anthropic/request_translator.hpp"
 #include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/request_body.hpp"
+#include "gateway/server/request_notes.hpp"
 #include "gateway/server/usage_estimate.hpp"
 #ifdef SERVEDECK_HAVE_POLICIES
 #include "policies/pipeline.hpp"
@@ -39,7 +38,8 @@ std::optional<Prepared> prepare(const MessagesRoutes& routes, const http::Reques
   const json body = parse_untrusted(req.body, &perr);
   Prepared p;
   const bool stream = body.is_object() && body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
-  if (body.is_object() && body.contains("model") && body["model"].is_string()) p.id = body["model"].get<std::string>();
+  const bool has_model = body.is_object() && body.contains("model") && body["model"].is_string();
+  if (has_model) p.id = body["model"].get<std::string>();
   auto local = [&](int status, const std::string& message, const char* code) {
     send_messages_error(res, status, message);
     if (!count_only) record_local_answer(*routes.shared, Route::messages, p.entry ? p.entry->name : "", p.id, stream,
@@ -49,8 +49,10 @@ std::optional<Prepared> prepare(const MessagesRoutes& routes, const http::Reques
     local(400, perr.message, "invalid_json");
     return std::nullopt;
   }
-  if (!p.id.empty()) p.entry = routes.reg->find_by_id(p.id);
-  if (!p.id.empty() && !p.entry) {
+  // note: every string `model` is looked up, "" included: the routes use the entry of every
+  // request that passes here (a missing or non-string model is translate_request's 400).
+  if (has_model) p.entry = routes.reg->find_by_id(p.id);
+  if (has_model && !p.entry) {
     std::string known;
     for (const auto& m : routes.reg->models)
       for (const auto& i : m.all_ids()) known += (known.empty() ? "" : ", ") + i;
@@ -68,7 +70,7 @@ std::optional<Prepared> prepare(const MessagesRoutes& routes, const http::Reques
     local(400, err->message, "invalid_messages_request");
     return std::nullopt;
   }
-  for (const auto& w : p.translated->warnings) std::cerr << "servedeck: /v1/messages (" << p.id << "): " << w << "\n";
+  log_request_notes("/v1/messages", p.id, p.translated->warnings);
   return p;
 }
 

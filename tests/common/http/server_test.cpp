@@ -169,6 +169,47 @@ TEST_CASE("a streamed response arrives event by event before it ends") {
   CHECK(body == "data: 0\n\ndata: 1\n\ndata: 2\n\n");
 }
 
+TEST_CASE("one chunk larger than max_pending_write_bytes reaches a reading client; a client that stops reading is closed") {
+  ServerOptions o;
+  o.max_pending_write_bytes = 64 * 1024;
+  const std::string big(1024 * 1024, 'x');
+  std::atomic<int> refused_after{-1};
+  Server srv(o, [&](Request req, std::shared_ptr<Responder> res) {
+    std::thread([&, res, stuck = req.path == "/stuck"] {
+      res->start_stream(200);
+      if (!stuck) {
+        CHECK(res->write(big));
+        res->end();
+        return;
+      }
+      // The client reads nothing: the queue grows past the bound and the connection is closed.
+      for (int i = 0; i < 1000; ++i)
+        if (!res->write(std::string(64 * 1024, 'y'))) {
+          refused_after = i;
+          break;
+        }
+      res->end();
+    }).detach();
+  });
+  srv.start();
+  ClientRequest cr;
+  cr.port = srv.port();
+  std::string body;
+  fetch_stream(
+      cr, [](int, const std::map<std::string, std::string>&) {},
+      [&](std::string_view chunk) {
+        body.append(chunk);
+        return true;
+      });
+  CHECK(body.size() == big.size());
+  // A stuck client: connected, request sent, nothing read.
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket s(ioc);
+  s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(srv.port())});
+  boost::asio::write(s, boost::asio::buffer(std::string("GET /stuck HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")));
+  CHECK(wait_for([&] { return refused_after.load() >= 0; }, 10000ms));
+}
+
 TEST_CASE("a body over the limit is answered 413 with the OpenAI envelope") {
   ServerOptions opt;
   opt.max_body_bytes = 100;

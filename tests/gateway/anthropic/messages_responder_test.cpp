@@ -39,7 +39,7 @@ struct RecordingResponder : http::Responder {
   void on_disconnect(std::function<void()>) override {}
 
   std::vector<sse::Event> events() const {
-    sse::Parser p;
+    sse::Parser p(128u * 1024 * 1024);  // room for the oversized events some cases send
     return p.feed(stream);
   }
   std::string types() const {
@@ -103,6 +103,34 @@ TEST_CASE("an engine error mid-stream, or a stream cut before [DONE], ends with 
     r.end();  // no [DONE]
     CHECK(client->types() == "message_start,content_block_start,content_block_delta,error");
     CHECK(client->stream.find("message_stop") == std::string::npos);
+  }
+}
+
+TEST_CASE("a chat event larger than an engine's event ends the Messages stream with an error, never dropped silently") {
+  // A tool call the policies held and sent as one chunk can outgrow any single engine event
+  // (16 MiB): it is translated whole; one over 64 MiB fails the stream.
+  for (const std::size_t size : {std::size_t{17} << 20, std::size_t{65} << 20}) {
+    CAPTURE(size);
+    auto client = std::make_shared<RecordingResponder>();
+    MessagesResponder r(client, std::make_shared<TranslatedRequest>(), "tiny");
+    REQUIRE(r.start_stream(200));
+    r.write(chunk({{"role", "assistant"}, {"content", "Hel"}}));
+    r.write(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_1"}, {"type", "function"},
+                                                {"function", {{"name", "write"}, {"arguments", ""}}}}})}}));
+    r.write("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"" +
+            std::string(size, 'x'));
+    r.write("\"}}]}}]}\n\n" + chunk(json::object(), "tool_calls") + std::string(sse::k_done));
+    r.end();
+    const std::string types = client->types();
+    CAPTURE(types);
+    if (size < (std::size_t{64} << 20)) {
+      CHECK(types == "message_start,content_block_start,content_block_delta,content_block_stop,content_block_start,"
+                     "content_block_delta,content_block_stop,message_delta,message_stop");
+      CHECK(client->stream.size() > size);
+    } else {
+      CHECK(types == "message_start,content_block_start,content_block_delta,content_block_stop,content_block_start,error");
+      CHECK(client->stream.find("more than 64 MiB") != std::string::npos);
+    }
   }
 }
 

@@ -337,6 +337,81 @@ TEST_CASE("hostile: a client that disconnects mid-stream is recorded once and th
   CHECK(d.metric("servedeck_requests_total{model=\"h\",status=\"200\"}") == 1);  // the warm-up is no client request
 }
 
+// --- the Anthropic Messages routes -----------------------------------------------------------
+
+namespace {
+
+/// An Anthropic error envelope {"type":"error","error":{"type":TYPE,"message"}} with `status`.
+void check_anthropic_error(const servedeck::http::ClientResponse& r, int status, const std::string& type) {
+  CAPTURE(r.body.substr(0, 300));
+  CHECK(r.status == status);
+  json j = json::parse(r.body, nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["type"] == "error");
+  CHECK(j["error"]["type"] == type);
+  CHECK(j["error"]["message"].is_string());
+}
+
+}  // namespace
+
+TEST_CASE("hostile: an empty or missing model on the Messages routes") {
+  Daemon d(hostile());
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const std::string path : {"/v1/messages/count_tokens", "/v1/messages"}) {
+    CAPTURE(path);
+    // An empty string names no configured model: Anthropic's not_found_error, like any unknown id.
+    servedeck::http::ClientResponse empty;
+    try {
+      empty = d.post(path, json{{"model", ""}, {"max_tokens", 8}, {"messages", msgs}}.dump(), 10000);
+    } catch (const std::exception& e) {
+      empty.body = std::string("no answer (the daemon died?): ") + e.what();
+    }
+    check_anthropic_error(empty, 404, "not_found_error");
+    REQUIRE_MESSAGE(d.alive(), d.log());
+    check_anthropic_error(d.post(path, json{{"max_tokens", 8}, {"messages", msgs}}.dump()), 400, "invalid_request_error");
+    check_anthropic_error(d.post(path, json{{"model", 7}, {"max_tokens", 8}, {"messages", msgs}}.dump()), 400,
+                          "invalid_request_error");
+    REQUIRE_MESSAGE(d.alive(), d.log());
+  }
+  d.check_still_serving("h-served");
+}
+
+TEST_CASE("hostile: what the bridges drop is logged bounded, and a client cannot forge log lines") {
+  Daemon d(hostile());
+  d.script("noted", body_script({{"content", "ok"}}));
+  const std::string forged = "FORGED servedeck: stopped";
+  // Thousands of blocks and items of unknown types, each type carrying a line break and a fake
+  // log line: every one is a dropped-with-a-note item.
+  json blocks = json::array();
+  json items = json::array();
+  for (int i = 0; i < 5000; ++i) {
+    blocks.push_back({{"type", "x\n" + forged}});
+    items.push_back({{"type", "y\r\n" + forged}});
+  }
+  blocks.push_back({{"type", "text"}, {"text", "script:noted"}});
+  items.push_back({{"type", "message"}, {"role", "user"}, {"content", "script:noted"}});
+  const auto before = fs::file_size(d.dir() + "/daemon.log");
+  auto m = d.post("/v1/messages",
+                  json{{"model", "h-served"}, {"max_tokens", 8}, {"messages", {{{"role", "user"}, {"content", blocks}}}}}.dump());
+  CHECK(m.status == 200);
+  auto r = d.post("/v1/responses", json{{"model", "h-served"}, {"input", items}}.dump());
+  CHECK(r.status == 200);
+  std::ifstream in(d.dir() + "/daemon.log");
+  in.seekg(static_cast<std::streamoff>(before));
+  int noted = 0, forged_lines = 0, carriage_returns = 0;
+  for (std::string line; std::getline(in, line);) {
+    forged_lines += line.rfind("FORGED", 0) == 0 ? 1 : 0;
+    carriage_returns += line.find('\r') != std::string::npos ? 1 : 0;
+    if (line.find("(h-served): ") != std::string::npos) ++noted;
+  }
+  CHECK(forged_lines == 0);
+  CHECK(carriage_returns == 0);
+  // Eight notes a request, then one line that counts the rest.
+  CHECK(noted == 2 * 9);
+  CHECK(fs::file_size(d.dir() + "/daemon.log") - before < 16 * 1024);
+  d.check_still_serving("h-served");
+}
+
 // --- engine output ----------------------------------------------------------------------------
 
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {

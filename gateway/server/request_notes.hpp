@@ -1,0 +1,27 @@
+// The notes a bridge's request translation makes (gateway/anthropic, gateway/responses: what it
+// dropped, renamed or ignored), written to the daemon's stderr. Their text quotes the client
+// (block types, tool names, call ids, the model id), so it is written as hostile text: it can
+// neither forge log lines nor flood the log.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace servedeck::gateway {
+
+/// Most notes logged for one request; the rest are counted in one more line.
+inline constexpr std::size_t k_max_logged_notes = 8;
+/// Longest note (and model id) logged, bytes; a longer one is cut and marked "…".
+inline constexpr std::size_t k_max_note_bytes = 300;
+
+/// `text` as part of one log line: control characters (bytes below 0x20, and 0x7f) written as
+/// `\xNN`, cut at `max_bytes` input bytes (never inside a UTF-8 sequence) with "…" appended.
+std::string log_safe(std::string_view text, std::size_t max_bytes = k_max_note_bytes);
+
+/// Writes "servedeck: ROUTE (MODEL): NOTE" for the first k_max_logged_notes notes (each through
+/// log_safe), then "servedeck: ROUTE (MODEL): N more note(s) not logged" when there are more.
+void log_request_notes(std::string_view route, std::string_view model, const std::vector<std::string>& notes);
+
+}  // namespace servedeck::gateway
