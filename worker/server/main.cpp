@@ -1,6 +1,6 @@
 // servedeck-worker: the native inference worker.
 //   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
-//                          [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]
+//                          [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|qwen3_coder|none]
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
@@ -33,7 +33,7 @@ using namespace servedeck::worker;
 constexpr const char* k_usage =
     "usage:\n"
     "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
-    "                         [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]\n"
+    "                         [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|qwen3_coder|none]\n"
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
@@ -195,7 +195,7 @@ int serve(int argc, char** argv) {
   so.port = static_cast<int>(port);
   so.served_model_name = a.values.count("served-model-name") ? a.values.at("served-model-name") : mo.dir;
   if (a.values.count("tool-parser") && !parse_tool_parser_kind(a.values.at("tool-parser"), so.tool_parser)) {
-    std::cerr << "servedeck-worker: --tool-parser " << a.values.at("tool-parser") << ": expected hermes, glm or none\n";
+    std::cerr << "servedeck-worker: --tool-parser " << a.values.at("tool-parser") << ": expected hermes, glm, qwen3_coder or none\n";
     return 2;
   }
   if (a.values.count("reasoning-parser")) {
