@@ -153,7 +153,9 @@ json glm_config_json(const TinyModelOptions& o) {
       {"architectures", {"Glm4MoeForCausalLM"}},
       {"attention_bias", o.attention_bias},
       {"attention_dropout", 0.0},
-      {"pad_token_id", 151329},
+      // <|endoftext|>; null in a vocabulary too small to hold it (transformers refuses a padding id
+      // outside the embedding)
+      {"pad_token_id", o.vocab_size > 151329 ? json(151329) : json(nullptr)},
       {"eos_token_id", {151329, 151336, 151338}},
       {"head_dim", o.head_dim},
       {"hidden_act", "silu"},
