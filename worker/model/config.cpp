@@ -274,10 +274,10 @@ std::vector<float> ModelDescription::rope_inv_freq() const {
 
 std::string cuda_backend_unsupported(const ModelDescription& d) {
   std::vector<std::string> why;
-  if (d.model_type == "glm4_moe") why.push_back("model_type glm4_moe (sigmoid router, shared expert, q/k/v bias)");
+  if (d.model_type == "glm4_moe")
+    why.push_back("model_type glm4_moe (sigmoid router, shared expert, q/k/v bias, partial rotary)");
   if (d.rope_scaling.kind != RopeScalingKind::none)
     why.push_back("rope_scaling " + std::string(to_string(d.rope_scaling.kind)));
-  if (d.rotary_dim() != d.head_dim) why.push_back("partial rotary (" + std::to_string(d.rotary_dim()) + " of " + std::to_string(d.head_dim) + " dims)");
   if (why.empty()) return {};
   std::string s = "the CUDA backend does not run ";
   for (std::size_t i = 0; i < why.size(); ++i) s += (i ? ", " : "") + why[i];

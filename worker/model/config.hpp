@@ -104,8 +104,10 @@ struct ModelDescription {
 };
 
 /// Why the CUDA backend cannot run `d` yet, or "" when it can: glm4_moe (sigmoid router, shared
-/// expert, q/k/v bias), YaRN scaling, partial rotary. The CPU backend runs all of them. Used by
-/// the worker before any device memory is taken, so the refusal is a clear start-up error.
+/// expert, q/k/v bias, partial rotary) and YaRN scaling (its kernels take a plain inverse-frequency
+/// table and no attention factor). The CPU backend runs both. Checked by the worker before any
+/// device memory is taken and again by the CUDA backend's loader, so the refusal is a clear
+/// start-up error.
 std::string cuda_backend_unsupported(const ModelDescription& d);
 
 /// The model_types this build can run, for error messages: "qwen3_moe, qwen3, glm4_moe".
