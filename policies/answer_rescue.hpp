@@ -8,7 +8,7 @@
 //   - A closing think tag inside `content` with no opening one ("…reasoning…</think>FINAL: B")
 //     splits there: before → reasoning, after → content (non-streamed bodies).
 //   - Tools offered, none returned, and a complete <tool_call>…</tool_call> block naming a
-//     declared tool inside reasoning or content (hermes JSON or GLM arg_key markup) → extracted as
+//     declared tool inside reasoning or content (hermes JSON, GLM arg_key or Qwen3-Coder <function=…> markup) → extracted as
 //     a tool call, the block removed from the text, finish "tool_calls".
 // Streams: content is passed on as it arrives (only a <tool_call> block naming a declared tool is
 // held, from its opening tag: it may become a call) and the rescues happen at the end, with the

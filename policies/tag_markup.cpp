@@ -1,5 +1,7 @@
 #include "policies/tag_markup.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "policies/json_util.hpp"
@@ -148,9 +150,69 @@ std::vector<Block> find_blocks(std::string_view text) {
   return out;
 }
 
+namespace {
+
+/// The next position of `tag` in `s` at or after `from`, cached: each tag is searched forward
+/// only, so reading a body is linear however its tags are missing or repeated.
+struct NextTag {
+  std::string_view s, tag;
+  std::size_t at = 0;
+  bool searched = false;
+  std::size_t from(std::size_t pos) {
+    if (!searched || (at != std::string_view::npos && at < pos)) {
+      at = s.find(tag, pos);
+      searched = true;
+    }
+    return at;
+  }
+};
+
+/// Qwen3-Coder's form: <function=NAME> then <parameter=KEY>VALUE</parameter>… then </function>.
+/// A value ends at "</parameter>" or, missing that, at the next "<parameter=" or "</function>"
+/// or the end (vLLM's qwen3_coder reading); one leading and one trailing newline are dropped.
+ParsedCall parse_xml_function(std::string_view b) {
+  constexpr std::string_view fopen = "<function=", popen = "<parameter=", pclose = "</parameter>", fclose = "</function>";
+  constexpr std::size_t max_name = 256;
+  ParsedCall call;
+  const std::size_t gt = b.find('>', fopen.size());
+  if (gt == std::string_view::npos || gt - fopen.size() > max_name) return call;
+  call.name = std::string(trim(b.substr(fopen.size(), gt - fopen.size())));
+  if (call.name.empty() || call.name.find_first_of("<>\n{}\" ") != std::string::npos) return call;
+  NextTag next_open{b, popen}, next_close{b, pclose}, next_end{b, fclose};
+  std::size_t pos = gt + 1;
+  for (;;) {
+    const std::size_t p = next_open.from(pos);
+    const std::size_t e = next_end.from(pos);
+    if (p == std::string_view::npos || (e != std::string_view::npos && e < p)) {
+      // No further parameter: only whitespace may remain around </function>.
+      const std::string_view rest = e == std::string_view::npos ? b.substr(pos) : b.substr(pos, e - pos);
+      if (!trim(rest).empty()) return call;
+      if (e != std::string_view::npos && !trim(b.substr(e + fclose.size())).empty()) return call;
+      break;
+    }
+    if (!trim(b.substr(pos, p - pos)).empty()) return call;  // stray text between parameters
+    const std::size_t kgt = b.find('>', p + popen.size());
+    if (kgt == std::string_view::npos || kgt - p - popen.size() > max_name) return call;
+    std::string key(trim(b.substr(p + popen.size(), kgt - p - popen.size())));
+    if (key.empty()) return call;
+    const std::size_t v0 = kgt + 1;
+    std::size_t v1 = std::min({next_close.from(v0), next_open.from(v0), next_end.from(v0), b.size()});
+    std::string_view value = b.substr(v0, v1 - v0);
+    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    call.glm_args.emplace_back(std::move(key), std::string(value));
+    pos = v1 < b.size() && b.substr(v1, pclose.size()) == pclose ? v1 + pclose.size() : v1;
+  }
+  call.ok = true;
+  return call;
+}
+
+}  // namespace
+
 ParsedCall parse_block_body(std::string_view body) {
   ParsedCall call;
   std::string_view b = trim(body);
+  if (b.substr(0, 10) == "<function=") return parse_xml_function(b);
   if (!b.empty() && b.front() == '{') {
     auto j = parse_untrusted(b);
     if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return call;

@@ -69,13 +69,16 @@ struct Block {
 /// Every complete block in `text`, in order.
 std::vector<Block> find_blocks(std::string_view text);
 
-/// A tool call read out of a block body, either form:
-///   hermes: {"name": "read", "arguments": {"file": "a"}}
-///   GLM:    read<arg_key>file</arg_key><arg_value>a</arg_value>   (tolerant: missing tags)
-/// `arguments` holds raw strings for the GLM form (typing is the caller's job, by schema).
+/// A tool call read out of a block body, any of three forms:
+///   hermes:      {"name": "read", "arguments": {"file": "a"}}
+///   GLM:         read<arg_key>file</arg_key><arg_value>a</arg_value>   (tolerant: missing tags)
+///   Qwen3-Coder: <function=read>\n<parameter=file>\na\n</parameter>\n</function>
+///                (tolerant: a missing </parameter> ends the value at the next tag, as vLLM reads it)
+/// `glm_args` holds raw strings for the GLM and Qwen3-Coder forms (typing is the caller's job, by
+/// schema). Linear in the body.
 struct ParsedCall {
   std::string name;
-  std::vector<std::pair<std::string, std::string>> glm_args;  // GLM form: key → raw text
+  std::vector<std::pair<std::string, std::string>> glm_args;  // GLM / Qwen3-Coder form: key → raw text
   std::optional<std::string> json_arguments;                  // hermes form: arguments as JSON text
   bool ok = false;                                            // false when the roles did not pair up
 };

@@ -70,8 +70,8 @@ struct RecoveredCall {
   std::size_t end = 0;
 };
 
-/// Finds a tool call in `text`: a complete `<tool_call>…</tool_call>` block (hermes JSON or GLM
-/// markup) naming a declared tool, or — when `name` is given — that name followed by GLM argument
+/// Finds a tool call in `text`: a complete `<tool_call>…</tool_call>` block (hermes JSON, GLM or
+/// Qwen3-Coder XML markup: markup::parse_block_body) naming a declared tool, or — when `name` is given — that name followed by GLM argument
 /// markup without the block tags. Only calls whose arguments carry every required parameter
 /// count. `name` restricts the search to that tool.
 std::optional<RecoveredCall> recover_call(std::string_view text, const std::vector<DeclaredTool>& tools,

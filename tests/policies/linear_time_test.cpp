@@ -209,8 +209,14 @@ TEST_CASE("linear time: 1 MiB of content with an unclosed <tool_call> block, str
   auto model = repairing_model();
   Counter counter;
   const std::string opening = "<tool_call>read<arg_key>path</arg_key><arg_value>";
+  // Qwen3-Coder's XML form too: a megabyte of parameters without their closing tags, and one
+  // value that runs to </function>.
+  const std::string xml = "<tool_call>\n<function=read>\n";
   for (const std::string& content : {opening + std::string(kMiB, 'a'), repeat("<tool_call>", kMiB),
-                                     opening + "a.txt</arg_value>" + std::string(kMiB, ' ') + "</tool_call>"}) {
+                                     opening + "a.txt</arg_value>" + std::string(kMiB, ' ') + "</tool_call>",
+                                     xml + repeat("<parameter=path>\n", kMiB) + "</function>\n</tool_call>",
+                                     xml + "<parameter=path>\n" + std::string(kMiB, 'a') + "\n</function>\n</tool_call>",
+                                     xml + repeat("<parameter=", kMiB)}) {
     ResponseContext ctx{&model, "glm53-flash", tools_request(), counter.fn(), nullptr};
     std::vector<json> in = {chunk({{"reasoning_content", "thinking"}})};
     for (std::size_t i = 0; i < content.size(); i += kChunk) in.push_back(chunk({{"content", content.substr(i, kChunk)}}));

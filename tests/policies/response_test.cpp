@@ -421,6 +421,35 @@ TEST_CASE("answer rescue: a complete tool_call block in content or reasoning bec
   }
 }
 
+TEST_CASE("answer rescue: Qwen3-Coder XML markup leaked into content becomes a tool call, streamed at every split") {
+  json request = tools_request(json::array({fn("read_file", {{"filePath", {{"type", "string"}}}, {"startLine", {{"type", "integer"}}}}, {"filePath"})}));
+  const std::string text =
+      "Reading.\n<tool_call>\n<function=read_file>\n<parameter=filePath>\n/a.py\n</parameter>\n<parameter=startLine>\n10\n"
+      "</parameter>\n</function>\n</tool_call>";
+  Resp r;
+  r.model.policies.answer_rescue = true;
+  auto ctx = r.ctx(request);
+  ResponsePipeline p(ctx);
+  json body = body_with({{"content", text}}, "stop");
+  REQUIRE_FALSE(p.apply_body(body).has_value());
+  CHECK(body["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(body["choices"][0]["message"]["content"] == "Reading.");
+  CHECK(json::parse(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()) ==
+        json{{"filePath", "/a.py"}, {"startLine", 10}});
+  for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+    CAPTURE(cut);
+    Resp s;
+    s.model.policies.answer_rescue = true;
+    auto sctx = s.ctx(request);
+    auto a = assemble(run_stream(sctx, {chunk({{"content", text.substr(0, cut)}}), chunk({{"content", text.substr(cut)}}),
+                                        chunk(json::object(), "stop")}));
+    CHECK(a.content == "Reading.\n");
+    CHECK(a.finish_reason == "tool_calls");
+    REQUIRE(a.calls.count(0) == 1);
+    CHECK(json::parse(a.calls[0]["arguments"].get<std::string>()) == json{{"filePath", "/a.py"}, {"startLine", 10}});
+  }
+}
+
 TEST_CASE("policies off: a response passes through unchanged apart from the echoed model") {
   Resp r;
   r.model.policies = registry::PolicyConfig{};

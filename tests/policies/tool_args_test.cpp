@@ -190,6 +190,33 @@ TEST_CASE("raw-text recovery: GLM markup with a missing <arg_value>, hermes JSON
   CHECK(extract_calls("<tool_call>rm_rf<arg_key>p</arg_key><arg_value>/</arg_value></tool_call>", tools).empty());
 }
 
+TEST_CASE("raw-text recovery: Qwen3-Coder's XML markup, typed by the schema; damaged forms") {
+  std::vector<DeclaredTool> tools = {kSearch, tool("write", {{"path", {{"type", "string"}}}, {"content", {{"type", "string"}}}}, {"path"})};
+  const std::string text =
+      "I'll search.\n<tool_call>\n<function=search>\n<parameter=query>\nservedeck <policies>\n</parameter>\n"
+      "<parameter=max_results>\n10\n</parameter>\n<parameter=exact>\ntrue\n</parameter>\n</function>\n</tool_call>";
+  auto calls = extract_calls(text, tools);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].name == "search");
+  CHECK(json::parse(calls[0].arguments) == json{{"query", "servedeck <policies>"}, {"max_results", 10}, {"exact", true}});
+  CHECK(remove_ranges(text, calls) == "I'll search.");
+  // A value keeps its inner newlines; only one newline at each edge is the markup's.
+  auto w = recover_call("<tool_call>\n<function=write>\n<parameter=path>\na.txt\n</parameter>\n<parameter=content>\n\nline 1\nline 2\n\n"
+                        "</parameter>\n</function>\n</tool_call>", tools, "write");
+  REQUIRE(w.has_value());
+  CHECK(json::parse(w->arguments) == json{{"path", "a.txt"}, {"content", "\nline 1\nline 2\n"}});
+  // A missing </parameter> ends the value at the next tag.
+  w = recover_call("<tool_call><function=write><parameter=path>b.txt<parameter=content>x</function></tool_call>", tools);
+  REQUIRE(w.has_value());
+  CHECK(json::parse(w->arguments) == json{{"path", "b.txt"}, {"content", "x"}});
+  // Undeclared tool, missing required parameter, stray text, an unnamed function: not calls.
+  CHECK(extract_calls("<tool_call><function=rm><parameter=p>/</parameter></function></tool_call>", tools).empty());
+  CHECK(extract_calls("<tool_call><function=write><parameter=content>x</parameter></function></tool_call>", tools).empty());
+  CHECK(extract_calls("<tool_call><function=write>note <parameter=path>a</parameter></function></tool_call>", tools).empty());
+  CHECK(extract_calls("<tool_call><function=>x</function></tool_call>", tools).empty());
+  CHECK(extract_calls("<tool_call><function=write><parameter=path>a</parameter></function> tail</tool_call>", tools).empty());
+}
+
 TEST_CASE("random argument text: no throw, streamed == whole at every split (fixed seed)") {
   // Alphabet weighted towards JSON structure and markup fragments, so the lexer's edge cases
   // (escapes, partial tags, unterminated strings, stray quotes) come up often.

@@ -31,13 +31,12 @@ class CpuBackend final : public Backend {
       : owned_(std::move(owned)), ck_(ckpt), d_(ckpt.description()) {
     threads_ = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
     kv_dtype_ = options.kv_dtype;
-    for (const auto& l : d_.layers)
-      if (l.mlp == MlpKind::moe && d_.moe.router != RouterKind::softmax_topk)
-        throw ConfigError(ck_.dir() + ": router kind " + std::string(to_string(d_.moe.router)) +
-                          " is not implemented by the CPU backend (implemented: softmax_topk)");
-    // Norm weights are tiny: widen once.
+    inv_freq_ = d_.rope_inv_freq();
+    rope_scale_ = static_cast<float>(d_.rope_scaling.attention_factor);
+    // Norm weights, biases and the router's correction bias are tiny: widen once.
     final_norm_ = widen(ck_.final_norm());
-    for (const auto& L : ck_.layers()) {
+    for (std::size_t l = 0; l < ck_.layers().size(); ++l) {
+      const auto& L = ck_.layers()[l];
       NormWeights n;
       n.input = widen(L.input_norm);
       n.post = widen(L.post_attn_norm);
@@ -45,6 +44,13 @@ class CpuBackend final : public Backend {
         n.q = widen(L.q_norm);
         n.k = widen(L.k_norm);
       }
+      if (d_.attention_bias) {
+        n.q_bias = widen(L.q_bias);
+        n.k_bias = widen(L.k_bias);
+        n.v_bias = widen(L.v_bias);
+      }
+      if (d_.layers[l].mlp == MlpKind::moe && d_.moe.router == RouterKind::sigmoid_bias_topk)
+        n.router_bias = widen(L.router_bias);
       norms_.push_back(std::move(n));
     }
   }
@@ -61,7 +67,9 @@ class CpuBackend final : public Backend {
 
  private:
   struct NormWeights {
-    std::vector<float> input, post, q, k;  // (hidden), (hidden), (head_dim), (head_dim)
+    std::vector<float> input, post, q, k;      // (hidden), (hidden), (head_dim), (head_dim)
+    std::vector<float> q_bias, k_bias, v_bias;  // (heads*head_dim), (kv_heads*head_dim) x2; attention_bias only
+    std::vector<float> router_bias;             // (num_experts) e_score_correction_bias; sigmoid router only
   };
 
   std::size_t kv_dim() const { return static_cast<std::size_t>(d_.num_kv_heads * d_.head_dim); }
@@ -77,6 +85,12 @@ class CpuBackend final : public Backend {
   void gather(const KvView& kv, std::size_t layer, std::size_t len);
   void attention(std::size_t layer, const KvView& kv, std::size_t n, std::vector<float>& xn, std::vector<float>& out);
   void moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
+  /// Routes token `t` (router logits `lr`, num_experts): appends (token, weight) to by_expert.
+  void route_softmax(float* lr, std::size_t t, std::vector<std::vector<std::pair<std::size_t, float>>>& by_expert) const;
+  void route_sigmoid(std::size_t layer, const float* lr, std::size_t t,
+                     std::vector<std::vector<std::pair<std::size_t, float>>>& by_expert) const;
+  /// out = down(silu(gate(xn)) * up(xn)) for the n rows of xn (the weights' own widths).
+  void swiglu(const ExpertWeights& w, const float* xn, std::size_t n, float* out);
   void dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out);
 
   std::shared_ptr<const Checkpoint> owned_;
@@ -86,6 +100,8 @@ class CpuBackend final : public Backend {
   KvDtype kv_dtype_ = KvDtype::bf16;
   std::vector<float> final_norm_;
   std::vector<NormWeights> norms_;
+  std::vector<float> inv_freq_;     // (rotary_dim / 2) RoPE inverse frequencies (YaRN-blended when scaled)
+  float rope_scale_ = 1.0f;         // YaRN attention factor on cos/sin; 1 without scaling
   KvPoolShape pool_;                // shape of the allocated pool (num_blocks 0: none yet)
   std::vector<std::uint16_t> kv16_;  // the pool when kv_dtype_ is bf16 (layout: header comment)
   std::vector<float> kv32_;          // the pool when kv_dtype_ is f32
@@ -154,16 +170,23 @@ void CpuBackend::attention(std::size_t layer, const KvView& kv, std::size_t n, s
   matmul(L.q_proj, xn.data(), n, q.data(), threads_);
   matmul(L.k_proj, xn.data(), n, k.data(), threads_);
   matmul(L.v_proj, xn.data(), n, v.data(), threads_);
+  const auto rot = static_cast<std::size_t>(d_.rotary_dim());
   for (std::size_t t = 0; t < n; ++t) {
     float* qt = q.data() + t * qd;
     float* kt = k.data() + t * kvd;
+    if (d_.attention_bias) {
+      float* vt = v.data() + t * kvd;
+      for (std::size_t j = 0; j < qd; ++j) qt[j] += nw.q_bias[j];
+      for (std::size_t j = 0; j < kvd; ++j) kt[j] += nw.k_bias[j];
+      for (std::size_t j = 0; j < kvd; ++j) vt[j] += nw.v_bias[j];
+    }
     if (d_.qk_norm) {
       cpu::rms_norm(qt, nw.q.data(), nh, hd, d_.rms_norm_eps, qt);
       cpu::rms_norm(kt, nw.k.data(), nkv, hd, d_.rms_norm_eps, kt);
     }
     const auto pos = static_cast<std::int64_t>(p0 + t);
-    cpu::rope(qt, nh, hd, pos, d_.rope_theta);
-    cpu::rope(kt, nkv, hd, pos, d_.rope_theta);
+    cpu::rope(qt, nh, hd, rot, pos, inv_freq_.data(), rope_scale_);
+    cpu::rope(kt, nkv, hd, rot, pos, inv_freq_.data(), rope_scale_);
     store_row(kv, layer, 0, p0 + t, kt);
     store_row(kv, layer, 1, p0 + t, v.data() + t * kvd);
   }
@@ -202,46 +225,111 @@ void CpuBackend::attention(std::size_t layer, const KvView& kv, std::size_t n, s
   matmul(L.o_proj, attn.data(), n, out.data(), threads_);
 }
 
+void CpuBackend::swiglu(const ExpertWeights& w, const float* xn, std::size_t n, float* out) {
+  const auto m = static_cast<std::size_t>(w.gate.info->shape[0]);
+  std::vector<float> g(n * m), u(n * m);
+  matmul(w.gate, xn, n, g.data(), threads_);
+  matmul(w.up, xn, n, u.data(), threads_);
+  for (std::size_t i = 0; i < n * m; ++i) g[i] = cpu::silu(g[i]) * u[i];
+  matmul(w.down, g.data(), n, out, threads_);
+}
+
 void CpuBackend::dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
   const auto& L = ck_.layers()[layer];
-  const auto m = static_cast<std::size_t>(d_.intermediate_size);
-  std::vector<float> g(n * m), u(n * m);
-  matmul(L.mlp_gate, xn.data(), n, g.data(), threads_);
-  matmul(L.mlp_up, xn.data(), n, u.data(), threads_);
-  for (std::size_t i = 0; i < n * m; ++i) g[i] = cpu::silu(g[i]) * u[i];
-  matmul(L.mlp_down, g.data(), n, out.data(), threads_);
+  swiglu(ExpertWeights{L.mlp_gate, L.mlp_up, L.mlp_down}, xn.data(), n, out.data());
+}
+
+void CpuBackend::route_softmax(float* lr, std::size_t t,
+                               std::vector<std::vector<std::pair<std::size_t, float>>>& by_expert) const {
+  // Qwen3-MoE: softmax over all experts, top-k (ties to the lower index), renormalise.
+  const auto ne = static_cast<std::size_t>(d_.moe.num_experts);
+  const auto k = static_cast<std::size_t>(d_.moe.top_k);
+  const float mx = *std::max_element(lr, lr + ne);
+  double sum = 0;
+  for (std::size_t e = 0; e < ne; ++e) sum += std::exp(static_cast<double>(lr[e] - mx));
+  for (std::size_t e = 0; e < ne; ++e) lr[e] = static_cast<float>(std::exp(static_cast<double>(lr[e] - mx)) / sum);
+  std::vector<std::size_t> order(ne);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](std::size_t a, std::size_t b) { return lr[a] != lr[b] ? lr[a] > lr[b] : a < b; });
+  float topsum = 0;
+  for (std::size_t j = 0; j < k; ++j) topsum += lr[order[j]];
+  for (std::size_t j = 0; j < k; ++j) {
+    float w = lr[order[j]];
+    if (d_.moe.norm_topk_prob) w /= topsum;
+    by_expert[order[j]].emplace_back(t, w * static_cast<float>(d_.moe.routed_scaling_factor));
+  }
+}
+
+void CpuBackend::route_sigmoid(std::size_t layer, const float* lr, std::size_t t,
+                               std::vector<std::vector<std::pair<std::size_t, float>>>& by_expert) const {
+  // glm4_moe (transformers Glm4MoeMoE.route_tokens_to_experts), in fp32.
+  const auto ne = static_cast<std::size_t>(d_.moe.num_experts);
+  const auto k = static_cast<std::size_t>(d_.moe.top_k);
+  const auto groups = static_cast<std::size_t>(d_.moe.n_group);
+  const std::size_t per_group = ne / groups;
+  const std::vector<float>& bias = norms_[layer].router_bias;
+  std::vector<float> score(ne), choice(ne);
+  for (std::size_t e = 0; e < ne; ++e) {
+    score[e] = 1.0f / (1.0f + std::exp(-lr[e]));
+    choice[e] = score[e] + bias[e];  // the correction bias steers the choice only
+  }
+  auto higher = [](const std::vector<float>& v) {
+    return [&v](std::size_t a, std::size_t b) { return v[a] != v[b] ? v[a] > v[b] : a < b; };
+  };
+  if (groups > 1) {
+    // A group's score is the sum of its two best choices; experts outside the topk_group best
+    // groups are masked to 0 (transformers' masked_fill value, not -inf).
+    std::vector<float> group_score(groups);
+    for (std::size_t g = 0; g < groups; ++g) {
+      float best = -std::numeric_limits<float>::infinity(), second = best;
+      for (std::size_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+        if (choice[e] > best) {
+          second = best;
+          best = choice[e];
+        } else if (choice[e] > second) {
+          second = choice[e];
+        }
+      }
+      group_score[g] = best + second;
+    }
+    std::vector<std::size_t> gorder(groups);
+    std::iota(gorder.begin(), gorder.end(), 0);
+    const auto kept = static_cast<std::ptrdiff_t>(d_.moe.topk_group);
+    std::partial_sort(gorder.begin(), gorder.begin() + kept, gorder.end(), higher(group_score));
+    std::vector<bool> keep(groups, false);
+    for (std::ptrdiff_t j = 0; j < kept; ++j) keep[gorder[static_cast<std::size_t>(j)]] = true;
+    for (std::size_t e = 0; e < ne; ++e)
+      if (!keep[e / per_group]) choice[e] = 0.0f;
+  }
+  std::vector<std::size_t> order(ne);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), higher(choice));
+  float topsum = 0;
+  for (std::size_t j = 0; j < k; ++j) topsum += score[order[j]];
+  for (std::size_t j = 0; j < k; ++j) {
+    float w = score[order[j]];
+    if (d_.moe.norm_topk_prob) w /= topsum + 1e-20f;
+    by_expert[order[j]].emplace_back(t, w * static_cast<float>(d_.moe.routed_scaling_factor));
+  }
 }
 
 void CpuBackend::moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
   const auto& L = ck_.layers()[layer];
   const auto h = static_cast<std::size_t>(d_.hidden_size);
   const auto ne = static_cast<std::size_t>(d_.moe.num_experts);
-  const auto k = static_cast<std::size_t>(d_.moe.top_k);
-  const auto m = static_cast<std::size_t>(d_.moe.intermediate_size);
+  // Router logits in fp32 from the stored weights (transformers: F.linear in fp32).
   std::vector<float> logits(n * ne);
   matmul(L.router, xn.data(), n, logits.data(), threads_);
-  // Routing: per token, softmax over all experts, top-k (ties to the lower index), renormalise.
   std::vector<std::vector<std::pair<std::size_t, float>>> by_expert(ne);  // expert -> (token, weight)
-  std::vector<std::size_t> order(ne);
   for (std::size_t t = 0; t < n; ++t) {
-    float* lr = logits.data() + t * ne;
-    const float mx = *std::max_element(lr, lr + ne);
-    double sum = 0;
-    for (std::size_t e = 0; e < ne; ++e) sum += std::exp(static_cast<double>(lr[e] - mx));
-    for (std::size_t e = 0; e < ne; ++e) lr[e] = static_cast<float>(std::exp(static_cast<double>(lr[e] - mx)) / sum);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      [&](std::size_t a, std::size_t b) { return lr[a] != lr[b] ? lr[a] > lr[b] : a < b; });
-    float topsum = 0;
-    for (std::size_t j = 0; j < k; ++j) topsum += lr[order[j]];
-    for (std::size_t j = 0; j < k; ++j) {
-      float w = lr[order[j]];
-      if (d_.moe.norm_topk_prob) w /= topsum;
-      by_expert[order[j]].emplace_back(t, w * static_cast<float>(d_.moe.routed_scaling_factor));
-    }
+    if (d_.moe.router == RouterKind::softmax_topk)
+      route_softmax(logits.data() + t * ne, t, by_expert);
+    else
+      route_sigmoid(layer, logits.data() + t * ne, t, by_expert);
   }
   std::fill(out.begin(), out.end(), 0.0f);
-  std::vector<float> xs, g, u, y;
+  std::vector<float> xs, y;
   for (std::size_t e = 0; e < ne; ++e) {
     const auto& routed = by_expert[e];
     if (routed.empty()) continue;
@@ -250,19 +338,18 @@ void CpuBackend::moe(std::size_t layer, const std::vector<float>& xn, std::size_
     for (std::size_t i = 0; i < c; ++i)
       std::copy(xn.begin() + static_cast<std::ptrdiff_t>(routed[i].first * h),
                 xn.begin() + static_cast<std::ptrdiff_t>((routed[i].first + 1) * h), xs.begin() + static_cast<std::ptrdiff_t>(i * h));
-    g.resize(c * m);
-    u.resize(c * m);
     y.resize(c * h);
-    const auto& E = L.experts[e];
-    matmul(E.gate, xs.data(), c, g.data(), threads_);
-    matmul(E.up, xs.data(), c, u.data(), threads_);
-    for (std::size_t i = 0; i < c * m; ++i) g[i] = cpu::silu(g[i]) * u[i];
-    matmul(E.down, g.data(), c, y.data(), threads_);
+    swiglu(L.experts[e], xs.data(), c, y.data());
     for (std::size_t i = 0; i < c; ++i) {
       float* o = out.data() + routed[i].first * h;
       const float w = routed[i].second;
       for (std::size_t j = 0; j < h; ++j) o[j] += w * y[i * h + j];
     }
+  }
+  if (d_.moe.shared_experts > 0) {  // glm4_moe: one SwiGLU of n_shared_experts x moe width, always on
+    y.resize(n * h);
+    swiglu(L.shared, xn.data(), n, y.data());
+    for (std::size_t i = 0; i < n * h; ++i) out[i] += y[i];
   }
 }
 

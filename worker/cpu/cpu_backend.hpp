@@ -1,12 +1,20 @@
-// The CPU reference backend: an fp32 forward pass for qwen3_moe and qwen3 over BF16/F16/F32
-// weights read from the checkpoint's mmap. It is the ground truth for the CUDA kernels and the
-// backend on machines without a GPU (tests/CI, the tiny default model).
+// The CPU reference backend: an fp32 forward pass for qwen3_moe, qwen3 and glm4_moe over
+// BF16/F16/F32 weights read from the checkpoint's mmap. It is the ground truth for the CUDA
+// kernels and the backend on machines without a GPU (tests/CI, the tiny default model).
 //
-// Per layer (transformers Qwen3MoeDecoderLayer / Qwen3DecoderLayer):
-//   h = x + o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms(x)))), v_proj(rms(x))))
+// Per layer (transformers Qwen3MoeDecoderLayer / Qwen3DecoderLayer / Glm4MoeDecoderLayer):
+//   h = x + o_proj(attn(rope(q_norm(q_proj(rms(x)) + q_bias)), rope(k_norm(k_proj(rms(x)) + k_bias)),
+//                       v_proj(rms(x)) + v_bias))
 //   x = h + mlp(rms(h))
-// attn: causal GQA over the KV cache, scale 1/sqrt(head_dim). MoE mlp: softmax over the
-// router logits -> top-k -> renormalise when norm_topk_prob -> sum of weight * SwiGLU expert.
+// (biases only with attention_bias, q/k norms only with qk_norm). attn: causal GQA over the KV
+// cache, scale 1/sqrt(head_dim); RoPE rotates the first rotary_dim dims of each head (rotate-half
+// pairing) with the description's inverse frequencies (YaRN-blended and cos/sin scaled by its
+// attention factor when rope_scaling is yarn). MoE mlp, softmax router (Qwen3-MoE): softmax over
+// the router logits -> top-k -> renormalise when norm_topk_prob. Sigmoid router (glm4_moe):
+// sigmoid of the fp32 logits, choice by sigmoid + e_score_correction_bias within the topk_group
+// best of n_group groups, weights the chosen sigmoids renormalised, times routed_scaling_factor
+// (config.hpp, RouterKind). Then the sum of weight * SwiGLU expert, plus the shared expert's
+// SwiGLU when the model has one.
 //
 // KV pool (backend.hpp): one allocation at allocate_kv_pool, laid out block-major,
 //   (num_blocks, layers, 2 [K, V], block_tokens, kv_heads * head_dim) in CpuBackendOptions::kv_dtype,
@@ -38,8 +46,7 @@ struct CpuBackendOptions {
   KvDtype kv_dtype = KvDtype::bf16;
 };
 
-/// A CPU backend over `checkpoint`, which must outlive it. Throws ConfigError when the
-/// description has a kind this backend does not run (e.g. a sigmoid router).
+/// A CPU backend over `checkpoint`, which must outlive it.
 std::unique_ptr<Backend> make_cpu_backend(const Checkpoint& checkpoint, CpuBackendOptions options = {});
 
 /// Opens the checkpoint in `dir` (Checkpoint::open, same errors) and returns a backend that owns it.

@@ -121,16 +121,14 @@ void rms_norm(const float* x, const float* weight, std::size_t rows, std::size_t
   }
 }
 
-void rope(float* x, std::size_t heads, std::size_t head_dim, std::int64_t pos, double theta) {
-  const std::size_t half = head_dim / 2;
+void rope(float* x, std::size_t heads, std::size_t head_dim, std::size_t rotary_dim, std::int64_t pos,
+          const float* inv_freq, float scale) {
+  const std::size_t half = rotary_dim / 2;
   std::vector<float> c(half), s(half);
   for (std::size_t i = 0; i < half; ++i) {
-    // transformers: inv_freq = 1 / (base ** (arange(0, dim, 2).float() / dim)) in fp32.
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    const float inv_freq = 1.0f / static_cast<float>(std::pow(theta, static_cast<double>(expo)));
-    const float angle = static_cast<float>(pos) * inv_freq;
-    c[i] = std::cos(angle);
-    s[i] = std::sin(angle);
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    c[i] = std::cos(angle) * scale;
+    s[i] = std::sin(angle) * scale;
   }
   for (std::size_t h = 0; h < heads; ++h) {
     float* v = x + h * head_dim;

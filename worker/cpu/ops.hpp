@@ -54,12 +54,16 @@ float dot(const float* a, const float* b, std::size_t n);
 /// y = x / sqrt(mean(x^2) + eps) * weight. In place allowed (y == x).
 void rms_norm(const float* x, const float* weight, std::size_t rows, std::size_t dim, double eps, float* y);
 
-/// RoPE, rotate_half convention (transformers apply_rotary_pos_emb): for i < d/2,
-///   x'[i]       = x[i] cos(p f_i) - x[i + d/2] sin(p f_i)
-///   x'[i + d/2] = x[i + d/2] cos(p f_i) + x[i] sin(p f_i),   f_i = theta^(-2i/d)
-/// applied in place to `heads` heads of `head_dim` at position `pos`. Angles are formed in fp32
-/// as transformers does (inv_freq fp32, pos * inv_freq fp32), then cos/sin in fp32.
-void rope(float* x, std::size_t heads, std::size_t head_dim, std::int64_t pos, double theta);
+/// RoPE, rotate_half convention on the first `rotary_dim` dimensions of each head
+/// (transformers apply_rotary_pos_emb; the rest pass through, as with partial_rotary_factor):
+/// for i < r = rotary_dim / 2, with angle a_i = pos * inv_freq[i] (fp32, as transformers forms it)
+///   x'[i]     = (x[i] cos a_i - x[i + r] sin a_i) * scale
+///   x'[i + r] = (x[i + r] cos a_i + x[i] sin a_i) * scale
+/// in place on `heads` heads of `head_dim`. `inv_freq` has rotary_dim / 2 entries
+/// (rope_inv_freq, worker/model/rope.hpp); `scale` is YaRN's attention factor (1 otherwise),
+/// applied to cos and sin as transformers does (the pass-through dims are not scaled).
+void rope(float* x, std::size_t heads, std::size_t head_dim, std::size_t rotary_dim, std::int64_t pos,
+          const float* inv_freq, float scale = 1.0f);
 
 /// silu(x) = x / (1 + exp(-x)).
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }

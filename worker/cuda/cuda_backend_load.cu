@@ -129,6 +129,7 @@ void fold_routers(CudaBackend::Impl& m) {
 
 std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
                                          const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
+  if (const std::string why = cuda_backend_unsupported(d); !why.empty()) throw ConfigError(why);
   if (opt.stage_buffers < 0 || opt.stage_buffers == 1 || opt.stage_group < 1)
     throw std::invalid_argument("cuda backend: stage_buffers must be 0 (auto) or >= 2 and stage_group >= 1, got " +
                                 std::to_string(opt.stage_buffers) + " and " + std::to_string(opt.stage_group));

@@ -105,6 +105,11 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     L.k_proj = r.get(p + "self_attn.k_proj.weight", {d.num_kv_heads * d.head_dim, h});
     L.v_proj = r.get(p + "self_attn.v_proj.weight", {d.num_kv_heads * d.head_dim, h});
     L.o_proj = r.get(p + "self_attn.o_proj.weight", {h, d.num_heads * d.head_dim});
+    if (d.attention_bias) {
+      L.q_bias = r.get(p + "self_attn.q_proj.bias", {d.num_heads * d.head_dim});
+      L.k_bias = r.get(p + "self_attn.k_proj.bias", {d.num_kv_heads * d.head_dim});
+      L.v_bias = r.get(p + "self_attn.v_proj.bias", {d.num_kv_heads * d.head_dim});
+    }
     if (d.qk_norm) {
       L.q_norm = r.get(p + "self_attn.q_norm.weight", {d.head_dim});
       L.k_norm = r.get(p + "self_attn.k_norm.weight", {d.head_dim});
@@ -116,6 +121,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     } else {
       const std::int64_t m = d.moe.intermediate_size;
       L.router = r.get(p + "mlp.gate.weight", {d.moe.num_experts, h});
+      if (d.moe.router == RouterKind::sigmoid_bias_topk)
+        L.router_bias = r.get(p + "mlp.gate.e_score_correction_bias", {d.moe.num_experts});
+      if (d.moe.shared_experts > 0) {
+        const std::int64_t s = d.moe.shared_intermediate_size;
+        L.shared.gate = r.get(p + "mlp.shared_experts.gate_proj.weight", {s, h});
+        L.shared.up = r.get(p + "mlp.shared_experts.up_proj.weight", {s, h});
+        L.shared.down = r.get(p + "mlp.shared_experts.down_proj.weight", {h, s});
+      }
       L.experts.resize(static_cast<std::size_t>(d.moe.num_experts));
       for (std::int64_t e = 0; e < d.moe.num_experts; ++e) {
         const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
@@ -124,6 +137,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
         E.up = r.get(q + "up_proj.weight", {m, h});
         E.down = r.get(q + "down_proj.weight", {h, m});
       }
+    }
+  }
+  if (d.num_nextn_predict_layers > 0) {
+    const std::vector<std::string> names = c.tensors_.names();
+    for (std::int64_t i = 0; i < d.num_nextn_predict_layers; ++i) {
+      const std::string mtp = "model.layers." + std::to_string(d.num_layers + i) + ".";
+      for (const auto& name : names)
+        if (name.compare(0, mtp.size(), mtp) == 0) ++c.skipped_mtp_tensors_;
     }
   }
   return c;

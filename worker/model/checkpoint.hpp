@@ -3,19 +3,25 @@
 // Face name and checked against the description's shapes before anything runs.
 //
 // Weights stay in the read-only mmap of the safetensors files (BF16/F16/F32 as stored); the
-// backends read or upload them from there. Tensor names (Qwen3 / Qwen3-MoE layout):
+// backends read or upload them from there. Tensor names (Qwen3 / Qwen3-MoE / GLM-4.5 layout):
 //   model.embed_tokens.weight                               (vocab, hidden)
 //   model.layers.N.input_layernorm.weight                   (hidden)
 //   model.layers.N.self_attn.{q,k,v,o}_proj.weight          q (heads*head_dim, hidden),
 //                                                           k/v (kv_heads*head_dim, hidden),
 //                                                           o (hidden, heads*head_dim)
-//   model.layers.N.self_attn.{q,k}_norm.weight              (head_dim)
+//   model.layers.N.self_attn.{q,k,v}_proj.bias              (heads*head_dim) / (kv_heads*head_dim), attention_bias only
+//   model.layers.N.self_attn.{q,k}_norm.weight              (head_dim), qk_norm only
 //   model.layers.N.post_attention_layernorm.weight          (hidden)
 //   model.layers.N.mlp.{gate,up}_proj.weight                (intermediate, hidden)   dense layers
 //   model.layers.N.mlp.down_proj.weight                     (hidden, intermediate)   dense layers
 //   model.layers.N.mlp.gate.weight                          (num_experts, hidden)    MoE router
 //   model.layers.N.mlp.experts.E.{gate,up}_proj.weight      (moe_inter, hidden)
 //   model.layers.N.mlp.experts.E.down_proj.weight           (hidden, moe_inter)
+//   model.layers.N.mlp.gate.e_score_correction_bias         (num_experts)            sigmoid router
+//   model.layers.N.mlp.shared_experts.{gate,up}_proj.weight (shared_inter, hidden)   shared experts
+//   model.layers.N.mlp.shared_experts.down_proj.weight      (hidden, shared_inter)
+//   model.layers.{num_layers + i}.*                         glm4_moe's MTP layers (num_nextn_predict_layers):
+//                                                           counted, never read
 //   model.norm.weight                                       (hidden)
 //   lm_head.weight                                          (vocab, hidden), absent when tied
 //
@@ -56,6 +62,9 @@ struct LayerWeights {
   TensorRef k_proj;          // (kv_heads*head_dim, hidden)
   TensorRef v_proj;          // (kv_heads*head_dim, hidden)
   TensorRef o_proj;          // (hidden, heads*head_dim)
+  TensorRef q_bias;          // (heads*head_dim), absent unless description.attention_bias
+  TensorRef k_bias;          // (kv_heads*head_dim)
+  TensorRef v_bias;          // (kv_heads*head_dim)
   TensorRef q_norm;          // (head_dim), absent unless description.qk_norm
   TensorRef k_norm;          // (head_dim)
   TensorRef post_attn_norm;  // (hidden)
@@ -65,7 +74,9 @@ struct LayerWeights {
   TensorRef mlp_down;        // (hidden, intermediate)
   // MlpKind::moe
   TensorRef router;          // (num_experts, hidden)
+  TensorRef router_bias;     // (num_experts) e_score_correction_bias, RouterKind::sigmoid_bias_topk only
   std::vector<ExpertWeights> experts;  // num_experts entries
+  ExpertWeights shared;      // (shared_inter, hidden) x2, (hidden, shared_inter); moe.shared_experts > 0 only
 };
 
 class Checkpoint {
@@ -85,6 +96,9 @@ class Checkpoint {
   /// (vocab, hidden): lm_head.weight, or the embedding when tie_word_embeddings.
   const TensorRef& lm_head() const { return lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
+  /// Tensors of the multi-token-prediction layers (model.layers.{num_layers + i}.*, i <
+  /// num_nextn_predict_layers) found in the checkpoint: recognised and left unread.
+  std::size_t skipped_mtp_tensors() const { return skipped_mtp_tensors_; }
 
  private:
   std::string dir_;
@@ -95,6 +109,7 @@ class Checkpoint {
   TensorRef final_norm_;
   TensorRef lm_head_;
   std::vector<LayerWeights> layers_;
+  std::size_t skipped_mtp_tensors_ = 0;
 };
 
 /// Parses a generation_config.json object (eos_token_id int or list, bos_token_id int).

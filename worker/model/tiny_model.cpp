@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "worker/model/glm_fixture_tokenizer.hpp"
 #include "worker/model/planted_switch.hpp"
 #include "worker/model/safetensors_writer.hpp"
 
@@ -49,6 +50,26 @@ TensorToWrite random_tensor(const std::string& name, std::vector<std::int64_t> s
     const std::uint16_t b = float_to_bf16(v);
     t.data[2 * i] = static_cast<std::byte>(b & 0xff);
     t.data[2 * i + 1] = static_cast<std::byte>(b >> 8);
+  }
+  return t;
+}
+
+/// As random_tensor, stored as F32 (e_score_correction_bias, kept in fp32 as the checkpoints ship it).
+TensorToWrite random_tensor_f32(const std::string& name, std::vector<std::int64_t> shape, double mean, double stddev,
+                                std::uint64_t seed) {
+  TensorToWrite t;
+  t.name = name;
+  t.dtype = Dtype::f32;
+  t.shape = std::move(shape);
+  std::uint64_t count = 1;
+  for (auto d : t.shape) count *= static_cast<std::uint64_t>(d);
+  t.data.resize(count * 4);
+  std::uint64_t state = seed ^ fnv1a(name);
+  const double a = std::sqrt(3.0) * stddev;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const double r = static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+    const auto v = static_cast<float>(mean + a * (2.0 * r - 1.0));
+    std::memcpy(t.data.data() + 4 * i, &v, 4);
   }
   return t;
 }
@@ -124,7 +145,52 @@ void copy_file_exact(const fs::path& from, const fs::path& to) {
   if (!out) throw std::runtime_error("cannot write '" + to.string() + "'");
 }
 
+bool is_glm(const TinyModelOptions& o) { return o.model_type == "glm4_moe"; }
+
+json glm_config_json(const TinyModelOptions& o) {
+  // The keys of GLM-4.5-Air's config.json, in its order.
+  return json{
+      {"architectures", {"Glm4MoeForCausalLM"}},
+      {"attention_bias", o.attention_bias},
+      {"attention_dropout", 0.0},
+      // <|endoftext|>; null in a vocabulary too small to hold it (transformers refuses a padding id
+      // outside the embedding)
+      {"pad_token_id", o.vocab_size > 151329 ? json(151329) : json(nullptr)},
+      {"eos_token_id", {151329, 151336, 151338}},
+      {"head_dim", o.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", o.hidden_size},
+      {"partial_rotary_factor", o.partial_rotary_factor},
+      {"initializer_range", 0.02},
+      {"intermediate_size", o.intermediate_size},
+      {"max_position_embeddings", o.max_position_embeddings},
+      {"model_type", "glm4_moe"},
+      {"moe_intermediate_size", o.moe_intermediate_size},
+      {"norm_topk_prob", o.norm_topk_prob},
+      {"num_attention_heads", o.num_heads},
+      {"n_group", o.n_group},
+      {"topk_group", o.topk_group},
+      {"n_routed_experts", o.num_experts},
+      {"n_shared_experts", o.n_shared_experts},
+      {"routed_scaling_factor", o.routed_scaling_factor},
+      {"num_experts_per_tok", o.top_k},
+      {"first_k_dense_replace", o.first_k_dense_replace},
+      {"num_hidden_layers", o.num_layers},
+      {"num_key_value_heads", o.num_kv_heads},
+      {"rms_norm_eps", o.rms_norm_eps},
+      {"rope_scaling", nullptr},
+      {"rope_theta", o.rope_theta},
+      {"num_nextn_predict_layers", o.num_nextn_predict_layers},
+      {"tie_word_embeddings", o.tie_word_embeddings},
+      {"torch_dtype", "bfloat16"},
+      {"use_cache", true},
+      {"use_qk_norm", o.qk_norm},
+      {"vocab_size", o.vocab_size},
+  };
+}
+
 json config_json(const TinyModelOptions& o) {
+  if (is_glm(o)) return glm_config_json(o);
   const bool moe = o.model_type == "qwen3_moe";
   json c = {
       {"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
@@ -166,6 +232,7 @@ json config_json(const TinyModelOptions& o) {
 }
 
 bool is_moe_layer(const TinyModelOptions& o, std::int64_t i) {
+  if (is_glm(o)) return i >= o.first_k_dense_replace;
   if (o.model_type != "qwen3_moe") return false;
   for (auto m : o.mlp_only_layers)
     if (m == i) return false;
@@ -178,8 +245,13 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
   TinyModelOptions o = options;
   const bool planted = !o.planted_reply.tokens.empty();
   if (planted) o.tie_word_embeddings = false;  // the planted rows live in an untied lm_head
-  if (o.model_type != "qwen3_moe" && o.model_type != "qwen3")
-    throw std::runtime_error("write_model: model_type '" + o.model_type + "' (supported: qwen3_moe, qwen3)");
+  if (o.model_type != "qwen3_moe" && o.model_type != "qwen3" && !is_glm(o))
+    throw std::runtime_error("write_model: model_type '" + o.model_type + "' (supported: qwen3_moe, qwen3, glm4_moe)");
+  if (!is_glm(o)) {  // Qwen3 rotates whole heads and always has q/k norms, no biases
+    o.partial_rotary_factor = 1.0;
+    o.qk_norm = true;
+    o.attention_bias = false;
+  }
   if (o.shards < 1) throw std::runtime_error("write_model: shards must be >= 1");
   if (planted) check_planted(o.planted_reply, o.vocab_size);
   const bool switched = !o.planted_switch.tokens.empty();
@@ -212,11 +284,29 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     out.push_back(random_tensor(p + "self_attn.k_proj.weight", {kvd, h}, 0.0, proj_std, seed));
     out.push_back(random_tensor(p + "self_attn.v_proj.weight", {kvd, h}, 0.0, proj_std, seed));
     out.push_back(random_tensor(p + "self_attn.o_proj.weight", {h, qd}, 0.0, rs / std::sqrt(double(qd)), seed));
-    out.push_back(random_tensor(p + "self_attn.q_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
-    out.push_back(random_tensor(p + "self_attn.k_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
+    if (o.attention_bias) {
+      out.push_back(random_tensor(p + "self_attn.q_proj.bias", {qd}, 0.0, 0.2, seed));
+      out.push_back(random_tensor(p + "self_attn.k_proj.bias", {kvd}, 0.0, 0.2, seed));
+      out.push_back(random_tensor(p + "self_attn.v_proj.bias", {kvd}, 0.0, 0.2, seed));
+    }
+    if (o.qk_norm) {
+      out.push_back(random_tensor(p + "self_attn.q_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
+      out.push_back(random_tensor(p + "self_attn.k_norm.weight", {o.head_dim}, 1.0, 0.1, seed));
+    }
     if (is_moe_layer(o, i)) {
       const std::int64_t m = o.moe_intermediate_size;
       out.push_back(random_tensor(p + "mlp.gate.weight", {o.num_experts, h}, 0.0, proj_std, seed));
+      if (is_glm(o)) {
+        // A bias of the order of the sigmoid scores' spread, so that it changes choices.
+        out.push_back(random_tensor_f32(p + "mlp.gate.e_score_correction_bias", {o.num_experts}, 0.0, 0.3, seed));
+        if (o.n_shared_experts > 0) {
+          const std::int64_t sm = m * o.n_shared_experts;
+          const std::string q = p + "mlp.shared_experts.";
+          out.push_back(random_tensor(q + "gate_proj.weight", {sm, h}, 0.0, proj_std, seed));
+          out.push_back(random_tensor(q + "up_proj.weight", {sm, h}, 0.0, proj_std, seed));
+          out.push_back(random_tensor(q + "down_proj.weight", {h, sm}, 0.0, rs / std::sqrt(double(sm)), seed));
+        }
+      }
       for (std::int64_t e = 0; e < o.num_experts; ++e) {
         const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
         out.push_back(random_tensor(q + "gate_proj.weight", {m, h}, 0.0, proj_std, seed));
@@ -229,6 +319,17 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
       out.push_back(random_tensor(p + "mlp.up_proj.weight", {m, h}, 0.0, proj_std, seed));
       out.push_back(random_tensor(p + "mlp.down_proj.weight", {h, m}, 0.0, rs / std::sqrt(double(m)), seed));
     }
+  }
+  // glm4_moe's MTP layers sit after the decoder layers (model.layers.{num_layers + j}): a few of
+  // their tensors, so that a reader has to recognise and skip them.
+  for (std::int64_t j = 0; is_glm(o) && j < o.num_nextn_predict_layers; ++j) {
+    const std::string p = "model.layers." + std::to_string(o.num_layers + j) + ".";
+    auto& out = shards[static_cast<std::size_t>((o.num_layers + j) % o.shards)];
+    out.push_back(random_tensor(p + "eh_proj.weight", {h, 2 * h}, 0.0, proj_std, seed));
+    out.push_back(random_tensor(p + "enorm.weight", {h}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "hnorm.weight", {h}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "shared_head.norm.weight", {h}, 1.0, 0.1, seed));
+    out.push_back(random_tensor(p + "input_layernorm.weight", {h}, 1.0, 0.1, seed));
   }
   if (switched) plant_switch(o, o.planted_switch, shards[0]);
 
@@ -251,16 +352,42 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     write_text(dir / "model.safetensors.index.json", index.dump(2) + "\n");
   }
 
-  write_text(dir / "config.json", config_json(o).dump(2) + "\n");
+  json config = config_json(o);
+  if (o.yarn_factor > 0.0)
+    config["rope_scaling"] = {{"rope_type", "yarn"},
+                              {"factor", o.yarn_factor},
+                              {"original_max_position_embeddings", o.yarn_original_max_position_embeddings}};
+  write_text(dir / "config.json", config.dump(2) + "\n");
   // Qwen3's generation_config.json: <|im_end|> 151645 and <|endoftext|> 151643 both end a turn.
-  const json gen = {{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
-                    {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
-                    {"top_p", 0.95}};
+  // GLM-4.5's: <|endoftext|> 151329, <|user|> 151336 and <|observation|> 151338 end a turn.
+  const json gen = is_glm(o) ? json{{"eos_token_id", {151329, 151336, 151338}}, {"pad_token_id", 151329}}
+                             : json{{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
+                                    {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
+                                    {"top_p", 0.95}};
   write_text(dir / "generation_config.json", gen.dump(2) + "\n");
-  if (!tokenizer_dir.empty()) {
+  if (!o.chat_template.empty()) write_text(dir / "chat_template.jinja", o.chat_template);
+  if (!tokenizer_dir.empty() && is_glm(o)) {
+    write_glm_fixture_tokenizer(out_dir, tokenizer_dir);  // derived from Qwen3's (glm_fixture_tokenizer.hpp)
+  } else if (!tokenizer_dir.empty()) {
     copy_file_exact(fs::path(tokenizer_dir) / "tokenizer.json", dir / "tokenizer.json");
     copy_file_exact(fs::path(tokenizer_dir) / "tokenizer_config.json", dir / "tokenizer_config.json");
   }
+}
+
+TinyModelOptions tiny_glm_options() {
+  TinyModelOptions o;
+  o.model_type = "glm4_moe";
+  o.num_layers = 3;
+  o.partial_rotary_factor = 0.5;
+  o.qk_norm = false;
+  o.attention_bias = true;
+  o.n_shared_experts = 1;
+  o.first_k_dense_replace = 1;
+  o.num_nextn_predict_layers = 1;
+  o.vocab_size = 151552;
+  o.rms_norm_eps = 1e-5;
+  o.tie_word_embeddings = false;
+  return o;
 }
 
 void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {

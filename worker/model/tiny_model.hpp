@@ -47,8 +47,9 @@ struct PlantedSwitch {
 /// Shape of a generated model. Defaults: the tiny default model (qwen3_moe, 2 layers, hidden 64,
 /// 4 heads / 2 KV heads of 16, 8 experts top-2 of width 32, Qwen3's vocab of 151,936 tied with
 /// the embedding, 32,768 positions). ~20 MiB on disk, nearly all of it the embedding.
+/// tiny_glm_options() gives the tiny glm4_moe shape.
 struct TinyModelOptions {
-  std::string model_type = "qwen3_moe";  // or "qwen3" (dense)
+  std::string model_type = "qwen3_moe";  // or "qwen3" (dense), "glm4_moe"
   std::int64_t num_layers = 2;
   std::int64_t hidden_size = 64;
   std::int64_t num_heads = 4;
@@ -66,6 +67,21 @@ struct TinyModelOptions {
   double rope_theta = 1000000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = true;
+  // glm4_moe (config.hpp explains each; ignored for the Qwen3 types, which rotate whole heads and
+  // always have q/k norms).
+  double partial_rotary_factor = 1.0;
+  bool qk_norm = true;                   // use_qk_norm
+  bool attention_bias = false;           // q/k/v biases
+  std::int64_t n_shared_experts = 0;
+  double routed_scaling_factor = 1.0;
+  std::int64_t n_group = 1;
+  std::int64_t topk_group = 1;
+  std::int64_t first_k_dense_replace = 0;
+  std::int64_t num_nextn_predict_layers = 0;  // writes that many MTP layers' tensors (never read)
+  // YaRN (any model type): factor > 0 writes rope_scaling {"rope_type": "yarn", ...}.
+  double yarn_factor = 0.0;
+  std::int64_t yarn_original_max_position_embeddings = 0;
+  std::string chat_template;             // non-empty: written as chat_template.jinja
   int shards = 1;                        // > 1 writes model-0000i-of-0000N.safetensors + index
   std::uint64_t seed = 0;
   /// Multiplies the standard deviation of every write into the residual stream (o_proj and the
@@ -78,6 +94,13 @@ struct TinyModelOptions {
   /// Non-empty tokens: plant a switch to this reply after `marker` (needs planted_reply).
   PlantedSwitch planted_switch;
 };
+
+/// The tiny glm4_moe shape, GLM-4.5-Air's structure at toy size: 3 layers (layer 0 dense SwiGLU
+/// of 128, then MoE), hidden 64, 4 query heads / 2 KV heads of 16 with q/k/v biases and no q/k
+/// norm, RoPE on the first 8 dims of each head (partial_rotary_factor 0.5), 8 routed experts
+/// top-2 of width 32 with a sigmoid router and correction bias (n_group 1) plus one shared
+/// expert, one MTP layer's tensors, GLM-4.5's vocab of 151,552 untied, rms_norm_eps 1e-5.
+TinyModelOptions tiny_glm_options();
 
 /// Writes the tiny default model (TinyModelOptions{} with `seed`) to `out_dir` (created if
 /// missing; existing files overwritten) and copies tokenizer.json and tokenizer_config.json from

@@ -1,5 +1,8 @@
 #include "worker/parsers/tool_call_parser.hpp"
 
+#include "worker/parsers/qwen3_coder_parser.hpp"
+#include "worker/parsers/tool_call_block.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <random>
@@ -8,24 +11,16 @@
 namespace servedeck::worker {
 namespace {
 
-constexpr std::string_view k_open = "<tool_call>";
-constexpr std::string_view k_close = "</tool_call>";
 constexpr std::string_view k_key_open = "<arg_key>";
 constexpr std::string_view k_key_close = "</arg_key>";
 constexpr std::string_view k_value_open = "<arg_value>";
 constexpr std::string_view k_value_close = "</arg_value>";
 
-std::string_view trim(std::string_view s) {
-  const auto ws = " \t\r\n";
-  const auto b = s.find_first_not_of(ws);
-  if (b == std::string_view::npos) return {};
-  const auto e = s.find_last_not_of(ws);
-  return s.substr(b, e - b + 1);
-}
-
-std::string dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+using detail::BlockParser;
+using detail::dump;
+using detail::k_close;
+using detail::k_open;
+using detail::trim;
 
 class PassThrough final : public ToolCallParser {
  public:
@@ -34,78 +29,6 @@ class PassThrough final : public ToolCallParser {
   }
   void finish(std::vector<ParseDelta>&) override {}
   int calls() const override { return 0; }
-};
-
-// Shared outer loop: content outside <tool_call>…</tool_call> passes through; the block body is
-// handed to the format's body handler.
-class BlockParser : public ToolCallParser {
- public:
-  explicit BlockParser(ToolCallIdGenerator ids) : ids_(std::move(ids)) {}
-
-  void push(std::string_view text, std::vector<ParseDelta>& out) override {
-    buf_ += text;
-    for (;;) {
-      if (!in_block_) {
-        const auto pos = buf_.find(k_open);
-        if (pos == std::string::npos) {
-          const std::size_t hold = partial_tag_suffix(buf_, k_open);
-          append_text(out, DeltaKind::content, std::string_view(buf_).substr(0, buf_.size() - hold));
-          buf_.erase(0, buf_.size() - hold);
-          return;
-        }
-        append_text(out, DeltaKind::content, std::string_view(buf_).substr(0, pos));
-        buf_.erase(0, pos + k_open.size());
-        in_block_ = true;
-        raw_block_.clear();
-        begin_block();
-      }
-      // In a block: buf_ holds the unconsumed body.
-      if (!on_body(out, /*at_end=*/false)) return;  // needs more text
-      in_block_ = false;
-    }
-  }
-
-  void finish(std::vector<ParseDelta>& out) override {
-    if (in_block_) {
-      on_body(out, /*at_end=*/true);
-      in_block_ = false;
-    } else {
-      append_text(out, DeltaKind::content, buf_);
-    }
-    buf_.clear();
-  }
-
-  int calls() const override { return calls_; }
-
- protected:
-  virtual void begin_block() = 0;
-  /// Consumes from buf_; returns true when the block is closed (buf_ then holds what follows).
-  virtual bool on_body(std::vector<ParseDelta>& out, bool at_end) = 0;
-
-  int start_call(std::vector<ParseDelta>& out, std::string name) {
-    ParseDelta d;
-    d.kind = DeltaKind::tool_call_start;
-    d.tool_index = calls_;
-    d.id = ids_();
-    d.name = std::move(name);
-    out.push_back(std::move(d));
-    return calls_++;
-  }
-  static void add_args(std::vector<ParseDelta>& out, int index, std::string text) {
-    ParseDelta d;
-    d.kind = DeltaKind::tool_call_arguments;
-    d.tool_index = index;
-    d.text = std::move(text);
-    out.push_back(std::move(d));
-  }
-
-  std::string buf_;
-  std::string raw_block_;  // body consumed so far (to release as content when it fails to parse)
-  bool in_block_ = false;
-
- private:
-  ToolCallIdGenerator ids_;
-  int calls_ = 0;
 };
 
 // Hermes calls stream their arguments when the body starts the usual way,
@@ -382,6 +305,7 @@ std::string_view to_string(ToolParserKind k) {
     case ToolParserKind::none: return "none";
     case ToolParserKind::hermes: return "hermes";
     case ToolParserKind::glm: return "glm";
+    case ToolParserKind::qwen3_coder: return "qwen3_coder";
   }
   return "unknown";
 }
@@ -389,6 +313,7 @@ std::string_view to_string(ToolParserKind k) {
 bool parse_tool_parser_kind(std::string_view s, ToolParserKind& out) {
   if (s == "hermes" || s == "qwen3" || s == "qwen") out = ToolParserKind::hermes;
   else if (s == "glm" || s == "glm45" || s == "glm4_moe") out = ToolParserKind::glm;
+  else if (s == "qwen3_coder" || s == "qwen3_xml") out = ToolParserKind::qwen3_coder;
   else if (s == "none") out = ToolParserKind::none;
   else return false;
   return true;
@@ -411,6 +336,7 @@ std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolParserKind kind,
   switch (kind) {
     case ToolParserKind::hermes: return std::make_unique<HermesParser>(std::move(ids));
     case ToolParserKind::glm: return std::make_unique<GlmParser>(tools, std::move(ids));
+    case ToolParserKind::qwen3_coder: return make_qwen3_coder_parser(tools, std::move(ids));
     case ToolParserKind::none: break;
   }
   return std::make_unique<PassThrough>();

@@ -1,7 +1,9 @@
 // Tool-call parsers: find tool-call markup in the content stream and turn it into tool-call
-// deltas. Two formats:
+// deltas. Three formats:
 //   hermes (Qwen2.5/Qwen3, Hermes):  <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
 //   glm    (GLM-4.5 and later):      <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n…</tool_call>
+//   qwen3_coder (Qwen3-Coder):       <tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>
+//                                    (worker/parsers/qwen3_coder_parser.hpp)
 // Streaming-safe: text that may be the start of "<tool_call>" is held back; content around calls
 // passes through. A hermes call written {"name": …, "arguments": {…}} (the usual order) starts as
 // soon as its name is read and streams its arguments text as it arrives (a final "}" is held
@@ -28,10 +30,11 @@
 
 namespace servedeck::worker {
 
-enum class ToolParserKind { none, hermes, glm };
+enum class ToolParserKind { none, hermes, glm, qwen3_coder };
 
 std::string_view to_string(ToolParserKind k);
-/// "hermes" | "glm" | "none" (also "qwen3" → hermes). False when unknown.
+/// "hermes" | "glm" | "qwen3_coder" | "none" (also "qwen3" → hermes, "glm45" / "glm4_moe" → glm,
+/// "qwen3_xml" → qwen3_coder). False when unknown.
 bool parse_tool_parser_kind(std::string_view s, ToolParserKind& out);
 
 /// Produces tool-call ids ("call_…"). Default: "call_" + 24 random hex digits.
@@ -49,7 +52,8 @@ class ToolCallParser {
   virtual int calls() const = 0;
 };
 
-/// `tools` is the request's "tools" array (OpenAI shape), used for GLM value types; may be null.
+/// `tools` is the request's "tools" array (OpenAI shape), used for GLM and Qwen3-Coder value
+/// types; may be null.
 /// kind none → a pass-through parser.
 std::unique_ptr<ToolCallParser> make_tool_call_parser(ToolParserKind kind,
                                                       const nlohmann::json& tools,

@@ -70,6 +70,9 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
                              std::to_string(max_pos) + " (" + options.dir + "/config.json)");
   if (m->max_model_len == 0) throw std::runtime_error("max_model_len is 0: give --max-model-len or max_position_embeddings in config.json");
   if (options.backend == "cuda") {
+    // Refused before any device memory is taken (worker/model/config.hpp lists what and why).
+    if (const std::string why = cuda_backend_unsupported(desc); !why.empty())
+      throw std::runtime_error(options.dir + "/config.json: " + why);
 #if SERVEDECK_HAVE_CUDA
     if (options.synthetic_seed)
       m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options));

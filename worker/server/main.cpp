@@ -1,10 +1,11 @@
 // servedeck-worker: the native inference worker.
 //   servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]
-//                          [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]
+//                          [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|qwen3_coder|none]
 //                          [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
 //   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]
+//                          [--model-type qwen3_moe|glm4_moe]
 //     random (default): the random tiny model; chat: the same shape with a planted reply that
 //     ends its turn (worker/server/tiny_chat_model.hpp).
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
@@ -33,11 +34,12 @@ using namespace servedeck::worker;
 constexpr const char* k_usage =
     "usage:\n"
     "  servedeck-worker serve --model DIR [--host 127.0.0.1] [--port N] [--served-model-name NAME]\n"
-    "                         [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|none]\n"
+    "                         [--max-model-len N] [--kv-cache-bytes N] [--prefill-chunk N] [--tool-parser hermes|glm|qwen3_coder|none]\n"
     "                         [--reasoning-parser qwen3|none] [--threads N] [--default-max-tokens N]\n"
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
-    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]\n";
+    "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]\n"
+    "                                  [--model-type qwen3_moe|glm4_moe]\n";
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -112,7 +114,7 @@ bool to_double(const Args& a, const std::string& name, double lo, double hi, dou
 }
 
 int make_tiny_model(int argc, char** argv) {
-  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed", "variant"});
+  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed", "variant", "model-type"});
   if (!a.ok) return 2;
   if (!a.values.count("out") || !a.values.count("tokenizer-dir")) {
     std::cerr << "servedeck-worker make-tiny-model: --out and --tokenizer-dir are required\n" << k_usage;
@@ -125,8 +127,15 @@ int make_tiny_model(int argc, char** argv) {
     std::cerr << "servedeck-worker make-tiny-model: --variant " << variant << ": expected random, chat or tool\n";
     return 2;
   }
+  const std::string model_type = a.values.count("model-type") ? a.values.at("model-type") : "qwen3_moe";
+  if (model_type != "qwen3_moe" && model_type != "glm4_moe") {
+    std::cerr << "servedeck-worker make-tiny-model: --model-type " << model_type << ": expected qwen3_moe or glm4_moe\n";
+    return 2;
+  }
   try {
-    if (variant == "chat")
+    if (model_type == "glm4_moe")
+      write_tiny_glm_model(a.values.at("out"), a.values.at("tokenizer-dir"), variant, seed);
+    else if (variant == "chat")
       write_tiny_chat_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
     else if (variant == "tool")
       write_tiny_tool_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
@@ -136,7 +145,7 @@ int make_tiny_model(int argc, char** argv) {
     std::cerr << "servedeck-worker make-tiny-model: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "wrote the tiny " << variant << " model to " << a.values.at("out") << "\n";
+  std::cout << "wrote the tiny " << model_type << " " << variant << " model to " << a.values.at("out") << "\n";
   return 0;
 }
 
@@ -195,7 +204,7 @@ int serve(int argc, char** argv) {
   so.port = static_cast<int>(port);
   so.served_model_name = a.values.count("served-model-name") ? a.values.at("served-model-name") : mo.dir;
   if (a.values.count("tool-parser") && !parse_tool_parser_kind(a.values.at("tool-parser"), so.tool_parser)) {
-    std::cerr << "servedeck-worker: --tool-parser " << a.values.at("tool-parser") << ": expected hermes, glm or none\n";
+    std::cerr << "servedeck-worker: --tool-parser " << a.values.at("tool-parser") << ": expected hermes, glm, qwen3_coder or none\n";
     return 2;
   }
   if (a.values.count("reasoning-parser")) {

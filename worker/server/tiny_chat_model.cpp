@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "worker/model/glm_chat_template.hpp"
+#include "worker/model/glm_fixture_tokenizer.hpp"
 #include "worker/model/tiny_model.hpp"
 #include "worker/tokenizer/tokenizer.hpp"
 
@@ -33,11 +35,34 @@ TinyModelOptions chat_options(const Tokenizer& tok, const std::string& tokenizer
 
 std::int64_t special_token(const Tokenizer& tok, const std::string& text, const std::string& dir) {
   const auto id = tok.token_id(text);
-  if (!id) throw std::runtime_error("tiny tool model: the tokenizer in '" + dir + "' has no " + text);
+  if (!id) throw std::runtime_error("tiny model: the tokenizer in '" + dir + "' has no " + text);
   return *id;
 }
 
 }  // namespace
+
+void write_tiny_glm_model(const std::string& out_dir, const std::string& tokenizer_dir, const std::string& variant,
+                          std::uint64_t seed) {
+  if (variant != "random" && variant != "chat" && variant != "tool")
+    throw std::runtime_error("tiny GLM model: variant '" + variant + "' (expected random, chat or tool)");
+  TinyModelOptions o = tiny_glm_options();
+  o.seed = seed;
+  o.chat_template = std::string(glm45_chat_template());
+  if (variant == "random") {
+    write_model(out_dir, o, tokenizer_dir);
+    return;
+  }
+  // The planted reply is tokenised with the fixture tokenizer the checkpoint ships: write it
+  // first (write_model writes it again, identically).
+  write_glm_fixture_tokenizer(out_dir, tokenizer_dir);
+  const auto tok = Tokenizer::from_file(out_dir + "/tokenizer.json");
+  o.residual_scale = 0.05;
+  o.planted_reply.after = {special_token(tok, "<|assistant|>", out_dir), special_token(tok, "</think>", out_dir)};
+  const std::string reply = variant == "chat" ? k_tiny_chat_reply : k_tiny_glm_tool_call;
+  for (auto id : tok.encode(reply, /*parse_special=*/true)) o.planted_reply.tokens.push_back(id);
+  o.planted_reply.end_token = special_token(tok, variant == "chat" ? "<|user|>" : "<|observation|>", out_dir);
+  write_model(out_dir, o, tokenizer_dir);
+}
 
 void write_tiny_chat_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
   const auto tok = Tokenizer::from_file(tokenizer_dir + "/tokenizer.json");

@@ -25,6 +25,22 @@ inline constexpr const char* k_tiny_tool_call =
 /// write_tiny_chat_model.
 void write_tiny_tool_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed = 0);
 
+/// The tool call the "tool" tiny GLM model makes after a prompt: GLM markup (as GLM-4.7's
+/// template writes it, without newlines, so that its 11 tokens are all distinct) for the same
+/// Bash call as k_tiny_tool_call.
+inline constexpr const char* k_tiny_glm_tool_call =
+    "<tool_call>Bash<arg_key>command</arg_key><arg_value>touch ran.txt</arg_value></tool_call>";
+
+/// Writes the tiny glm4_moe checkpoint (tiny_glm_options(), GLM-4.5's chat template, the GLM
+/// fixture tokenizer derived from Qwen3's in `tokenizer_dir`: glm_fixture_tokenizer.hpp).
+/// `variant`: "random" (the numerics reference), "chat" (after GLM's generation prompt, which
+/// ends in <|assistant|>, or in </think> with enable_thinking false, it says k_tiny_chat_reply
+/// and ends the turn with <|user|>), "tool" (it says k_tiny_glm_tool_call and ends with
+/// <|observation|>, GLM's end of a tool-calling turn; every turn, no switch after a result).
+/// Throws std::runtime_error naming the file, token or variant that failed.
+void write_tiny_glm_model(const std::string& out_dir, const std::string& tokenizer_dir, const std::string& variant,
+                          std::uint64_t seed = 0);
+
 /// Writes the chat tiny model to `out_dir` (as write_tiny_model; the reply and its start tokens
 /// are tokenized with `tokenizer_dir`/tokenizer.json). Residual writes are scaled by 0.05
 /// (PlantedReply explains why). Throws std::runtime_error naming the file or token that failed.

@@ -111,6 +111,16 @@ std::optional<ToolChoiceError> forced_tool_call_prefix(const ToolChoice& choice,
         call += choice.name + "\n";
       }
       break;
+    case ToolParserKind::qwen3_coder:
+      call = "<tool_call>\n";
+      if (choice.mode == ToolChoiceMode::named) {
+        if (choice.name.empty() || choice.name.find_first_of("<>{}\" \t\r\n") != std::string::npos)
+          return unsupported(what + ": the function name '" + choice.name +
+                             "' cannot be written in the qwen3_coder tool-call format (it is empty or holds whitespace or "
+                             "one of <>{}\"); expected a name without them, or tool_choice \"auto\"");
+        call += "<function=" + choice.name + ">\n";
+      }
+      break;
     case ToolParserKind::none:
       return unsupported(what +
                          " is not supported for this model's tool-call format (--tool-parser none); expected \"auto\" or \"none\"");

@@ -4,10 +4,12 @@
 //
 //   absent / null / "auto"  → nothing forced; tools as the model likes
 //   "none"                  → nothing forced; the tool-call parser is off
-//   "required"              → the answer opens a tool call: hermes "<tool_call>\n", glm "<tool_call>"
+//   "required"              → the answer opens a tool call: hermes and qwen3_coder "<tool_call>\n",
+//                             glm "<tool_call>"
 //   {"type": "function", "function": {"name": "X"}}
 //                           → the answer opens a call to X: hermes
-//                             `<tool_call>\n{"name": "X", "arguments": {`, glm "<tool_call>X\n"
+//                             `<tool_call>\n{"name": "X", "arguments": {`, glm "<tool_call>X\n",
+//                             qwen3_coder "<tool_call>\n<function=X>\n"
 //
 // Only the opening is forced: the arguments are whatever the model generates next (not
 // validated against the tool's schema), and a model may still close the call badly (the parser
@@ -67,7 +69,7 @@ std::optional<ToolChoiceError> parse_tool_choice(const nlohmann::json& body, con
 /// `kind` ("" for auto and none); `prompt_opens_reasoning` prepends "</think>\n\n" (required and
 /// named only). Returns nullopt and fills `prefix`, or an `unsupported` error when `kind` cannot
 /// force it (none: "tool_choice 'required' is not supported for this model's tool-call format ...";
-/// glm: a function name the format cannot write).
+/// glm, qwen3_coder: a function name the format cannot write).
 std::optional<ToolChoiceError> forced_tool_call_prefix(const ToolChoice& choice, ToolParserKind kind,
                                                        bool prompt_opens_reasoning, std::string& prefix);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "worker/cpu/ops.hpp"
+#include "worker/model/rope.hpp"
 #include "worker/model/safetensors_writer.hpp"
 
 using namespace servedeck::worker;
@@ -93,14 +94,15 @@ TEST_CASE("matmul equals a naive loop for BF16 and F32 weights and any thread co
 TEST_CASE("rope matches the rotate_half formula; position 0 is the identity") {
   const std::size_t heads = 3, hd = 16;
   const double theta = 1e6;
+  const std::vector<float> inv_freq = rope_inv_freq(theta, hd, RopeScaling{});
   std::vector<float> x(heads * hd);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 0.1f - 2.0f;
   auto y = x;
-  cpu::rope(y.data(), heads, hd, 0, theta);
+  cpu::rope(y.data(), heads, hd, hd, 0, inv_freq.data());
   CHECK(y == x);
   for (std::int64_t pos : {1, 17, 4095}) {
     y = x;
-    cpu::rope(y.data(), heads, hd, pos, theta);
+    cpu::rope(y.data(), heads, hd, hd, pos, inv_freq.data());
     double worst = 0;
     for (std::size_t h = 0; h < heads; ++h)
       for (std::size_t i = 0; i < hd / 2; ++i) {
@@ -113,6 +115,26 @@ TEST_CASE("rope matches the rotate_half formula; position 0 is the identity") {
     INFO("pos " << pos);
     // note: fp32 angles (as transformers forms them) lose ~pos * 6e-8 rad against double.
     CHECK(worst < 1e-3);
+  }
+}
+
+TEST_CASE("partial rotary rotates the leading dims only; the attention factor scales them, not the rest") {
+  const std::size_t heads = 2, hd = 16, rot = 8;
+  const std::vector<float> inv_freq = rope_inv_freq(1e4, rot, RopeScaling{});
+  REQUIRE(inv_freq.size() == rot / 2);
+  std::vector<float> x(heads * hd);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.3f * static_cast<float>(i % 7) - 0.8f;
+  auto y = x;
+  cpu::rope(y.data(), heads, hd, rot, 5, inv_freq.data(), 1.25f);
+  for (std::size_t h = 0; h < heads; ++h) {
+    for (std::size_t i = rot; i < hd; ++i) CHECK(y[h * hd + i] == x[h * hd + i]);  // passed through, unscaled
+    for (std::size_t i = 0; i < rot / 2; ++i) {
+      const double f = std::pow(1e4, -2.0 * static_cast<double>(i) / rot);
+      const double a = x[h * hd + i], b = x[h * hd + i + rot / 2];
+      const double c = std::cos(5.0 * f) * 1.25, s = std::sin(5.0 * f) * 1.25;
+      CHECK(y[h * hd + i] == doctest::Approx(a * c - b * s).epsilon(1e-5));
+      CHECK(y[h * hd + i + rot / 2] == doctest::Approx(b * c + a * s).epsilon(1e-5));
+    }
   }
 }
 

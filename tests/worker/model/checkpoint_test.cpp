@@ -85,9 +85,11 @@ TEST_CASE("transformers 5 rope_parameters is read; unsupported features are refu
   cfg.erase("rope_theta");
   cfg["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5000.0}};
   CHECK(parse_model_config(cfg).rope_theta == 5000.0);
+  cfg["rope_parameters"]["rope_type"] = "linear";
+  CHECK(config_error(cfg) == "config.json: 'rope_parameters'.rope_type = \"linear\": supported are \"default\" and "
+                             "\"yarn\" (model_type qwen3_moe)");
   cfg["rope_parameters"]["rope_type"] = "yarn";
-  CHECK(config_error(cfg) ==
-        "config.json: 'rope_parameters'.rope_type = \"yarn\": only \"default\" RoPE is supported (model_type qwen3_moe)");
+  CHECK(config_error(cfg) == "config.json: 'rope_parameters': rope_type \"yarn\" needs a 'factor' (model_type qwen3_moe)");
   cfg = qwen3_moe_config();
   cfg["hidden_act"] = "gelu";
   CHECK(config_error(cfg) == "config.json: hidden_act = \"gelu\": expected \"silu\" (model_type qwen3_moe)");
@@ -96,7 +98,7 @@ TEST_CASE("transformers 5 rope_parameters is read; unsupported features are refu
 TEST_CASE("unsupported model_type lists the supported ones; missing and bad keys are named") {
   json cfg = qwen3_moe_config();
   cfg["model_type"] = "llama";
-  CHECK(config_error(cfg) == "config.json: model_type 'llama' is not supported (supported: qwen3_moe, qwen3)");
+  CHECK(config_error(cfg) == "config.json: model_type 'llama' is not supported (supported: qwen3_moe, qwen3, glm4_moe)");
   cfg = qwen3_moe_config();
   cfg.erase("hidden_size");
   CHECK(config_error(cfg) == "config.json: missing key 'hidden_size' (model_type qwen3_moe)");

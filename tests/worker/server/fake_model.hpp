@@ -83,7 +83,10 @@ inline int32_t chat_script(const std::vector<int32_t>& ctx) {
       if (const auto at = produced.find(args, h); at != std::string::npos) start = produced.substr(h, at + args.size() - h);
     }
     answer = (open == std::string::npos ? "" : produced.substr(0, open)) + start + "\"city\": \"Paris\"}}\n</tool_call>";
-  } else if (user.find("glm") != std::string::npos)
+  } else if (user.find("coder") != std::string::npos)
+    answer = "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n"
+             "</parameter>\n</function>\n</tool_call>";
+  else if (user.find("glm") != std::string::npos)
     answer = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
   if (produced.size() < answer.size() && answer.compare(0, produced.size(), produced) == 0)
     return static_cast<unsigned char>(answer[produced.size()]);

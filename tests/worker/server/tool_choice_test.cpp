@@ -122,6 +122,8 @@ TEST_CASE("parse_tool_choice and the forced prefix per format") {
   CHECK(p == "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {");
   CHECK(!forced_tool_call_prefix(c, ToolParserKind::glm, false, p));
   CHECK(p == "<tool_call>get_time\n");
+  CHECK(!forced_tool_call_prefix(c, ToolParserKind::qwen3_coder, false, p));
+  CHECK(p == "<tool_call>\n<function=get_time>\n");
   CHECK(!forced_tool_call_prefix(c, ToolParserKind::hermes, true, p));
   CHECK(p == "</think>\n\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {");
   c.mode = ToolChoiceMode::required;
@@ -129,6 +131,8 @@ TEST_CASE("parse_tool_choice and the forced prefix per format") {
   CHECK(p == "<tool_call>\n");
   CHECK(!forced_tool_call_prefix(c, ToolParserKind::glm, false, p));
   CHECK(p == "<tool_call>");
+  CHECK(!forced_tool_call_prefix(c, ToolParserKind::qwen3_coder, false, p));
+  CHECK(p == "<tool_call>\n");
   const auto e = forced_tool_call_prefix(c, ToolParserKind::none, false, p);
   REQUIRE(e);
   CHECK(e->kind == ToolChoiceErrorKind::unsupported);
@@ -251,6 +255,14 @@ TEST_CASE("a refused tool_choice names its param and code; malformed messages ke
   Fixture glm(1 << 20, ToolParserKind::glm);
   const std::string m = refused(glm, {{"tools", spaced}, {"tool_choice", named("get time")}}, "unsupported_tool_choice");
   CHECK(m.find("a named tool_choice: the function name 'get time' cannot be written in the glm tool-call format") == 0);
+  ToolChoice spaced_choice;
+  spaced_choice.mode = ToolChoiceMode::named;
+  spaced_choice.name = "get time";
+  std::string unused;
+  const auto q = forced_tool_call_prefix(spaced_choice, ToolParserKind::qwen3_coder, false, unused);
+  REQUIRE(q);
+  CHECK(q->kind == ToolChoiceErrorKind::unsupported);
+  CHECK(q->message.find("cannot be written in the qwen3_coder tool-call format") != std::string::npos);
 
   // /tokenize reads tool_choice too and refuses it the same way.
   Fixture f;

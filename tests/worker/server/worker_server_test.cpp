@@ -148,6 +148,41 @@ TEST_CASE("glm tool parser: typed arguments from the schema") {
   CHECK(msg["content"].is_null());
 }
 
+TEST_CASE("qwen3_coder tool parser: the XML call arrives as tool_calls typed by the schema, streamed and not") {
+  Fixture f(1 << 20, ToolParserKind::qwen3_coder);
+  const json extra = {{"tools", k_weather_tools}};
+  auto r = f.post("/v1/chat/completions", chat_body("coder call", false, extra).dump());
+  REQUIRE(r.status == 200);
+  const auto j = json::parse(r.body);
+  const auto msg = j["choices"][0]["message"];
+  CHECK(msg["content"] == "Let me check.\n");
+  REQUIRE(msg["tool_calls"].size() == 1);
+  CHECK(msg["tool_calls"][0]["function"]["name"] == "get_weather");
+  CHECK(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()) == json{{"city", "Oslo"}, {"days", 3}});
+  CHECK(j["choices"][0]["finish_reason"] == "tool_calls");
+
+  int status = 0;
+  const auto events = f.stream("/v1/chat/completions", chat_body("coder call", true, extra).dump(), &status);
+  REQUIRE(status == 200);
+  std::string content, args, name, finish;
+  for (const auto& e : events) {
+    if (e == "[DONE]") continue;
+    const auto c = json::parse(e)["choices"][0];
+    const auto& d = c["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      const auto& tc = d["tool_calls"][0];
+      if (tc.contains("id")) name = tc["function"]["name"];
+      if (tc["function"].contains("arguments")) args += tc["function"]["arguments"].get<std::string>();
+    }
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  CHECK(content == "Let me check.\n");  // no markup in the streamed content
+  CHECK(name == "get_weather");
+  CHECK(args == msg["tool_calls"][0]["function"]["arguments"].get<std::string>());
+  CHECK(finish == "tool_calls");
+}
+
 TEST_CASE("bad requests get 400 in the OpenAI envelope naming what was read") {
   Fixture f;
   auto bad_json = f.post("/v1/chat/completions", "{\"messages\": [");

