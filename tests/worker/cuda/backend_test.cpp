@@ -5,8 +5,9 @@
 // q and the softmax weights to bf16 (relative 2^-9, the flash kernels' numerics) where the CPU
 // keeps fp32, the rest is fp32 in another order; on the random MoE model such a perturbation
 // flips near-tied expert choices, which moves some logits a lot — relative L2 error of all
-// logits < 5e-2 and top-1 agreement at >= 90% of positions (measured on the H200: see the
-// MESSAGE lines). Staged prefill path vs the token-by-token path and vs CPU — the prefill GEMMs
+// logits < 5e-2 and top-1 agreement at >= 90% of positions (measured on the H200: 0.029, top-1
+// 40/40; the unfolded-router and mixed dense/MoE models, 24 positions: < 1e-2, measured 0.0021 and
+// 0.0019). Staged prefill path vs the token-by-token path and vs CPU — the prefill GEMMs
 // also take bf16 activations (relative rounding 2^-9) — the same bounds and max |Δlogit| < 10%
 // of the largest |logit|. Offload on vs off — the same kernels read the same bytes from host, a
 // staging buffer or VRAM: bit-identical, on both paths.
@@ -153,7 +154,7 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
     const auto [rel, top1_same] = compare_to_cpu(*cpu, *gpu, prompt(24, 4096), 4096);
     const std::string what = mixed ? "dense + MoE layers, folded router" : "unfolded router";
     MESSAGE(what << ": relative L2 " << rel << ", top-1 " << top1_same << "/24");
-    CHECK(rel < 5e-2);
+    CHECK(rel < 1e-2);  // measured 0.0021 / 0.0019 on the H200
     CHECK(top1_same * 10 >= 24 * 9);
     std::filesystem::remove_all(dir);
   }
