@@ -67,7 +67,7 @@ struct CudaBackendOptions {
   bool staged_prefill = true;
   /// Prefill attention on the flash kernel (flash_attention.cuh, bf16 numerics) where the shape
   /// allows, for chunks whose last query sees more than flash_attention_min_keys keys; shorter
-  /// ones (and all when false) use cuBLAS (TF32 on the fp32 cache) with a materialised score
+  /// ones (and all when false) use cuBLAS (TF32 on an fp32 copy of the bf16 rows) with a materialised score
   /// matrix. The flash kernel is as fast at 512 tokens and much faster beyond (docs/performance.md,
   /// 2026-11-30 "prefill, resident": 0.075 / 0.143 / 0.566 s for 512 / 4096 / 16384-token
   /// prompts against cuBLAS's 0.074 / 0.245 / 2.427 s), so it serves every length by default. Used for
