@@ -33,12 +33,16 @@
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/engine/kv_sequence.hpp"
 #include "worker/engine/sampler.hpp"
 #include "bench/moe_offload/decode_trace_report.hpp"
+#include "bench/moe_offload/ceilings.hpp"
 #include "bench/moe_offload/flash_bench.hpp"
 
 using namespace servedeck::worker;
 using clk = std::chrono::steady_clock;
+using servedeck::bench::Ceilings;
+using servedeck::bench::measure_ceilings;
 
 namespace {
 
@@ -47,61 +51,6 @@ double seconds_since(clk::time_point t) { return std::chrono::duration<double>(c
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-/// Times `fn` with CUDA events, median of `reps` after one warm-up. Returns seconds.
-template <class F>
-double time_events(F fn, int reps) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / 1000.0);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return median(t);
-}
-
-struct Ceilings {
-  double h2d_gbs, uva_gbs, hbm_gbs;
-};
-
-Ceilings measure_ceilings() {
-  const std::size_t bytes = 2ull << 30;  // 2 GiB
-  const int in = 2048, out = static_cast<int>(bytes / (in * 2));
-  void* host = nullptr;
-  CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped));
-  std::fill_n(static_cast<unsigned char*>(host), bytes, 0x3c);  // bf16 ≈ 0.0115: finite, nonzero
-  void* dev = nullptr;
-  CUDA_CHECK(cudaMalloc(&dev, bytes));
-  float *x, *y;
-  CUDA_CHECK(cudaMalloc(&x, in * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&y, static_cast<std::size_t>(out) * sizeof(float)));
-  CUDA_CHECK(cudaMemset(x, 0, in * sizeof(float)));
-  Ceilings c{};
-  c.h2d_gbs = bytes / time_events([&] { CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice)); }, 5) / 1e9;
-  void* uva = nullptr;
-  CUDA_CHECK(cudaHostGetDevicePointer(&uva, host, 0));
-  c.uva_gbs = bytes / time_events([&] {
-    cuda::launch_gemv_bf16(static_cast<const __nv_bfloat16*>(uva), x, y, out, in, false, nullptr);
-  }, 5) / 1e9;
-  c.hbm_gbs = bytes / time_events([&] {
-    cuda::launch_gemv_bf16(static_cast<const __nv_bfloat16*>(dev), x, y, out, in, false, nullptr);
-  }, 20) / 1e9;
-  cudaFree(x);
-  cudaFree(y);
-  cudaFree(dev);
-  cudaFreeHost(host);
-  return c;
 }
 
 /// Per-kernel breakdown of one decode layer on the benchmark shapes: each fused launch timed
@@ -129,8 +78,15 @@ void kernel_breakdown(double hbm_gbs) {
   auto* xn = static_cast<float*>(dalloc(H * 4));
   auto* qkv = static_cast<float*>(dalloc((QD + 2 * KVD) * 4));
   auto* attn = static_cast<float*>(dalloc(QD * 4));
-  auto* kc = static_cast<float*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 4));
-  auto* vc = static_cast<float*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 4));
+  // The attention's context: CAP positions in a paged bf16 pool of blocks of 16, the table in
+  // reverse order.
+  auto* kc = static_cast<bf16*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 2));
+  auto* vc = static_cast<bf16*>(dalloc(static_cast<std::size_t>(CAP) * KVD * 2));
+  std::vector<int32_t> htab(CAP / 16);
+  for (int i = 0; i < CAP / 16; ++i) htab[static_cast<std::size_t>(i)] = CAP / 16 - 1 - i;
+  auto* ktable = static_cast<int32_t*>(dalloc(htab.size() * 4));
+  CUDA_CHECK(cudaMemcpy(ktable, htab.data(), htab.size() * 4, cudaMemcpyHostToDevice));
+  const cuda::PagedKv pkv{kc, vc, ktable, 16};
   auto* logits = static_cast<float*>(dalloc(V * 4));
   auto* act = static_cast<float*>(dalloc(K * I * 4));
   auto* rw = static_cast<float*>(dalloc(K * 4));
@@ -155,10 +111,11 @@ void kernel_breakdown(double hbm_gbs) {
   auto* table = static_cast<const bf16**>(dalloc(E * sizeof(void*)));
   CUDA_CHECK(cudaMemcpy(table, ht.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
   const cuda::ExpertTable t{table, H, I};
-  auto* ascratch = static_cast<float*>(dalloc(cuda::attention_scratch_floats(32, 128) * 4));
+  const int splits = cuda::attention_splits(4);
+  auto* ascratch = static_cast<float*>(dalloc(cuda::attention_scratch_floats(32, 128, splits) * 4));
   auto* acount = static_cast<unsigned int*>(dalloc(32 * 4));
   CUDA_CHECK(cudaMemset(acount, 0, 32 * 4));
-  const cuda::AttentionShape shape{32, 4, 128, 128, 1e-6f, freq, CAP, ascratch, acount};
+  const cuda::AttentionShape shape{32, 4, 128, 128, 1e-6f, freq, splits, ascratch, acount};
   // µs per body(i) call: the n calls captured as one graph, median of 5 timed launches.
   auto graph_us = [&](int n, const std::function<void(int)>& body) {
     cudaGraph_t g;
@@ -198,8 +155,8 @@ void kernel_breakdown(double hbm_gbs) {
     cuda::launch_norm_gemv_bf16(qkv_w + static_cast<std::size_t>(i) * (QD + 2 * KVD) * H, x, nw, 1e-6f, qkv, QD + 2 * KVD, H,
                                 false, nullptr, st, true);
   });
-  layer += time_graph("attention fused (pos 255)", 256.0 * KVD * 4 * 2, reps, [&](int) {
-    cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
+  layer += time_graph("attention paged (pos 255)", 256.0 * KVD * 2 * 2, reps, [&](int) {
+    cuda::launch_attention_decode_paged(qkv, nw, nw, pkv, attn, shape, pos, st, true);
   });
   layer += time_graph("o-proj gemv (2048x4096)", 2.0 * H * QD, reps, [&](int i) {
     cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
@@ -217,14 +174,14 @@ void kernel_breakdown(double hbm_gbs) {
   std::printf("%-28s %9.2f   (x 48 layers = %.2f ms)\n", "sum per layer", layer, layer * 48 / 1000);
   // The six kernels in step order, one layer after another (distinct weights per layer): the
   // layer as the step runs it, against the sum of its kernels timed alone.
-  const double layer_bytes = 2.0 * ((QD + 2.0 * KVD) * H + H * QD + E * H + K * 3.0 * I * H) + 256.0 * KVD * 8;
+  const double layer_bytes = 2.0 * ((QD + 2.0 * KVD) * H + H * QD + E * H + K * 3.0 * I * H) + 256.0 * KVD * 4;
   // skip < 0: the whole layer; else the layer without kernel `skip` (its inputs are left as
   // they are), so full minus that is the kernel's marginal cost inside the sequence.
   auto layer_sequence = [&](int i, int skip) {
     const std::size_t qkv_sz = static_cast<std::size_t>(QD + 2 * KVD) * H;
     const bf16* rwt = r_w + static_cast<std::size_t>(i) * E * H;
     if (skip != 0) cuda::launch_norm_gemv_bf16(qkv_w + i * qkv_sz, x, nw, 1e-6f, qkv, QD + 2 * KVD, H, false, nullptr, st, true);
-    if (skip != 1) cuda::launch_attention_decode_fused(qkv, nw, nw, kc, vc, attn, shape, pos, st, true);
+    if (skip != 1) cuda::launch_attention_decode_paged(qkv, nw, nw, pkv, attn, shape, pos, st, true);
     if (skip != 2) cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(i) * H * QD, attn, x, H, QD, true, st, true);
     if (skip != 3)
       cuda::launch_router_fused(rwt, x, nw, 1e-6f, xn, E, H, K, true, cuda::RouterOutputs{logits, router_ids, rw, done, flags, counters, lc},
@@ -248,7 +205,7 @@ void kernel_breakdown(double hbm_gbs) {
                   static_cast<void*>(logits), static_cast<void*>(act), static_cast<void*>(rw), static_cast<void*>(done),
                   static_cast<void*>(counters), static_cast<void*>(lc), static_cast<void*>(flags), static_cast<void*>(ids), static_cast<void*>(router_ids),
                   static_cast<void*>(pos), static_cast<void*>(freq), static_cast<void*>(table), static_cast<void*>(ascratch),
-                  static_cast<void*>(acount)})
+                  static_cast<void*>(acount), static_cast<void*>(ktable)})
     CUDA_CHECK(cudaFree(p));
   CUDA_CHECK(cudaStreamDestroy(st));
 }
@@ -329,6 +286,10 @@ int main(int argc, char** argv) {
               static_cast<double>(backend->host_bytes_mapped()) / backend->expert_bytes(), rss_gib(), rss_gib() / expert_gib,
               backend->resident_bytes() / 1073741824.0);
 
+  // One KV pool for every row below (sequences made and released in it; one decode graph).
+  const std::size_t pool_tokens = static_cast<std::size_t>(std::max(prefill_max, 4096) + decode + 64);
+  KvBlockPool pool({(pool_tokens + 15) / 16, 16});
+  backend->allocate_kv_pool(pool.shape());
   const double block = static_cast<double>(backend->expert_block_bytes());
   // VRAM bytes read per decoded token outside the experts: everything resident except the
   // embedding table (one row) — attention, router and norm weights, and lm_head.
@@ -341,7 +302,7 @@ int main(int argc, char** argv) {
     bool pdl;
     int prompt;  // tokens before the decoded ones
   };
-  // KV bytes a decode step reads: every cached row of every layer (fp32 K and V).
+  // KV bytes a decode step reads: every cached row of every layer (bf16 K and V).
   const double kv_row_bytes = static_cast<double>(backend->kv_bytes_per_token());
   double host_argmax_us = 0;
   for (const Row row : {Row{0, true, prompt}, Row{32, true, prompt}, Row{64, true, prompt}, Row{128, false, prompt}, Row{128, true, prompt},
@@ -350,18 +311,23 @@ int main(int argc, char** argv) {
     const bool pdl = row.pdl;
     if (slots != backend->hot_slots()) backend->set_hot_slots(slots);
     backend->set_use_pdl(pdl);
-    auto cache = backend->new_cache(static_cast<std::size_t>(row.prompt + decode + 8));
+    KvSequence cache(pool, false);
     std::vector<int32_t> ids;
     for (int i = 0; i < row.prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
     auto tp = clk::now();
-    auto logits = backend->forward(*cache, ids, false);
+    auto logits = forward_sequence(*backend, cache, ids, false);
     const double prefill_s = seconds_since(tp);
     backend->reset_stats();
     auto td = clk::now();
     // The engine's greedy decode: the pick made on the device, one int32 copied back per token
     // (Backend::forward_greedy; the first from the prefill's row).
     int32_t next = servedeck::worker::argmax(logits);
-    for (int i = 0; i < decode; ++i) next = backend->forward_greedy(*cache, next);
+    for (int i = 0; i < decode; ++i) {
+      cache.reserve(cache.length() + 1);  // as the engine: blocks before the step, then append
+      const int32_t in[1] = {next};
+      next = backend->forward_greedy(cache.view(), next);
+      cache.append(in);
+    }
     const double decode_s = seconds_since(td);
     const auto st = backend->stats();
     const double per_tok_miss = static_cast<double>(st.misses) / decode;
@@ -372,14 +338,14 @@ int main(int argc, char** argv) {
     const double tok_s = decode / decode_s;
     const double achieved = roof_s * tok_s;
     // The step's graph alone (GPU time; the rest of ms/token is the host's share between steps).
-    const double step_us = backend->decode_step_us(*cache, 32);
+    const double step_us = backend->decode_step_us(32);
     if (slots == 128 && pdl && row.prompt == prompt) {
       // The host's share of ms/token, in part: the engine's greedy pick (worker::argmax) over the logits row.
       auto ta = clk::now();
       int32_t sink = 0;
       for (int r = 0; r < 50; ++r) sink += servedeck::worker::argmax(logits);
       host_argmax_us = seconds_since(ta) / 50 * 1e6 + (sink == -1 ? 1 : 0);
-      servedeck::bench::decode_trace_report(*backend, *cache);  // trace builds only
+      servedeck::bench::decode_trace_report(*backend);  // trace builds only
     }
     char label[24];
     std::snprintf(label, sizeof label, "%d%%", slots * 100 / 128);
@@ -410,10 +376,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 17) % 151643);
     return ids;
   };
-  if (!sizes.empty()) {
-    auto cache = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
-    backend->forward(*cache, prompt_ids(sizes.back()), false);
-  }
+  auto prefill_once = [&](const std::vector<int32_t>& ids) {
+    KvSequence seq(pool, false);
+    forward_sequence(*backend, seq, ids, false);
+  };
+  if (!sizes.empty()) prefill_once(prompt_ids(sizes.back()));
   std::printf("\nprefill (one chunk per prompt; cold experts staged in groups of %d through a ring of %d VRAM buffers, %.2f GiB;\n"
               "chunks of >= %d tokens route in two parts, the first part's experts copying during the second's attention)\n",
               opt.stage_group, stage_buffers, opt.stage_group * stage_buffers * block / 1073741824.0, opt.prefill_split_min_tokens);
@@ -435,17 +402,11 @@ int main(int argc, char** argv) {
     backend->set_hot_slots(slots);
     backend->set_flash_attention(mode.flash, mode.min_keys);
     backend->set_prefill_split(mode.split_min < 0 ? opt.prefill_split_min_tokens : mode.split_min);
-    if (!sizes.empty()) {  // (re)allocate the prefill buffers of this path outside the timed runs
-      auto warm = backend->new_cache(static_cast<std::size_t>(sizes.back() + 8));
-      backend->forward(*warm, prompt_ids(2), false);
-    }
+    if (!sizes.empty()) prefill_once(prompt_ids(2));  // (re)allocate the prefill buffers of this path outside the timed runs
     // First use of a cuBLAS shape costs tens of ms (a first mode measured 50% / 65% slower at
     // 512 / 4096 tokens than the same path later): warm the smaller sizes.
     for (int n : sizes)
-      if (n < sizes.back()) {
-        auto warm = backend->new_cache(static_cast<std::size_t>(n + 8));
-        backend->forward(*warm, prompt_ids(n), false);
-      }
+      if (n < sizes.back()) prefill_once(prompt_ids(n));
     // The resident row, compared with transformers (median of 3 there too), is the median of 3
     // forwards; the others one each.
     const int reps = slots == 128 && mode.flash ? 3 : 1;
@@ -454,10 +415,10 @@ int main(int argc, char** argv) {
       std::vector<double> secs;
       double staged = 0;
       for (int r = 0; r < reps; ++r) {
-        auto cache = backend->new_cache(static_cast<std::size_t>(n + 8));
+        KvSequence cache(pool, false);
         backend->reset_stats();
         auto tp = clk::now();
-        backend->forward(*cache, ids, false);
+        forward_sequence(*backend, cache, ids, false);
         secs.push_back(seconds_since(tp));
         staged = static_cast<double>(backend->stats().staged_bytes);
       }

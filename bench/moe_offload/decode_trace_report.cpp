@@ -14,7 +14,7 @@
 namespace servedeck::bench {
 
 #ifndef SERVEDECK_DECODE_TRACE
-void decode_trace_report(worker::cuda::CudaBackend&, worker::KvCache&) { std::printf("\ntrace: not built (-DSERVEDECK_DECODE_TRACE=ON)\n"); }
+void decode_trace_report(worker::cuda::CudaBackend&) { std::printf("\ntrace: not built (-DSERVEDECK_DECODE_TRACE=ON)\n"); }
 #else
 namespace {
 struct Grid {
@@ -37,14 +37,14 @@ double quantile_us(std::vector<unsigned long long> v, double q, unsigned long lo
 }
 }  // namespace
 
-void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& cache) {
+void decode_trace_report(worker::cuda::CudaBackend& backend) {
   namespace cuda = worker::cuda;
   const std::size_t n = cuda::k_decode_trace_slots;
   cuda::DecodeTraceRecord* dev = nullptr;
   CUDA_CHECK(cudaMalloc(&dev, n * sizeof(cuda::DecodeTraceRecord)));
   CUDA_CHECK(cudaMemset(dev, 0, n * sizeof(cuda::DecodeTraceRecord)));
   cuda::set_decode_trace_buffer(dev);
-  backend.decode_step_us(cache, 1);  // 6 replays; the slots keep the last one's records
+  backend.decode_step_us(1);  // 6 replays; the slots keep the last one's records
   CUDA_CHECK(cudaDeviceSynchronize());
   cuda::set_decode_trace_buffer(nullptr);
   std::vector<cuda::DecodeTraceRecord> rec(n);

@@ -7,12 +7,12 @@
 
 namespace servedeck::bench {
 
-/// Replays `cache`'s decode graph once with recording on and prints, per kernel of a MoE layer
+/// Replays the backend's decode graph (its last step) once with recording on and prints, per kernel of a MoE layer
 /// (qkv, attention, o-proj, router, gate_up, down; layers [8, n_layers - 8)), in µs, means
 /// over those layers: `span` (predecessor's end → this kernel's end, i.e. its share of the
 /// critical path), `lead` (first block waiting → predecessor's end: how long its pre-wait loads
 /// had), `late` (first → last block through the wait), `tail` (this kernel's end → its last
 /// block's end as recorded by the block itself). Prints "trace: not built" in normal builds.
-void decode_trace_report(worker::cuda::CudaBackend& backend, worker::KvCache& cache);
+void decode_trace_report(worker::cuda::CudaBackend& backend);
 
 }  // namespace servedeck::bench

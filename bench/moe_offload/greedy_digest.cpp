@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "worker/cuda/cuda_backend.hpp"
+#include "worker/engine/kv_sequence.hpp"
 #include "worker/engine/sampler.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/tiny_model.hpp"
@@ -35,12 +36,17 @@ uint64_t fnv1a(const std::vector<float>& v) {
 void run(const char* name, cuda::CudaBackend& be, int vocab, int prompt, int tokens) {
   std::vector<int32_t> ids;
   for (int i = 0; i < prompt; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
-  auto cache = be.new_cache(static_cast<std::size_t>(prompt + tokens + 8));
-  const std::vector<float> logits = be.forward(*cache, ids, true);
+  KvBlockPool pool({static_cast<std::size_t>(prompt + tokens + 8 + 15) / 16, 16});
+  be.allocate_kv_pool(pool.shape());
+  KvSequence seq(pool, false);
+  const std::vector<float> logits = forward_sequence(be, seq, ids, true);
   int32_t next = argmax(std::vector<float>(logits.end() - vocab, logits.end()));
   std::printf("%s: prompt %d, logits digest %016llx, greedy", name, prompt, static_cast<unsigned long long>(fnv1a(logits)));
   for (int i = 0; i < tokens; ++i) {
-    next = be.forward_greedy(*cache, next);
+    seq.reserve(seq.length() + 1);
+    const int32_t in[1] = {next};
+    next = be.forward_greedy(seq.view(), next);
+    seq.append(in);
     std::printf(" %d", next);
   }
   std::printf("\n");

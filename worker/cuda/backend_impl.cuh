@@ -33,31 +33,6 @@ struct LayerDev {
   const float* router_folded = nullptr;  // (n_experts, hidden + q_dim) fp32, fold_router_weights; null: not folded
 };
 
-class CudaKvCache : public KvCache {
- public:
-  CudaKvCache(std::size_t capacity, int layers, int kv_dim) : capacity_(capacity), layers_(layers), kv_dim_(kv_dim) {
-    const std::size_t per = capacity * static_cast<std::size_t>(kv_dim) * sizeof(float);
-    CUDA_CHECK(cudaMalloc(&kv_, per * 2 * static_cast<std::size_t>(layers)));
-  }
-  ~CudaKvCache() override {
-    if (graph_) cudaGraphExecDestroy(graph_);
-    cudaFree(kv_);
-  }
-  std::size_t length() const override { return length_; }
-  std::size_t capacity() const override { return capacity_; }
-  void truncate(std::size_t n) override { length_ = std::min(length_, n); }
-
-  float* k(int layer) { return kv_ + static_cast<std::size_t>(2 * layer) * capacity_ * kv_dim_; }
-  float* v(int layer) { return kv_ + static_cast<std::size_t>(2 * layer + 1) * capacity_ * kv_dim_; }
-
-  std::size_t capacity_;
-  int layers_, kv_dim_;
-  std::size_t length_ = 0;
-  float* kv_ = nullptr;
-  cudaGraphExec_t graph_ = nullptr;
-  int32_t last_token_ = 0, last_pos_ = -1;  // the last single-token step run on this cache (decode_step_us)
-};
-
 /// One batch of a prefill MoE layer's routed experts (at most stage_group, consecutive in the
 /// compute order), computed as a gate|up GEMM per expert, one SwiGLU over its rows and a down
 /// GEMM per expert. Expert j's rows (of pre.xp, gu, act and partial) start at offsets[j] and are
@@ -68,16 +43,18 @@ struct ExpertBatch {
   std::vector<int> offsets, counts;
 };
 
-/// Device buffers of the prefill path, sized for `chunk` tokens and a cache of `capacity`.
+/// Device buffers of the prefill path, sized for `chunk` tokens and sequences of up to
+/// `capacity` positions (the pool's tokens: allocated with the pool, never per request).
 struct PrefillBuffers {
   int chunk = 0;
   std::size_t capacity = 0;
-  std::size_t scores_ld = 0;  // key columns of the cuBLAS path's score matrix (0: none)
+  std::size_t scores_ld = 0;  // key columns of the cuBLAS path's score matrix and rows of k32 / v32 (0: none)
   std::vector<void*> owned;
   float *x = nullptr, *qkv = nullptr, *attn = nullptr, *scores = nullptr, *logits = nullptr, *route_w = nullptr;
   float *gu = nullptr, *partial = nullptr, *xn32 = nullptr;
   bf16 *xb = nullptr, *attn_b = nullptr, *xp = nullptr, *act = nullptr;
-  bf16 *k_b = nullptr, *v_b = nullptr;  // flash attention: one layer's K and V cache rows in bf16 (capacity × kv_dim)
+  bf16 *k_b = nullptr, *v_b = nullptr;    // flash attention: one layer's K and V rows gathered from the pool (capacity × kv_dim)
+  float *k32 = nullptr, *v32 = nullptr;   // the cuBLAS path's: the same rows as fp32 (scores_ld × kv_dim)
   int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
   std::vector<bf16*> stage;  // staging buffers, stage_group experts each
   int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
@@ -161,41 +138,72 @@ struct CudaBackend::Impl {
   detail::PrefillBuffers pre;
   uint64_t staged_bytes = 0;     // host→device bytes copied by the prefill path
   std::size_t stage_group = 8;   // experts per staging buffer
+  // The KV pool (allocate_kv_pool): per layer its K rows then its V rows, each (pool.tokens(),
+  // kv_dim) bf16, one allocation; the block table of the sequence of the current pass (device,
+  // pool.num_blocks entries) and its pinned mirror, of which table_len entries were uploaded.
+  bf16* kv_pool = nullptr;
+  KvPoolShape pool{};
+  std::size_t pool_allocations = 0;
+  int32_t* d_table = nullptr;
+  int32_t* h_table = nullptr;
+  std::size_t table_len = 0;
+  int attn_splits = 1;           // blocks per KV head of the decode attention (attention_splits)
+  // The decode step's graph: captured on the first decode step after the pool is allocated
+  // (or PDL is switched), replayed for every later step of every sequence: it reads the token,
+  // the position and the block table from device buffers.
+  cudaGraphExec_t graph = nullptr;
+  int32_t last_token = 0, last_pos = -1;  // the last decode step (decode_step_us)
+  std::size_t allocations = 0;   // device and pinned host allocations made by this backend
+  std::size_t graph_captures = 0;
 
+  /// cudaMalloc (device) or cudaHostAlloc (pinned host, `flags`), counted in `allocations`.
+  void* device_alloc(std::size_t bytes);
+  void* host_alloc(std::size_t bytes, unsigned flags = cudaHostAllocDefault);
+  /// Layer l's K and V in the pool, read through d_table.
+  PagedKv layer_kv(int l) const;
+  /// Checks a pass of n tokens over `kv` (KvCacheFull, std::out_of_range for a block id outside
+  /// the pool) and uploads the table entries that differ from the last upload.
+  void use_table(const KvView& kv, std::size_t n);
+  /// Allocates the pool (and the prefill buffers for its tokens), replacing any earlier one.
+  void allocate_pool(const KvPoolShape& shape);
   int hidden() const { return static_cast<int>(d.hidden_size); }
   int q_dim() const { return static_cast<int>(d.num_heads * d.head_dim); }
   int kv_dim() const { return static_cast<int>(d.num_kv_heads * d.head_dim); }
   int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int rotary_dim() const;
-  AttentionShape attention_shape(std::size_t max_len) const;
+  AttentionShape attention_shape() const;
 
   const bf16* place(const std::vector<uint16_t>& host);
   std::size_t resident_elems() const;
   void allocate_activations();
   /// One decode step, graph-capturable: every layer, final norm + lm_head into `logits`, and
-  /// the greedy pick into d_pick.
-  void step(detail::CudaKvCache& c);
-  /// Runs one token through the step (its graph, captured on the cache's first step, when
-  /// opt.use_graphs) and advances the cache; copies nothing back and does not synchronise.
-  void run_token(detail::CudaKvCache& c, int32_t token);
+  /// the greedy pick into d_pick. Reads the token, position and block table from d_token, d_pos
+  /// and d_table.
+  void step();
+  /// Runs `token` at position `pos` through the step (the graph when opt.use_graphs, captured
+  /// on first use); the table is uploaded (use_table). Copies nothing back, does not synchronise.
+  void run_token(int32_t token, std::size_t pos);
   /// lm_head (with the final norm) on x, copied to the host and appended to `out`.
   void logits_row(const float* x_row, std::vector<float>& out);
-  /// Runs tokens (> 1) through the chunked prefill path; appends logits of every row when
-  /// all_logits, else of the last row. Advances the cache.
-  void prefill(detail::CudaKvCache& c, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& out);
+  /// Runs tokens (> 1) at positions [pos0, pos0 + n) through the chunked prefill path (the
+  /// table is uploaded); appends logits of every row when all_logits, else of the last row.
+  void prefill(std::size_t pos0, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& out);
+  /// Sizes the prefill buffers for `chunk` tokens and sequences of `capacity` positions (a no-op
+  /// when they are large enough).
+  void ensure_prefill_buffers(int chunk, std::size_t capacity);
 
  private:
-  void ensure_prefill_buffers(int chunk, std::size_t capacity);
   /// Prefill attention through the flash kernel (opt.flash_attention and a supported shape) for
   /// chunks ending past opt.flash_attention_min_keys keys; otherwise through cuBLAS with a
   /// materialised score matrix (pre.scores).
   bool use_flash_attention() const;
   /// Key columns the cuBLAS path's score matrix needs for a cache of `capacity` rows.
   std::size_t score_columns(std::size_t capacity) const;
-  void prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> tokens, int pos0);
-  /// Attention of chunk rows [r0, r1) (positions pos0 + r0 ...) against the cache; the K/V rows
-  /// of the whole chunk are already appended (and, for flash, rounded into pre.k_b / pre.v_b).
-  void prefill_attention(detail::CudaKvCache& c, int layer, int r0, int r1, int pos0, bool flash);
+  void prefill_chunk(std::span<const int32_t> tokens, int pos0);
+  /// Attention of chunk rows [r0, r1) (positions pos0 + r0 ...) against the context; the K/V
+  /// rows of the whole chunk are already appended to the pool and the layer's rows gathered into
+  /// pre.k_b / pre.v_b (flash) or pre.k32 / pre.v32.
+  void prefill_attention(int r0, int r1, int pos0, bool flash);
   /// Rows [r0, r1) after attention: o-proj into the residual, post-attention RMSNorm, and for a
   /// MoE layer the router; its ids go to the host (pre.h_ids) and ids_ready[part] is recorded.
   void prefill_attention_out(int layer, int r0, int r1, int part);

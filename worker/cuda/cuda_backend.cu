@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "worker/cuda/backend_impl.cuh"
 #include "worker/cuda/cuda_check.hpp"
@@ -22,17 +23,90 @@
 namespace servedeck::worker::cuda {
 
 using bf16 = __nv_bfloat16;
-using detail::CudaKvCache;
 using detail::LayerDev;
 
 int CudaBackend::Impl::rotary_dim() const {
   return static_cast<int>(std::lround(d.rotary_fraction * static_cast<double>(d.head_dim))) / 2 * 2;
 }
 
-AttentionShape CudaBackend::Impl::attention_shape(std::size_t max_len) const {
+AttentionShape CudaBackend::Impl::attention_shape() const {
   return AttentionShape{static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), static_cast<int>(d.head_dim),
-                        rotary_dim(), static_cast<float>(d.rms_norm_eps), inv_freq, static_cast<int>(max_len),
+                        rotary_dim(), static_cast<float>(d.rms_norm_eps), inv_freq, attn_splits,
                         attn_scratch, attn_counters};
+}
+
+void* CudaBackend::Impl::device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  ++allocations;
+  return p;
+}
+
+void* CudaBackend::Impl::host_alloc(std::size_t bytes, unsigned flags) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, bytes, flags));
+  ++allocations;
+  return p;
+}
+
+PagedKv CudaBackend::Impl::layer_kv(int l) const {
+  const std::size_t rows = pool.tokens() * static_cast<std::size_t>(kv_dim());
+  return PagedKv{kv_pool + static_cast<std::size_t>(2 * l) * rows, kv_pool + static_cast<std::size_t>(2 * l + 1) * rows, d_table,
+                 static_cast<int>(pool.block_tokens)};
+}
+
+void CudaBackend::Impl::allocate_pool(const KvPoolShape& shape) {
+  if (shape.num_blocks == 0 || shape.block_tokens == 0 || shape.block_tokens % 16 != 0 || shape.num_blocks > (1u << 30))
+    throw std::invalid_argument("KV pool of " + std::to_string(shape.num_blocks) + " blocks of " + std::to_string(shape.block_tokens) +
+                                " tokens: the CUDA backend needs at least one block (at most 2^30) of a positive multiple of 16 tokens");
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaStreamSynchronize(copy_stream));
+  if (graph) CUDA_CHECK(cudaGraphExecDestroy(graph));
+  graph = nullptr;
+  last_pos = -1;
+  if (kv_pool) CUDA_CHECK(cudaFree(kv_pool));
+  if (d_table) CUDA_CHECK(cudaFree(d_table));
+  if (h_table) CUDA_CHECK(cudaFreeHost(h_table));
+  kv_pool = nullptr;
+  d_table = h_table = nullptr;
+  pool = KvPoolShape{};
+  table_len = 0;
+  const std::size_t bytes = shape.tokens() * static_cast<std::size_t>(d.num_layers) * 2 * static_cast<std::size_t>(kv_dim()) * sizeof(bf16);
+  kv_pool = static_cast<bf16*>(device_alloc(bytes));
+  CUDA_CHECK(cudaMemset(kv_pool, 0, bytes));  // rows no pass wrote read as zeros, never as NaN
+  d_table = static_cast<int32_t*>(device_alloc(shape.num_blocks * sizeof(int32_t)));
+  h_table = static_cast<int32_t*>(host_alloc(shape.num_blocks * sizeof(int32_t)));
+  pool = shape;
+  ++pool_allocations;
+  ensure_prefill_buffers(std::max(1, opt.prefill_chunk), shape.tokens());
+}
+
+void CudaBackend::Impl::use_table(const KvView& kv, std::size_t n) {
+  if (!kv_pool) throw std::logic_error("forward before allocate_kv_pool: the CUDA backend has no KV pool yet");
+  const std::size_t B = pool.block_tokens, room = kv.blocks.size() * B;
+  if (kv.length + n > room)
+    throw KvCacheFull("KV cache full: " + std::to_string(kv.length) + " cached + " + std::to_string(n) + " new tokens = " +
+                      std::to_string(kv.length + n) + " exceeds the sequence's " + std::to_string(kv.blocks.size()) + " blocks of " +
+                      std::to_string(B) + " tokens");
+  const std::size_t need = (kv.length + n + B - 1) / B;  // the blocks this pass reads or writes
+  if (need > pool.num_blocks)
+    throw std::out_of_range("a block table of " + std::to_string(need) + " blocks for a pool of " + std::to_string(pool.num_blocks));
+  // Entries equal to the last upload stay (they were checked then); the first that differs and
+  // every entry after it are checked and uploaded.
+  std::size_t from = 0;
+  const std::size_t same = std::min(need, table_len);
+  while (from < same && h_table[from] == kv.blocks[from]) ++from;
+  if (from == need) return;
+  for (std::size_t i = from; i < need; ++i) {
+    const int32_t b = kv.blocks[i];
+    if (b < 0 || static_cast<std::size_t>(b) >= pool.num_blocks)
+      throw std::out_of_range("block id " + std::to_string(b) + " outside the KV pool of " + std::to_string(pool.num_blocks) + " blocks");
+  }
+  // The mirror is rewritten only when no copy from it is in flight: every forward ends with a
+  // synchronisation of the stream.
+  std::copy(kv.blocks.begin() + static_cast<std::ptrdiff_t>(from), kv.blocks.begin() + static_cast<std::ptrdiff_t>(need), h_table + from);
+  CUDA_CHECK(cudaMemcpyAsync(d_table + from, h_table + from, (need - from) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  table_len = std::max(table_len, need);
 }
 
 const __nv_bfloat16* CudaBackend::Impl::place(const std::vector<uint16_t>& host) {
@@ -59,37 +133,39 @@ void CudaBackend::Impl::allocate_activations() {
   const std::size_t topk = static_cast<std::size_t>(std::max<int64_t>(d.moe.top_k, 1));
   const std::size_t inter = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
   const std::size_t dense = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
-  auto f = [](float** p, std::size_t n) { CUDA_CHECK(cudaMalloc(p, n * sizeof(float))); };
+  auto f = [&](float** p, std::size_t n) { *p = static_cast<float*>(device_alloc(n * sizeof(float))); };
+  auto dev = [&](auto** p, std::size_t bytes) { *p = static_cast<std::remove_reference_t<decltype(*p)>>(device_alloc(bytes)); };
   f(&x, H); f(&x_alt, H); f(&xn, H); f(&qkv, static_cast<std::size_t>(qkv_dim())); f(&attn, static_cast<std::size_t>(q_dim()));
   f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
   f(&route_w, topk); f(&act, topk * inter);
   f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
-  CUDA_CHECK(cudaMalloc(&route_ids, topk * sizeof(int32_t)));
+  dev(&route_ids, topk * sizeof(int32_t));
   // Token and position side by side: one host→device copy per decode step.
-  CUDA_CHECK(cudaMalloc(&d_token, 2 * sizeof(int32_t)));
+  dev(&d_token, 2 * sizeof(int32_t));
   d_pos = d_token + 1;
   const std::size_t n_moe = store ? static_cast<std::size_t>(store->n_layers()) : 0;
-  CUDA_CHECK(cudaMalloc(&step_counters, (2 + 2 * n_moe) * sizeof(unsigned int)));
+  dev(&step_counters, (2 + 2 * n_moe) * sizeof(unsigned int));
   CUDA_CHECK(cudaMemset(step_counters, 0, (2 + 2 * n_moe) * sizeof(unsigned int)));
   router_done = step_counters + 1;
-  CUDA_CHECK(cudaMalloc(&counters, 2 * sizeof(unsigned long long)));
+  dev(&counters, 2 * sizeof(unsigned long long));
   CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
   const std::size_t lc = std::max<std::size_t>(1, d.layers.size() * static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
-  CUDA_CHECK(cudaMalloc(&layer_counts, lc * sizeof(unsigned long long)));
+  dev(&layer_counts, lc * sizeof(unsigned long long));
   CUDA_CHECK(cudaMemset(layer_counts, 0, lc * sizeof(unsigned long long)));
-  f(&attn_scratch, attention_scratch_floats(static_cast<int>(d.num_heads), static_cast<int>(d.head_dim)));
-  CUDA_CHECK(cudaMalloc(&attn_counters, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int)));
+  attn_splits = attention_splits(static_cast<int>(d.num_kv_heads));
+  f(&attn_scratch, attention_scratch_floats(static_cast<int>(d.num_heads), static_cast<int>(d.head_dim), attn_splits));
+  dev(&attn_counters, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int));
   CUDA_CHECK(cudaMemset(attn_counters, 0, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int)));
   const std::vector<float> freq = rope_inv_freq(static_cast<float>(d.rope_theta), rotary_dim());
-  CUDA_CHECK(cudaMalloc(&inv_freq, freq.size() * sizeof(float)));
+  f(&inv_freq, freq.size());
   CUDA_CHECK(cudaMemcpy(inv_freq, freq.data(), freq.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMallocHost(&h_scalars, 3 * sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(&d_pick, sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(&argmax_scratch.values, k_argmax_blocks * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&argmax_scratch.indices, k_argmax_blocks * sizeof(int32_t)));
-  CUDA_CHECK(cudaMalloc(&argmax_scratch.counter, sizeof(unsigned int)));
+  h_scalars = static_cast<int32_t*>(host_alloc(3 * sizeof(int32_t)));
+  dev(&d_pick, sizeof(int32_t));
+  dev(&argmax_scratch.values, k_argmax_blocks * sizeof(float));
+  dev(&argmax_scratch.indices, k_argmax_blocks * sizeof(int32_t));
+  dev(&argmax_scratch.counter, sizeof(unsigned int));
   CUDA_CHECK(cudaMemset(argmax_scratch.counter, 0, sizeof(unsigned int)));
-  CUDA_CHECK(cudaMallocHost(&h_logits, static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
+  h_logits = static_cast<float*>(host_alloc(static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
 }
 
 StepSync CudaBackend::Impl::step_sync(int si) const {
@@ -102,10 +178,10 @@ StepSync CudaBackend::Impl::step_sync(int si) const {
 // folded (L.router_folded, fold_routers at load) writes the o-proj's sum into the residual
 // stream's other buffer, so the router can read the residual before it, and runs the handshakes
 // H2-H4 (handshakes.cuh); otherwise the unfolded router follows the o-proj in PDL order.
-void CudaBackend::Impl::step(CudaKvCache& c) {
+void CudaBackend::Impl::step() {
   const int H = hidden();
   const float eps = static_cast<float>(d.rms_norm_eps);
-  const AttentionShape shape = attention_shape(c.capacity_);
+  const AttentionShape shape = attention_shape();
   const bool pdl = opt.use_pdl;
   launch_embed(embed, d_token, x, H, stream);
   float* xin = x;  // the residual stream entering the layer
@@ -116,7 +192,7 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
     const int si = moe_index[li];
     const StepSync sync = L.moe ? step_sync(si) : StepSync{};
     launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
-    launch_attention_decode_fused(qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), attn, shape, d_pos, stream, pdl,
+    launch_attention_decode_paged(qkv, L.q_norm, L.k_norm, layer_kv(l), attn, shape, d_pos, stream, pdl,
                                   fold ? sync.heads_done : nullptr);
     float* xout = fold ? (xin == x ? x_alt : x) : xin;
     launch_gemv_bf16_pdl(L.o, attn, xout, H, q_dim(), true, stream, pdl, fold ? xin : nullptr, fold);
@@ -149,24 +225,24 @@ void CudaBackend::Impl::step(CudaKvCache& c) {
   launch_argmax_row(logits, static_cast<int>(d.vocab_size), argmax_scratch, d_pick, stream, pdl, step_counters);
 }
 
-void CudaBackend::Impl::run_token(CudaKvCache& c, int32_t token) {
-  h_scalars[0] = c.last_token_ = token;
-  h_scalars[1] = c.last_pos_ = static_cast<int32_t>(c.length_);
+void CudaBackend::Impl::run_token(int32_t token, std::size_t pos) {
+  h_scalars[0] = last_token = token;
+  h_scalars[1] = last_pos = static_cast<int32_t>(pos);
   CUDA_CHECK(cudaMemcpyAsync(d_token, h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   if (opt.use_graphs) {
-    if (!c.graph_) {
-      cudaGraph_t graph;
+    if (!graph) {
+      cudaGraph_t g_new;
       CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      step(c);
-      CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&c.graph_, graph, 0));
-      CUDA_CHECK(cudaGraphDestroy(graph));
+      step();
+      CUDA_CHECK(cudaStreamEndCapture(stream, &g_new));
+      CUDA_CHECK(cudaGraphInstantiate(&graph, g_new, 0));
+      CUDA_CHECK(cudaGraphDestroy(g_new));
+      ++graph_captures;
     }
-    CUDA_CHECK(cudaGraphLaunch(c.graph_, stream));
+    CUDA_CHECK(cudaGraphLaunch(graph, stream));
   } else {
-    step(c);
+    step();
   }
-  ++c.length_;
 }
 
 void CudaBackend::Impl::logits_row(const float* x_row, std::vector<float>& out) {
@@ -198,7 +274,9 @@ CudaBackend::~CudaBackend() {
     }
   }
   m.store.reset();
-  for (void* p : {static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.x_alt), static_cast<void*>(m.router_folded), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
+  if (m.graph) cudaGraphExecDestroy(m.graph);
+  if (m.h_table) cudaFreeHost(m.h_table);
+  for (void* p : {static_cast<void*>(m.kv_pool), static_cast<void*>(m.d_table), static_cast<void*>(m.arena), static_cast<void*>(m.x), static_cast<void*>(m.x_alt), static_cast<void*>(m.router_folded), static_cast<void*>(m.xn), static_cast<void*>(m.qkv),
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
                   static_cast<void*>(m.act), static_cast<void*>(m.step_counters), static_cast<void*>(m.d_pick),
                   static_cast<void*>(m.argmax_scratch.values), static_cast<void*>(m.argmax_scratch.indices),
@@ -220,7 +298,13 @@ CudaBackend::~CudaBackend() {
 }
 
 std::size_t CudaBackend::vocab_size() const { return static_cast<std::size_t>(impl_->d.vocab_size); }
-std::size_t CudaBackend::kv_bytes_per_token() const { return static_cast<std::size_t>(impl_->d.kv_bytes_per_token_f32()); }
+std::size_t CudaBackend::kv_bytes_per_token() const {
+  return static_cast<std::size_t>(impl_->d.num_layers) * 2 * static_cast<std::size_t>(impl_->kv_dim()) * sizeof(bf16);
+}
+void CudaBackend::allocate_kv_pool(const KvPoolShape& shape) { impl_->allocate_pool(shape); }
+std::size_t CudaBackend::kv_pool_allocations() const { return impl_->pool_allocations; }
+std::size_t CudaBackend::allocations() const { return impl_->allocations; }
+std::size_t CudaBackend::graph_captures() const { return impl_->graph_captures; }
 const ModelDescription& CudaBackend::description() const { return impl_->d; }
 const std::vector<std::string>& CudaBackend::warnings() const { return impl_->warnings; }
 std::size_t CudaBackend::expert_block_bytes() const { return impl_->store ? impl_->store->block_bytes() : 0; }
@@ -229,16 +313,15 @@ std::size_t CudaBackend::host_bytes_mapped() const { return impl_->store ? impl_
 std::size_t CudaBackend::expert_bytes() const { return impl_->store ? impl_->store->expert_bytes() : 0; }
 int CudaBackend::hot_slots() const { return impl_->store ? impl_->store->slots() : 0; }
 
-double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
+double CudaBackend::decode_step_us(int reps) {
   Impl& m = *impl_;
-  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
-  if (!c.graph_ || c.last_pos_ < 0 || reps <= 0)
-    throw std::logic_error("decode_step_us: the cache has no decode graph yet (or reps <= 0)");
-  // The graph reads the backend's token/position words, which the last step on ANY cache set:
-  // point them back at this cache's last step (its KV row is rewritten with the same values).
+  if (!m.graph || m.last_pos < 0 || reps <= 0)
+    throw std::logic_error("decode_step_us: no decode step ran since the graph was captured (or reps <= 0)");
+  // The graph reads the token/position words: point them back at the last step (its KV row is
+  // rewritten with the same values).
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  m.h_scalars[0] = c.last_token_;
-  m.h_scalars[1] = c.last_pos_;
+  m.h_scalars[0] = m.last_token;
+  m.h_scalars[1] = m.last_pos;
   CUDA_CHECK(cudaMemcpyAsync(m.d_token, m.h_scalars, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
   // The replays route tokens too: keep the hit/miss and per-layer routing counters as they were.
   const int E = static_cast<int>(std::max<int64_t>(m.d.moe.num_experts, 1));
@@ -253,7 +336,7 @@ double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
     CUDA_CHECK(cudaEventCreate(&ev[1]));
     for (int r = 0; r < 6; ++r) {
       CUDA_CHECK(cudaEventRecord(ev[0], m.stream));
-      for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(c.graph_, m.stream));
+      for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaGraphLaunch(m.graph, m.stream));
       CUDA_CHECK(cudaEventRecord(ev[1], m.stream));
       CUDA_CHECK(cudaEventSynchronize(ev[1]));
       float ms = 0;
@@ -273,7 +356,15 @@ double CudaBackend::decode_step_us(KvCache& cache_base, int reps) {
   return us[us.size() / 2];
 }
 
-void CudaBackend::set_use_pdl(bool on) { impl_->opt.use_pdl = on; }
+void CudaBackend::set_use_pdl(bool on) {
+  Impl& m = *impl_;
+  if (m.opt.use_pdl == on) return;
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.opt.use_pdl = on;
+  if (m.graph) CUDA_CHECK(cudaGraphExecDestroy(m.graph));
+  m.graph = nullptr;
+  m.last_pos = -1;
+}
 void CudaBackend::set_flash_attention(bool on, int min_keys) {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   impl_->opt.flash_attention = on;
@@ -310,19 +401,11 @@ void CudaBackend::reset_stats() {
   impl_->staged_bytes = 0;
 }
 
-std::unique_ptr<KvCache> CudaBackend::new_cache(std::size_t max_tokens) {
-  return std::make_unique<CudaKvCache>(max_tokens, static_cast<int>(impl_->d.num_layers), impl_->kv_dim());
-}
-
 namespace {
 
-// forward's and forward_greedy's preconditions: KvCacheFull when the tokens do not fit (nothing
-// appended), std::out_of_range for a token outside the vocabulary of V.
-void check_tokens(const CudaKvCache& c, std::span<const int32_t> tokens, std::size_t V) {
-  if (c.length() + tokens.size() > c.capacity()) {
-    throw KvCacheFull("KV cache full: " + std::to_string(c.length()) + " cached + " + std::to_string(tokens.size()) +
-                      " new tokens exceed the capacity of " + std::to_string(c.capacity()) + " tokens");
-  }
+// forward's and forward_greedy's token check: std::out_of_range for a token outside the
+// vocabulary of V.
+void check_tokens(std::span<const int32_t> tokens, std::size_t V) {
   for (const int32_t t : tokens)
     if (t < 0 || static_cast<std::size_t>(t) >= V)
       throw std::out_of_range("token id " + std::to_string(t) + " outside the vocabulary of " + std::to_string(V));
@@ -330,30 +413,30 @@ void check_tokens(const CudaKvCache& c, std::span<const int32_t> tokens, std::si
 
 }  // namespace
 
-int32_t CudaBackend::forward_greedy(KvCache& cache_base, int32_t token) {
+int32_t CudaBackend::forward_greedy(const KvView& kv, int32_t token) {
   Impl& m = *impl_;
-  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
   const int32_t one[1] = {token};
-  check_tokens(c, one, static_cast<std::size_t>(m.d.vocab_size));
-  m.run_token(c, token);
+  check_tokens(one, static_cast<std::size_t>(m.d.vocab_size));
+  m.use_table(kv, 1);
+  m.run_token(token, kv.length);
   CUDA_CHECK(cudaMemcpyAsync(m.h_scalars + 2, m.d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return m.h_scalars[2];
 }
 
-std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int32_t> tokens, bool all_logits) {
+std::vector<float> CudaBackend::forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) {
   Impl& m = *impl_;
-  auto& c = dynamic_cast<CudaKvCache&>(cache_base);
   const std::size_t V = static_cast<std::size_t>(m.d.vocab_size);
-  check_tokens(c, tokens, V);
+  check_tokens(tokens, V);
+  m.use_table(kv, tokens.size());
   std::vector<float> out;
   out.reserve(all_logits ? V * tokens.size() : V);
   if (tokens.size() > 1 && m.opt.staged_prefill) {
-    m.prefill(c, tokens, all_logits, out);
+    m.prefill(kv.length, tokens, all_logits, out);
     return out;
   }
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    m.run_token(c, tokens[i]);
+    m.run_token(tokens[i], kv.length + i);
     const bool want = all_logits || i + 1 == tokens.size();
     if (want) {
       // The step computed this token's logits already (final norm + lm_head in the graph).
@@ -365,6 +448,7 @@ std::vector<float> CudaBackend::forward(KvCache& cache_base, std::span<const int
       CUDA_CHECK(cudaStreamSynchronize(m.stream));
     }
   }
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the table's mirror may be rewritten by the next pass
   return out;
 }
 

@@ -1,11 +1,14 @@
 // The CUDA backend of the worker (Backend, worker/engine/backend.hpp) for qwen3_moe and qwen3:
 // attention, norms, router, embeddings and lm_head resident in VRAM (bf16); routed experts in
 // the expert store (worker/offload/expert_store.hpp): pinned host memory read through UVA, with
-// a per-layer hot-expert cache in VRAM. KV cache fp32 in VRAM.
+// a per-layer hot-expert cache in VRAM. The KV pool: bf16 in VRAM, paged (the engine's block
+// tables, backend.hpp), allocated once (allocate_kv_pool), shared by every sequence and by the
+// cached prefixes the engine reuses.
 //
 // A single token runs the batch-1 decode step (six fused launches per MoE layer, fused.cuh),
-// captured once per KV cache as a CUDA graph (the routed experts are chosen on the device
-// through pointer tables, so capture needs no device→host sync). More than one token runs the
+// captured once as a CUDA graph and replayed for every step of every sequence: the token, the
+// position and the block table are device buffers the graph reads, and the routed experts are
+// chosen on the device through pointer tables, so capture needs no device→host sync. More than one token runs the
 // chunked prefill path (prefill_path.cu): dense projections and expert GEMMs through cuBLAS,
 // attention for the chunk on the flash kernel (flash_attention.cuh), and the routed experts of
 // each MoE layer staged in groups through a ring of VRAM buffers on a copy stream (hot experts
@@ -19,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/contiguous_kv_backend.hpp"
+#include "worker/engine/backend.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/config.hpp"
 
@@ -32,9 +35,12 @@ struct CudaBackendOptions {
   /// Explicit slots per layer; overrides hot_fraction when >= 0.
   int hot_slots = -1;
   /// VRAM budget in GiB (0 = none): hot slots are reduced so that resident weights + hot cache
-  /// + the prefill staging ring + 2 GiB of KV/workspace fit. Forces offload on a card where the
-  /// model would fit.
+  /// + the prefill staging ring + the KV pool (kv_cache_bytes) + its prefill copy of one layer
+  /// + 2 GiB of workspace fit. Forces offload on a card where the model would fit.
   double vram_budget_gib = 0;
+  /// Bytes of the KV pool the engine will allocate (--kv-cache-bytes), counted in
+  /// vram_budget_gib; the pool itself is allocated by allocate_kv_pool.
+  std::size_t kv_cache_bytes = 0;
   std::string profile_path;          // hot-expert profile to fill the cache from (optional)
   std::string capture_profile_path;  // when set, routing counts are written here on destruction
   bool use_graphs = true;
@@ -61,7 +67,7 @@ struct CudaBackendOptions {
   bool staged_prefill = true;
   /// Prefill attention on the flash kernel (flash_attention.cuh, bf16 numerics) where the shape
   /// allows, for chunks whose last query sees more than flash_attention_min_keys keys; shorter
-  /// ones (and all when false) use cuBLAS (TF32 on the fp32 cache) with a materialised score
+  /// ones (and all when false) use cuBLAS (TF32 on an fp32 copy of the bf16 rows) with a materialised score
   /// matrix. The flash kernel is as fast at 512 tokens and much faster beyond (docs/performance.md,
   /// 2026-11-30 "prefill, resident": 0.075 / 0.143 / 0.566 s for 512 / 4096 / 16384-token
   /// prompts against cuBLAS's 0.074 / 0.245 / 2.427 s), so it serves every length by default. Used for
@@ -80,38 +86,47 @@ struct RoutingStats {
   double hit_rate() const { return hot_hits + misses ? static_cast<double>(hot_hits) / (hot_hits + misses) : 0; }
 };
 
-// note: a ContiguousKvBackend (one contiguous fp32 cache of the pool's tokens, allocated once,
-// one sequence at a time, no prefix reuse) until the kernels read K/V through block tables.
-class CudaBackend : public ContiguousKvBackend {
+class CudaBackend : public Backend {
  public:
   ~CudaBackend() override;
 
   std::size_t vocab_size() const override;
+  /// bf16 K and V of every layer: layers × 2 × n_kv_heads × head_dim × 2 bytes.
   std::size_t kv_bytes_per_token() const override;
   std::string name() const override { return "cuda"; }
-  using ContiguousKvBackend::forward;         // the pool's forward(KvView, ...) beside this one
-  using ContiguousKvBackend::forward_greedy;
-  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override;
-  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override;
+  /// The pool in VRAM (shape.block_tokens a multiple of 16: std::invalid_argument otherwise),
+  /// zero-filled, with its device block table and the prefill buffers for its tokens; drops the
+  /// earlier pool and the decode graph (captured again on the next decode step).
+  void allocate_kv_pool(const KvPoolShape& shape) override;
+  std::size_t kv_pool_allocations() const override;
+  std::vector<float> forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) override;
   /// The decode step's graph, whose last kernel picks the argmax on the device
   /// (launch_argmax_row): one int32 copied back instead of the logits row.
-  int32_t forward_greedy(KvCache& cache, int32_t token) override;
+  int32_t forward_greedy(const KvView& kv, int32_t token) override;
 
-  /// GPU time of one decode step alone (the cache's captured graph: every layer, final norm,
-  /// lm_head and the greedy pick), replayed `reps` times back to back, in µs per step (median of 5
-  /// timed runs, CUDA events). Replays the last decoded token at its position, rewriting that KV
-  /// row with the same values. For the benchmark: forward_greedy()'s time per token minus this is
-  /// the host's share. The
-  /// routing counters (stats(), the captured profile) are restored afterwards.
-  /// Throws std::logic_error when the cache has no graph yet (no single-token forward so far).
-  double decode_step_us(KvCache& cache, int reps);
+  /// Device and pinned host allocations this backend made since it was made (load, the pool,
+  /// buffers): constant once the pool is allocated, however many requests run.
+  std::size_t allocations() const;
+  /// Decode graphs captured since the backend was made: 1 after the first decode step, and
+  /// unchanged by later steps, requests and context lengths (again after allocate_kv_pool or
+  /// set_use_pdl).
+  std::size_t graph_captures() const;
+
+  /// GPU time of one decode step alone (the captured graph: every layer, final norm, lm_head
+  /// and the greedy pick), replayed `reps` times back to back, in µs per step (median of 5 timed
+  /// runs, CUDA events). Replays the last decoded token at its position, rewriting that KV row
+  /// with the same values: the pool and the last pass's block table must be as that step left
+  /// them. For the benchmark: forward_greedy()'s time per token minus this is the host's share.
+  /// The routing counters (stats(), the captured profile) are restored afterwards. Throws
+  /// std::logic_error when no decode step ran since the graph was captured.
+  double decode_step_us(int reps);
   /// Chooses the prefill attention path from the next prefill on (CudaBackendOptions::
   /// flash_attention and flash_attention_min_keys); for the benchmark.
   void set_flash_attention(bool on, int min_keys);
   /// Sets CudaBackendOptions::prefill_split_min_tokens from the next prefill on (0 = never
   /// split); for the benchmark.
   void set_prefill_split(int min_tokens);
-  /// Turns PDL on/off for decode graphs captured from now on (new caches); for the benchmark.
+  /// Turns PDL on/off; the decode graph is captured again on the next step. For the benchmark.
   void set_use_pdl(bool on);
   /// Refills the hot-expert cache with `slots` experts per layer (profile order if loaded).
   void set_hot_slots(int slots);

@@ -113,7 +113,7 @@ void fold_routers(CudaBackend::Impl& m) {
   if (n_moe == 0 || E < K || E > 1024 || E > H || K < 1 || K > 32 || H % 8 != 0 || H > 2048 || Q % 4 != 0) return;
   const std::size_t row = static_cast<std::size_t>(H) + static_cast<std::size_t>(Q), per = static_cast<std::size_t>(E) * row;
   m.router_folded_bytes = n_moe * per * sizeof(float);
-  CUDA_CHECK(cudaMalloc(&m.router_folded, m.router_folded_bytes));
+  m.router_folded = static_cast<float*>(m.device_alloc(m.router_folded_bytes));
   // place() copies from pageable memory with cudaMemcpy, which may return before the copy has
   // landed; m.stream does not wait for the legacy stream. The folds read those weights.
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -157,7 +157,7 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
   if (cublasSetStream(m->cublas, m->stream) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuda backend: cublasSetStream failed");
   m->stage_group = static_cast<std::size_t>(std::max(1, opt.stage_group));
   m->arena_bytes = m->resident_elems() * 2;
-  CUDA_CHECK(cudaMalloc(&m->arena, m->arena_bytes));
+  m->arena = static_cast<char*>(m->device_alloc(m->arena_bytes));
   const std::size_t H = static_cast<std::size_t>(d.hidden_size);
   auto upload = [&](const std::string& what, std::size_t count, float fan_in) {
     std::vector<uint16_t> host(count);
@@ -222,10 +222,12 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
     if (opt.vram_budget_gib > 0) {
-      // The prefill staging ring (stage_buffers × stage_group experts) comes out of the budget too.
+      // The prefill staging ring (stage_buffers × stage_group experts), the KV pool and the
+      // prefill's contiguous bf16 copy of one layer's rows of it come out of the budget too.
       const double staging = static_cast<double>(opt.stage_buffers) * opt.stage_group * static_cast<double>(m->store->block_bytes());
+      const double kv = static_cast<double>(opt.kv_cache_bytes) * (1.0 + 1.0 / static_cast<double>(std::max<int64_t>(d.num_layers, 1)));
       const double budget = opt.vram_budget_gib * 1073741824.0 - static_cast<double>(m->arena_used) -
-                            static_cast<double>(m->router_folded_bytes) - staging - 2.0 * 1073741824.0;
+                            static_cast<double>(m->router_folded_bytes) - staging - kv - 2.0 * 1073741824.0;
       const int fit = budget <= 0 ? 0 : static_cast<int>(budget / (static_cast<double>(m->store->block_bytes()) * moe_layers));
       if (fit < slots) {
         m->warnings.push_back("--vram-budget-gib " + std::to_string(opt.vram_budget_gib) + " leaves room for " +

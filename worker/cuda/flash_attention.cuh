@@ -63,7 +63,7 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 /// of h = h / (n_heads / n_kv_heads) (GQA).
 ///   q: (n, ldq) fp32, head h of row i at q + i·ldq + h·hd (already q-normed and rotated);
 ///   k, v: (>= pos0 + n, n_kv_heads·hd) bf16, rows [0, pos0 + n) written (the prefill path
-///         rounds the layer's fp32 cache rows into a bf16 copy before the launch);
+///         gathers the layer's rows of the bf16 KV pool into this copy before the launch);
 ///   out: (n, ldo) fp32.
 /// Numerics are those of a bf16 engine (FlashAttention-2, transformers in bf16): q is rounded to
 /// bf16, S = Q·Kᵀ and O = P·V run on bf16 tensor cores (mma.sync m16n8k16) with fp32
@@ -71,7 +71,7 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 /// the rounded values, so each row's weights sum to exactly what multiplies v; the running max
 /// and sum and the output stay fp32. Against fp32 attention a score moves by up to ~2^-8 of
 /// |q|·|k|: on a peaked softmax that moves probabilities by percent (flash_attention_test.cpp,
-/// backend_test.cpp state the measured sizes); the cuBLAS path (TF32 on the fp32 cache) is the
+/// backend_test.cpp state the measured sizes); the cuBLAS path (TF32 on an fp32 copy of the rows) is the
 /// closer one.
 /// The kernel is flash_kernel_for's (see FlashKernel).
 /// Throws std::invalid_argument when !flash_attention_supported, n_kv_heads > 65535, n <= 0,

@@ -5,7 +5,8 @@
 //      copied there (cp.async by every thread) around griddepcontrol.wait, so they stream during
 //      the previous kernel; larger matrices (lm_head), or a device with less shared memory, use
 //      one warp per row.
-//   2. launch_attention_decode_fused: q/k-norm + RoPE + KV append + single-query attention.
+//   2. launch_attention_decode_paged: q/k-norm + RoPE + KV append into the paged pool +
+//      split-K attention over it (attention_decode.cu).
 //   3. launch_gemv_bf16_pdl, accumulate: o-proj + residual (staged in shared memory as 1.), into
 //      the residual stream's other buffer when the router is folded (`res`).
 //   4. launch_router_folded: the router's logits times rms from the residual before the o-proj
@@ -24,8 +25,8 @@
 // may be scheduled while its predecessor finishes and waits (griddepcontrol.wait) before touching
 // memory, hiding most of the launch gap between consecutive graph nodes. Results are identical
 // with or without it. The handshakes that run ahead of that order: handshakes.cuh.
-// Conventions as kernels.cuh: bf16 weights row-major (out, in), fp32 activations and KV cache,
-// fp32 accumulation; device-side scalars so the step stays graph-capturable (no device→host
+// Conventions as kernels.cuh: bf16 weights row-major (out, in), fp32 activations, bf16 K/V in
+// the paged pool (PagedKv), fp32 accumulation; device-side scalars so the step stays graph-capturable (no device→host
 // sync); every reduction has a fixed order, so results do not depend on scheduling.
 #pragma once
 
@@ -48,41 +49,72 @@ namespace servedeck::worker::cuda {
 void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
                            int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false);
 
-/// Blocks per query head in the fused decode attention (split over positions): 8, against 2, 4,
-/// 16 and 32 splits and 4 warps per block (docs/performance.md, 2026-11-29 "attention splits").
-constexpr int k_attention_splits = 8;
+/// One layer's K and V in the paged KV pool (CudaBackend::allocate_kv_pool), bf16: position p of
+/// a sequence lives in pool row table[p / block_tokens] · block_tokens + p % block_tokens, and
+/// row r holds one token's n_kv_heads · head_dim values at k + r · kv_dim (V likewise).
+struct PagedKv {
+  __nv_bfloat16* k = nullptr;
+  __nv_bfloat16* v = nullptr;
+  const int32_t* table = nullptr;  // device: the sequence's block ids
+  int block_tokens = 16;           // rows per pool block, a multiple of 16
+};
 
-/// Shapes and scratch of the fused attention step.
+/// Blocks per KV head of the decode attention at most, and the positions a split covers at
+/// least (in units of 16): the split count grows with the context up to attention_splits.
+constexpr int k_attention_max_splits = 64;
+constexpr int k_attention_min_split_units = 8;
+
+/// Blocks per KV head of launch_attention_decode_paged: enough to give every multiprocessor one
+/// block, ceil(SMs / n_kv_heads) (33 for 4 KV heads on 132 SMs), in [1, k_attention_max_splits].
+int attention_splits(int n_kv_heads);
+
+/// Shapes and scratch of the decode attention step.
 struct AttentionShape {
   int n_heads, n_kv_heads, head_dim, rotary_dim;
   float eps;
   const float* inv_freq;   // device (rotary_dim / 2) table from rope_inv_freq
-  int max_len;             // KV cache rows
-  float* scratch;          // device, attention_scratch_floats(n_heads, head_dim)
-  unsigned int* counters;  // device, n_heads, zeroed once (H1, handshakes.cuh: each launch leaves them zero)
+  int splits;              // blocks per KV head (attention_splits), fixed for a captured graph
+  float* scratch;          // device, attention_scratch_floats(n_heads, head_dim, splits)
+  unsigned int* counters;  // device, n_kv_heads, zeroed once (H1, handshakes.cuh: each launch leaves them zero)
 };
 
-/// Floats of attention scratch: per head and split, (max, sum, head_dim partial outputs).
-inline std::size_t attention_scratch_floats(int n_heads, int head_dim) {
-  return static_cast<std::size_t>(n_heads) * k_attention_splits * (static_cast<std::size_t>(head_dim) + 2);
+/// Floats of attention scratch: per query head and split, (max, sum, 2 unused, head_dim partial outputs).
+inline std::size_t attention_scratch_floats(int n_heads, int head_dim, int splits) {
+  return static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(splits) * (static_cast<std::size_t>(head_dim) + 4);
 }
 
 /// RoPE inverse frequencies as transformers and the CPU reference compute them:
 /// inv_freq[i] = 1 / theta^(fp32(2i / rotary_dim)) (power in double, rounded to fp32).
 std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 
-/// qkv: (n_heads + 2 n_kv_heads) * head_dim fp32 = [q | k | v] at position *pos (pre-norm,
-/// pre-RoPE). Applies per-head RMSNorm (q_norm/k_norm, both null to skip), RoPE at *pos,
-/// writes k and v into the caches' row *pos, then attends over rows [0, *pos]. out: (n_heads,
-/// head_dim). head_dim <= 256. With pdl, *pos, q_norm, k_norm and s.inv_freq are read BEFORE
-/// waiting for the predecessor: *pos must not be written by it (in the decode step the host
-/// copies it before the step). It lets its successor (the o-proj) launch at its start
-/// (handshakes.cuh: the successor may then read only what was complete before this kernel's
-/// predecessor passed its wait). heads_done (H2, handshakes.cuh): when set, each head's merging
-/// block adds 1 to it (release) once the head's output is written.
-void launch_attention_decode_fused(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm,
-                                   float* k_cache, float* v_cache, float* out, const AttentionShape& s,
-                                   const int32_t* pos, cudaStream_t stream, bool pdl = false, unsigned int* heads_done = nullptr);
+/// Decode attention over the paged KV pool (flash-decoding: split-K partial softmax + combine).
+/// qkv: (n_heads + 2 n_kv_heads) · head_dim fp32 = [q | k | v] at position *pos (pre-norm,
+/// pre-RoPE). Applies the per-head RMSNorm (q_norm / k_norm, both null to skip) and RoPE at
+/// *pos, rounds q, k and v to bf16, writes k and v into pool row *pos of `kv`, and attends over
+/// positions [0, *pos] (the block table must cover them). out: (n_heads, head_dim) fp32.
+/// Grid: n_kv_heads × s.splits blocks of 4 warps. The context is cut into 16-position units;
+/// split b of KV head h takes a contiguous run of ceil(units / a) units, a = min(splits,
+/// ceil(units / k_attention_min_split_units)) splits in use (the rest exit at once), so the
+/// work per block grows with the context and every K/V row is read once per KV head (its GQA
+/// group's query heads are the rows of one m16 tile). Each warp streams its units (16 K and V
+/// rows of the head) through a ring of shared-memory stages (cp.async; the first stages are
+/// issued before the PDL wait: rows of earlier steps), computes S = Q·Kᵀ and O += P·V with
+/// mma.sync m16n8k16 (bf16 in, fp32 accumulate) and an online softmax in the log2 domain with
+/// bf16-rounded P (the flash prefill kernels' numerics, flash_attention.cuh); the block merges
+/// its warps, then the last block of a KV head to arrive merges the splits in split order
+/// (handshakes.cuh H1). Results do not depend on scheduling.
+/// Requirements (std::invalid_argument): head_dim a multiple of 16 in [16, 256], n_heads a
+/// multiple of n_kv_heads with a group of at most 16, rotary_dim even in [0, head_dim], q_norm
+/// and k_norm both set or both null, scratch and counters set, splits in [1, k_attention_max_splits],
+/// kv.k / kv.v 16-byte aligned and kv.table set, kv.block_tokens a positive multiple of 16.
+/// With pdl, *pos, the block table, q_norm, k_norm, s.inv_freq and the pool rows before *pos
+/// are read BEFORE waiting for the predecessor (none is written by the step's earlier kernels;
+/// the host writes *pos and the table before the step). It lets its successor (the o-proj)
+/// launch at its start (handshakes.cuh). heads_done (H2): when set, each KV head's merging
+/// block adds its group's n_heads / n_kv_heads (release) once their outputs are written.
+void launch_attention_decode_paged(const float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm, const PagedKv& kv,
+                                   float* out, const AttentionShape& s, const int32_t* pos, cudaStream_t stream, bool pdl = false,
+                                   unsigned int* heads_done = nullptr);
 
 /// Routing outputs and counters of one MoE layer.
 struct RouterOutputs {

@@ -1,5 +1,6 @@
-// Fused decode kernels of attention and routing (see fused.cuh for the launch plan per layer);
-// the MoE expert kernels are in fused_moe.cu (gate/up) and fused_moe_down.cu.
+// Fused decode kernels: the norm + GEMVs and the o-proj (see fused.cuh for the launch plan per
+// layer); the attention is in attention_decode.cu, the routers in fused_router*.cu, the MoE
+// expert kernels in fused_moe.cu (gate/up) and fused_moe_down.cu.
 #include <cmath>
 #include <type_traits>
 
@@ -176,157 +177,6 @@ bool launch_staged(cudaStream_t stream, bool pdl, const bf16* W, const float* x,
   return true;
 }
 
-// Fused attention: k_attention_splits blocks per query head, k_attn_warps warps each; global
-// warp g of a head takes positions g, g + G, g + 2G, ... (G = splits × warps) with an online
-// softmax; warps merge in a fixed order inside the block, blocks publish partials, and the last
-// block of the head to finish merges them in split order (handshakes.cuh H1: the same result
-// whichever is last). VPL: head dimensions per lane (lane l holds l, l + 32, ...): 4 for head_dim
-// <= 128, else 8; the smaller instance holds 64 registers instead of 88. Before the wait, each
-// warp asks L2 for the K and V rows of its first four positions (rows of earlier steps: never
-// written by the predecessor), so that its loads after the wait hit L2 (docs/performance.md,
-// 2026-11-30 "attention read-ahead").
-constexpr int k_attn_warps = 8;
-
-template <int VPL>
-__global__ void __launch_bounds__(k_attn_warps * 32) attention_fused_kernel(const float* __restrict__ qkv,
-                                                                           const bf16* __restrict__ qn,
-                                                                           const bf16* __restrict__ kn, float* kc,
-                                                                           float* vc, float* __restrict__ out,
-                                                                           AttentionShape s, const int32_t* pos_p,
-                                                                           unsigned int* heads_done) {
-  SERVEDECK_TRACE_BLOCK();
-  // The o-proj may launch at once (handshakes.cuh, launch order): its blocks are placed as
-  // q|k|v's leave and stage their rows during the whole attention (docs/performance.md,
-  // 2026-11-30 "o-proj at the attention's start").
-  detail::trigger_dependents();
-  __shared__ float qs[256], ks[256], vs[256];
-  __shared__ float wm[k_attn_warps], wl[k_attn_warps];
-  __shared__ float wacc[k_attn_warps][32 * VPL];
-  __shared__ int is_last;
-  const int h = blockIdx.x / k_attention_splits, split = blockIdx.x % k_attention_splits;
-  const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads, kvh = h / group;
-  const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  constexpr int G = k_attention_splits * k_attn_warps;
-  // Before the wait: the position (written by the host before the step), the norm weights and
-  // inverse frequencies (never written).
-  const int pos = *pos_p;
-  detail::RopeHeadPrefetch rp{};
-  if (warp < 2) rp = detail::prefetch_rope_head(warp == 0 ? qn : kn, s.inv_freq, hd, s.rotary_dim, lane);
-  const int tw = split * k_attn_warps + warp;  // this warp's first position
-  {
-    // Lane l: position tw + (l / 8) G, K (l % 8 < 4) or V, the (l % 4)-th 128-byte line of the row
-    // (the first 512 bytes: all of it at head_dim 128).
-    const int t = tw + (lane / 8) * G, line = lane % 4;
-    if (t < pos && line * 32 < hd) {
-      const float* row = ((lane % 8) < 4 ? kc : vc) + static_cast<size_t>(t) * kv_dim + kvh * hd + line * 32;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
-    }
-  }
-  wait_for_predecessor();
-  if (warp == 0) detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(h) * hd, rp, qn != nullptr, qs, hd, s.rotary_dim, s.eps, pos, lane);
-  if (warp == 1)
-    detail::norm_rope_head_prefetched(qkv + q_dim + static_cast<size_t>(kvh) * hd, rp, kn != nullptr, ks, hd, s.rotary_dim, s.eps, pos, lane);
-  if (warp == 2)
-    for (int i = lane; i < hd; i += 32) vs[i] = qkv[q_dim + kv_dim + kvh * hd + i];
-  __syncthreads();
-  const size_t row = static_cast<size_t>(pos) * kv_dim + static_cast<size_t>(kvh) * hd;
-  if (h % group == 0 && split == 0)
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-      kc[row + i] = ks[i];
-      vc[row + i] = vs[i];
-    }
-  const float scale = rsqrtf(static_cast<float>(hd));
-  float q[VPL], acc[VPL];
-#pragma unroll
-  for (int i = 0; i < VPL; ++i) {
-    q[i] = lane + 32 * i < hd ? qs[lane + 32 * i] : 0.f;
-    acc[i] = 0.f;
-  }
-  float m = -INFINITY, l = 0.f;
-  // Four positions at a time so that eight rows' loads are in flight before the first reduction.
-  for (int t0 = tw; t0 <= pos; t0 += 4 * G) {
-    float d[4], vv[4][VPL];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int t = t0 + u * G;
-      const bool ok = t <= pos;
-      const float* kt = t == pos ? ks : kc + static_cast<size_t>(ok ? t : 0) * kv_dim + kvh * hd;
-      const float* vt = t == pos ? vs : vc + static_cast<size_t>(ok ? t : 0) * kv_dim + kvh * hd;
-      d[u] = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPL; ++i) {
-        const bool in = ok && lane + 32 * i < hd;
-        d[u] += in ? q[i] * kt[lane + 32 * i] : 0.f;
-        vv[u][i] = in ? vt[lane + 32 * i] : 0.f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) d[u] = warp_sum(d[u]) * scale;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (t0 + u * G > pos) break;
-      const float mn = fmaxf(m, d[u]);
-      const float corr = expf(m - mn), pe = expf(d[u] - mn);
-      l = l * corr + pe;
-#pragma unroll
-      for (int i = 0; i < VPL; ++i) acc[i] = acc[i] * corr + pe * vv[u][i];
-      m = mn;
-    }
-  }
-  if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < VPL; ++i)
-    if (lane + 32 * i < hd) wacc[warp][lane + 32 * i] = acc[i];
-  __syncthreads();
-  // Block partial: M, L and the unnormalised output, in warp order.
-  float* part = s.scratch + static_cast<size_t>(blockIdx.x) * (hd + 2);
-  float M = -INFINITY;
-  for (int w = 0; w < k_attn_warps; ++w) M = fmaxf(M, wm[w]);
-  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-    float o = 0.f;
-    for (int w = 0; w < k_attn_warps; ++w) o += wl[w] > 0.f ? wacc[w][dd] * expf(wm[w] - M) : 0.f;
-    part[2 + dd] = o;
-  }
-  if (threadIdx.x == 0) {
-    float L = 0.f;
-    for (int w = 0; w < k_attn_warps; ++w) L += wl[w] > 0.f ? wl[w] * expf(wm[w] - M) : 0.f;
-    part[0] = M;
-    part[1] = L;
-  }
-  if (!detail::arrive_last(s.counters, h, k_attention_splits, is_last)) return;
-  // Every split's (M, L) and this thread's outputs in one round of loads, then the merge in
-  // split order.
-  const float* hp = s.scratch + static_cast<size_t>(h) * k_attention_splits * (hd + 2);
-  for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-    float Mb[k_attention_splits], Lb[k_attention_splits], Ob[k_attention_splits];
-#pragma unroll
-    for (int b = 0; b < k_attention_splits; ++b) {
-      Mb[b] = __ldcg(hp + b * (hd + 2));
-      Lb[b] = __ldcg(hp + b * (hd + 2) + 1);
-      Ob[b] = __ldcg(hp + b * (hd + 2) + 2 + dd);
-    }
-    float MM = -INFINITY;
-#pragma unroll
-    for (int b = 0; b < k_attention_splits; ++b) MM = fmaxf(MM, Mb[b]);
-    float LL = 0.f;
-#pragma unroll
-    for (int b = 0; b < k_attention_splits; ++b) LL += Lb[b] > 0.f ? Lb[b] * expf(Mb[b] - MM) : 0.f;
-    float o = 0.f;
-#pragma unroll
-    for (int b = 0; b < k_attention_splits; ++b) o += Lb[b] > 0.f ? Ob[b] * expf(Mb[b] - MM) : 0.f;
-    out[static_cast<size_t>(h) * hd + dd] = o / LL;
-  }
-  if (threadIdx.x == 0) s.counters[h] = 0u;  // H1's reset, by the block that completed the count
-  if (heads_done != nullptr) {  // H2 (handshakes.cuh): this head's output is written
-    __syncthreads();
-    if (threadIdx.x == 0) detail::publish_count(heads_done);
-  }
-}
-
 // y (+)= W x with x from global memory (o-proj + residual), one row per warp.
 __global__ void __launch_bounds__(256) gemv_pdl_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                        float* __restrict__ y, int out, int in, int accumulate,
@@ -376,24 +226,6 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
 }
 
-void launch_attention_decode_fused(const float* qkv, const bf16* q_norm, const bf16* k_norm, float* k_cache,
-                                   float* v_cache, float* out, const AttentionShape& s, const int32_t* pos,
-                                   cudaStream_t stream, bool pdl, unsigned int* heads_done) {
-  using detail::require;
-  require(s.head_dim > 0 && s.head_dim <= 256, "launch_attention_decode_fused",
-          "head_dim must be in (0, 256], got " + std::to_string(s.head_dim));
-  require(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "launch_attention_decode_fused",
-          "n_heads (" + std::to_string(s.n_heads) + ") must be a multiple of n_kv_heads (" + std::to_string(s.n_kv_heads) + ")");
-  require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, "launch_attention_decode_fused",
-          "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
-  require((q_norm == nullptr) == (k_norm == nullptr), "launch_attention_decode_fused", "q_norm and k_norm must both be set or both null");
-  require(s.scratch != nullptr && s.counters != nullptr, "launch_attention_decode_fused", "scratch and counters must be set");
-  const int grid = s.n_heads * k_attention_splits;
-  auto go = [&](auto kernel) { launch(kernel, grid, k_attn_warps * 32, 0, stream, pdl, qkv, q_norm, k_norm, k_cache, v_cache, out, s, pos, heads_done); };
-  if (s.head_dim <= 128) return go(attention_fused_kernel<4>);
-  go(attention_fused_kernel<8>);
-}
-
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,
                           bool pdl, const float* res, bool trigger_at_start) {
   detail::require(out > 0 && in > 0 && in % 8 == 0, "launch_gemv_bf16_pdl",
@@ -413,6 +245,7 @@ SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_fused_decode)
 
 #ifdef SERVEDECK_DECODE_TRACE
 namespace servedeck::worker::cuda {
+void set_decode_trace_buffer_attention_decode(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_moe(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_moe_down(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router(DecodeTraceRecord* buf);
@@ -420,6 +253,7 @@ void set_decode_trace_buffer_fused_router_folded(DecodeTraceRecord* buf);
 void set_decode_trace_buffer(DecodeTraceRecord* buf) {
   set_decode_trace_buffer_fused_router_folded(buf);
   set_decode_trace_buffer_fused_decode(buf);
+  set_decode_trace_buffer_attention_decode(buf);
   set_decode_trace_buffer_fused_moe(buf);
   set_decode_trace_buffer_fused_moe_down(buf);
   set_decode_trace_buffer_fused_router(buf);

@@ -17,7 +17,7 @@
 //   knows every arrival happened) resets it to 0 before its grid ends. The next launch that
 //   touches it arrives only after its own PDL wait, i.e. after this grid completed.
 // - Cross-grid counters (H2, H3): one slot per MoE layer (StepSync), never reset. Each step adds
-//   exactly n to a slot (n publishers, once each), so after `epoch` steps it holds epoch · n
+//   exactly n to a slot (its publishers, once each), so after `epoch` steps it holds epoch · n
 //   (mod 2^32). A consumer of the step reads the epoch (steps completed: advanced by the step's
 //   last kernel, launch_argmax_row's last block, after everything else of the step completed)
 //   and waits until the slot reaches (epoch + 1) · n (step_target; compared modulo 2^32 by
@@ -29,13 +29,15 @@
 // the block's writes); consumption: wait_for_count (relaxed polls, then one fence.acq_rel.gpu;
 // the block's threads read after a __syncthreads, through L2: __ldcg, never the read-only path).
 //
-// H1. Attention splits of a head (launch_attention_decode_fused). Producers: the
-//     k_attention_splits blocks of head h, each writing its partial (max, sum, outputs) to
-//     scratch. Consumer: the block that arrives last at counters[h] (arrive_last: one
-//     atom.acq_rel.gpu by thread 0 after the block's barrier) merges the partials in split order
-//     and resets counters[h]. Deadlock: nothing waits.
+// H1. Attention splits of a KV head (launch_attention_decode_paged). Producers: the splits
+//     blocks of KV head h, each in use writing its partial (max, sum, outputs of the group's
+//     heads) to scratch, the rest writing nothing. Consumer: the block that arrives last at
+//     counters[h] (arrive_last: one atom.acq_rel.gpu by thread 0 after the block's barrier)
+//     merges the partials of the splits in use in split order and resets counters[h]. Deadlock:
+//     nothing waits.
 // H2. Attention heads -> folded router (the early routing). Producer: the merging block of each
-//     head (H1), once the head's output is written: heads_done[layer] += 1. Consumer: every block
+//     KV head (H1), once its group's outputs are written: heads_done[layer] += group (n_heads /
+//     n_kv_heads), so a step adds n_heads in all. Consumer: every block
 //     of launch_router_folded computes the residual's part of its logit, then waits for
 //     n_heads publications of this step and only then reads the attention's output. Deadlock:
 //     when a router block runs, every attention block has started (launch order), and attention
@@ -75,10 +77,10 @@ struct StepSync {
 #if defined(__CUDACC__)  // the device side (fused.cuh, included by host code, needs only StepSync)
 namespace detail {
 
-/// Adds 1 to `count` (release, device scope): this thread's earlier writes, and with a
+/// Adds n to `count` (release, device scope): this thread's earlier writes, and with a
 /// __syncthreads before it its block's, are visible to whoever sees the count and then fences.
-__device__ __forceinline__ void publish_count(unsigned int* count) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(count), "r"(1u) : "memory");
+__device__ __forceinline__ void publish_count(unsigned int* count, unsigned int n = 1u) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(count), "r"(n) : "memory");
 }
 
 /// True when counter value v has reached target t modulo 2^32 (the distance is below 2^31).

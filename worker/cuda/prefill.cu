@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(256) router_logits_tiled_kernel(const bf16* __
 // (norm + RoPE in place; k heads also append k and v). Eight heads per block, not one: a 16k-row
 // chunk is 82k blocks instead of 655k.
 constexpr int k_rope_heads_per_block = 8;
-__global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, float* kc, float* vc, AttentionShape s,
-                                      int pos0) {
+__global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, PagedKv kv, AttentionShape s, int pos0) {
   const int r = blockIdx.x, head = blockIdx.y * blockDim.y + threadIdx.y, lane = threadIdx.x, hd = s.head_dim;
   if (head >= s.n_heads + s.n_kv_heads) return;  // the whole warp: the helpers below sync per warp only
   const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, width = q_dim + 2 * kv_dim;
@@ -134,10 +133,11 @@ __global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn
     float* k = row + q_dim + static_cast<size_t>(kvh) * hd;
     detail::norm_rope_head(k, kn, k, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
     const float* v = row + q_dim + kv_dim + static_cast<size_t>(kvh) * hd;
-    const size_t at = static_cast<size_t>(pos) * kv_dim + static_cast<size_t>(kvh) * hd;
+    const int B = kv.block_tokens;
+    const size_t at = (static_cast<size_t>(kv.table[pos / B]) * B + pos % B) * kv_dim + static_cast<size_t>(kvh) * hd;
     for (int i = lane; i < hd; i += 32) {
-      kc[at + i] = k[i];
-      vc[at + i] = v[i];
+      kv.k[at + i] = __float2bfloat16_rn(k[i]);
+      kv.v[at + i] = __float2bfloat16_rn(v[i]);
     }
   }
 }
@@ -170,6 +170,31 @@ __global__ void causal_softmax_kernel(float* scores, int queries, int len, int l
   for (int k = 0; k < 8; ++k) S += red[k];
   const float inv = 1.f / S;
   for (int t = threadIdx.x; t < len; t += 256) row[t] = t < valid ? row[t] * inv : 0.f;
+}
+
+// One block per position: its K and V rows (kv_dim bf16 each, 16 bytes per thread and step)
+// from the pool to row `pos` of contiguous buffers, as bf16 or widened to fp32.
+template <class T>
+__global__ void gather_kv_rows_kernel(PagedKv kv, int kv_dim, T* __restrict__ k_out, T* __restrict__ v_out) {
+  const int pos = blockIdx.x, B = kv.block_tokens;
+  const size_t src = (static_cast<size_t>(kv.table[pos / B]) * B + pos % B) * kv_dim;
+  const size_t dst = static_cast<size_t>(pos) * kv_dim;
+  for (int c = threadIdx.x * 8; c < kv_dim; c += blockDim.x * 8) {
+    const uint4 kr = *reinterpret_cast<const uint4*>(kv.k + src + c);
+    const uint4 vr = *reinterpret_cast<const uint4*>(kv.v + src + c);
+    if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(k_out + dst + c) = kr;
+      *reinterpret_cast<uint4*>(v_out + dst + c) = vr;
+    } else {
+      const bf16* kh = reinterpret_cast<const bf16*>(&kr);
+      const bf16* vh = reinterpret_cast<const bf16*>(&vr);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        k_out[dst + c + j] = __bfloat162float(kh[j]);
+        v_out[dst + c + j] = __bfloat162float(vh[j]);
+      }
+    }
+  }
 }
 
 __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
@@ -259,16 +284,40 @@ void launch_rmsnorm_rows_bf16(const float* x, const bf16* w, bf16* y, int rows, 
   detail::check_launch();
 }
 
-void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_norm, float* k_cache, float* v_cache,
-                                const AttentionShape& s, int rows, int pos0, cudaStream_t stream) {
+void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_norm, const PagedKv& kv, const AttentionShape& s,
+                                int rows, int pos0, cudaStream_t stream) {
   detail::require(s.head_dim > 0 && s.head_dim <= 256 && rows > 0, "launch_qk_rope_append_rows",
                   "head_dim must be in (0, 256] and rows positive, got " + std::to_string(s.head_dim) + ", " + std::to_string(rows));
   detail::require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, "launch_qk_rope_append_rows",
                   "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
   const unsigned head_blocks = static_cast<unsigned>((s.n_heads + s.n_kv_heads + k_rope_heads_per_block - 1) / k_rope_heads_per_block);
   qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), head_blocks), dim3(32, k_rope_heads_per_block), 0, stream>>>(
-      qkv, q_norm, k_norm, k_cache, v_cache, s, pos0);
+      qkv, q_norm, k_norm, kv, s, pos0);
   detail::check_launch();
+}
+
+namespace {
+
+template <class T>
+void gather_kv(const PagedKv& kv, int kv_dim, int rows, T* k_out, T* v_out, cudaStream_t stream) {
+  detail::require(rows > 0 && kv_dim > 0 && kv_dim % 8 == 0 && kv.block_tokens > 0 && kv.table != nullptr, "launch_gather_kv_rows",
+                  "need rows > 0, kv_dim a positive multiple of 8, block_tokens > 0 and a block table; got rows " +
+                      std::to_string(rows) + ", kv_dim " + std::to_string(kv_dim) + ", block_tokens " + std::to_string(kv.block_tokens));
+  detail::require(detail::aligned16(kv.k) && detail::aligned16(kv.v) && detail::aligned16(k_out) && detail::aligned16(v_out),
+                  "launch_gather_kv_rows", "the pool and the outputs must be 16-byte aligned");
+  const int threads = std::min(256, std::max(32, (kv_dim / 8 + 31) / 32 * 32));
+  gather_kv_rows_kernel<T><<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(kv, kv_dim, k_out, v_out);
+  detail::check_launch();
+}
+
+}  // namespace
+
+void launch_gather_kv_rows(const PagedKv& kv, int kv_dim, int rows, bf16* k_out, bf16* v_out, cudaStream_t stream) {
+  gather_kv(kv, kv_dim, rows, k_out, v_out, stream);
+}
+
+void launch_gather_kv_rows(const PagedKv& kv, int kv_dim, int rows, float* k_out, float* v_out, cudaStream_t stream) {
+  gather_kv(kv, kv_dim, rows, k_out, v_out, stream);
 }
 
 void launch_causal_softmax_rows(float* scores, int rows, int queries, int len, int ld, int pos0_first_query,

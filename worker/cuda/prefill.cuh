@@ -1,7 +1,7 @@
 // Launchers of the prefill-chunk kernels (n tokens at once). The dense projections and the
 // expert GEMMs of a chunk go through cuBLAS (bf16 in, fp32 out, fp32 compute); these kernels do
 // the element-wise and per-row work between them. Activations that feed a GEMM are bf16; the
-// residual stream, the KV cache and every reduction stay fp32. All reductions have a fixed order.
+// K/V pool is bf16 (PagedKv, fused.cuh); the residual stream and every reduction stay fp32. All reductions have a fixed order.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +31,18 @@ void launch_router_logits_rows(const __nv_bfloat16* R, const float* xn, float* l
                                cudaStream_t stream);
 
 /// qkv: (rows, (n_heads + 2 n_kv_heads) head_dim) fp32 of tokens at positions pos0 + r. In
-/// place: per-head q/k RMSNorm (both null to skip) and RoPE; then writes k and v of each row
-/// into the caches' row pos0 + r. head_dim <= 256.
-void launch_qk_rope_append_rows(float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm, float* k_cache,
-                                float* v_cache, const AttentionShape& s, int rows, int pos0, cudaStream_t stream);
+/// place: per-head q/k RMSNorm (both null to skip) and RoPE; then writes k and v of each row,
+/// rounded to bf16, into the pool row of position pos0 + r (kv's block table must cover it).
+/// head_dim <= 256.
+void launch_qk_rope_append_rows(float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm, const PagedKv& kv,
+                                const AttentionShape& s, int rows, int pos0, cudaStream_t stream);
+
+/// k_out / v_out row p = the pool's K / V row of position p (kv's block table), p < rows: the
+/// contiguous copy of a layer's context the prefill attention reads (bf16 for the flash kernel,
+/// fp32 for the cuBLAS path; bf16 → fp32 is exact). kv_dim a multiple of 8; the pool and the
+/// outputs 16-byte aligned (std::invalid_argument otherwise).
+void launch_gather_kv_rows(const PagedKv& kv, int kv_dim, int rows, __nv_bfloat16* k_out, __nv_bfloat16* v_out, cudaStream_t stream);
+void launch_gather_kv_rows(const PagedKv& kv, int kv_dim, int rows, float* k_out, float* v_out, cudaStream_t stream);
 
 /// In place over scores (rows, ld) fp32 with row r = (head-in-batch, query i): row r covers keys
 /// [0, len); keys t > pos0 + i are masked; softmax over the rest (fixed-order block reduction).

@@ -2,10 +2,11 @@
 //
 // Per chunk of n tokens at positions [pos0, pos0 + n), per layer:
 //   RMSNorm rows → bf16; q|k|v GEMM (cuBLAS, bf16 in, fp32 out, fp32 compute); q/k-norm + RoPE
-//   + KV append; attention of the chunk against the cache (flash_attention.cuh: bf16 tensor
-//   cores on a bf16 copy of the layer's cache rows, scores kept on chip; or, for other head
-//   sizes / when turned off, per KV head: S = K·Qᵀ strided-batched over its query heads, causal
-//   softmax, O = P·V, TF32 tensor cores); o-proj GEMM accumulated into the residual; RMSNorm
+//   + K/V append into the paged bf16 pool; the layer's context rows [0, pos0 + n) gathered from
+//   the pool into one contiguous copy; attention of the chunk against it (flash_attention.cuh:
+//   bf16 tensor cores, scores kept on chip; or, for other head sizes / when turned off, per KV
+//   head: S = K·Qᵀ strided-batched over its query heads, causal softmax, O = P·V, TF32 tensor
+//   cores on an fp32 copy); o-proj GEMM accumulated into the residual; RMSNorm
 //   rows; router logits from the fp32 normalised rows (as decode: a bf16-rounded router input
 //   flips near-tied choices) + top-k.
 //   MoE: the routing ids come back to the host (the expert GEMM sizes are host arguments), rows
@@ -92,6 +93,7 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   for (void* p : pre.owned) CUDA_CHECK(cudaFree(p));
   pre.owned.clear();
   pre.k_b = pre.v_b = nullptr;
+  pre.k32 = pre.v32 = nullptr;
   for (int32_t** h : {&pre.h_ids, &pre.h_rank, &pre.h_offset}) {
     if (*h) CUDA_CHECK(cudaFreeHost(*h));
     *h = nullptr;
@@ -105,8 +107,7 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   const std::size_t group = static_cast<std::size_t>(d.num_heads / d.num_kv_heads);
   const std::size_t qb = std::min<std::size_t>(n, k_attn_query_block);
   auto alloc = [&](std::size_t bytes) {
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 256)));
+    void* p = device_alloc(std::max<std::size_t>(bytes, 256));
     pre.owned.push_back(p);
     return p;
   };
@@ -120,6 +121,8 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   // 16k cache without flash attention; at most 8192 columns with it).
   pre.scores_ld = score_columns(capacity);
   pre.scores = static_cast<float*>(alloc(group * qb * pre.scores_ld * 4));
+  pre.k32 = static_cast<float*>(alloc(pre.scores_ld * static_cast<std::size_t>(kv_dim()) * 4));
+  pre.v32 = static_cast<float*>(alloc(pre.scores_ld * static_cast<std::size_t>(kv_dim()) * 4));
   if (use_flash_attention()) {
     const std::size_t kv = capacity * static_cast<std::size_t>(kv_dim());
     pre.k_b = static_cast<bf16*>(alloc(kv * 2));
@@ -138,9 +141,9 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.stage.clear();
   if (store)
     for (std::size_t b = 0; b < stage_ready.size(); ++b) pre.stage.push_back(static_cast<bf16*>(alloc(stage_group * store->block_bytes())));
-  CUDA_CHECK(cudaMallocHost(&pre.h_ids, n * K * sizeof(int32_t)));
-  CUDA_CHECK(cudaHostAlloc(&pre.h_rank, n * K * sizeof(int32_t), cudaHostAllocMapped));
-  CUDA_CHECK(cudaHostAlloc(&pre.h_offset, E * sizeof(int32_t), cudaHostAllocMapped));
+  pre.h_ids = static_cast<int32_t*>(host_alloc(n * K * sizeof(int32_t)));
+  pre.h_rank = static_cast<int32_t*>(host_alloc(n * K * sizeof(int32_t), cudaHostAllocMapped));
+  pre.h_offset = static_cast<int32_t*>(host_alloc(E * sizeof(int32_t), cudaHostAllocMapped));
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_rank_dev), pre.h_rank, 0));
   CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&pre.h_offset_dev), pre.h_offset, 0));
 
@@ -148,16 +151,17 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.capacity = capacity;
 }
 
-void CudaBackend::Impl::prefill(detail::CudaKvCache& c, std::span<const int32_t> tokens, bool all_logits,
-                                std::vector<float>& out) {
+void CudaBackend::Impl::prefill(std::size_t pos0, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& out) {
   const int chunk = std::max(1, opt.prefill_chunk);
   const std::size_t n = tokens.size();
-  ensure_prefill_buffers(static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(chunk))), c.capacity_);
+  // Sized with the pool (allocate_pool): a no-op unless set_flash_attention changed what they need.
+  ensure_prefill_buffers(static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(chunk))), pool.tokens());
   const std::size_t H = static_cast<std::size_t>(hidden());
+  std::size_t at = pos0;
   for (std::size_t start = 0; start < n; start += static_cast<std::size_t>(chunk)) {
     const std::size_t cnt = std::min<std::size_t>(static_cast<std::size_t>(chunk), n - start);
-    prefill_chunk(c, tokens.subspan(start, cnt), static_cast<int>(c.length_));
-    c.length_ += cnt;
+    prefill_chunk(tokens.subspan(start, cnt), static_cast<int>(at));
+    at += cnt;
     if (all_logits) {
       for (std::size_t r = 0; r < cnt; ++r) logits_row(pre.x + r * H, out);
     } else if (start + cnt == n) {
@@ -167,10 +171,10 @@ void CudaBackend::Impl::prefill(detail::CudaKvCache& c, std::span<const int32_t>
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const int32_t> toks, int pos0) {
+void CudaBackend::Impl::prefill_chunk(std::span<const int32_t> toks, int pos0) {
   const int n = static_cast<int>(toks.size()), H = hidden();
   const float eps = static_cast<float>(d.rms_norm_eps);
-  const AttentionShape shape = attention_shape(c.capacity_);
+  const AttentionShape shape = attention_shape();
   const bool flash = use_flash_attention() && pos0 + n > opt.flash_attention_min_keys;
   CUDA_CHECK(cudaMemcpyAsync(pre.tokens, toks.data(), toks.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   launch_embed_rows(embed, pre.tokens, pre.x, n, H, stream);
@@ -181,14 +185,13 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     if (L.moe) prefill_profile.mark(l, 0, stream);
     launch_rmsnorm_rows_bf16(pre.x, L.input_norm, pre.xb, n, H, eps, stream);
     gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
-    launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, c.k(l), c.v(l), shape, n, pos0, stream);
-    if (flash) {
-      // The kernel reads bf16 K and V: round the layer's rows once here (one elementwise pass)
-      // rather than in every block that reads a tile.
-      const std::size_t rows = static_cast<std::size_t>(pos0 + n) * static_cast<std::size_t>(kv_dim());
-      launch_to_bf16(c.k(l), pre.k_b, rows, stream);
-      launch_to_bf16(c.v(l), pre.v_b, rows, stream);
-    }
+    const PagedKv kv = layer_kv(l);
+    launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, kv, shape, n, pos0, stream);
+    // The attention kernels read the layer's context contiguously: one gather pass over the
+    // pool's rows (the flash kernel's bf16 tiles, or fp32 for cuBLAS; at 64K positions 128 MB
+    // per layer, a few percent of the chunk's attention time).
+    if (flash) launch_gather_kv_rows(kv, kv_dim(), pos0 + n, pre.k_b, pre.v_b, stream);
+    else launch_gather_kv_rows(kv, kv_dim(), pos0 + n, pre.k32, pre.v32, stream);
     // A long chunk's MoE layer runs attention → router for the first quarter of its rows, then
     // for the rest: the experts the first part routes to copy while the second part computes.
     // (A chunk too short to leave rows on both sides of the quarter is not split.)
@@ -196,10 +199,10 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
     const bool split = L.moe && opt.prefill_split_min_tokens > 0 && n >= opt.prefill_split_min_tokens && quarter > 0 && quarter < n;
     const int split_row = split ? quarter : n;
     if (L.moe) prefill_profile.mark(l, 1, stream);
-    prefill_attention(c, l, 0, split_row, pos0, flash);
+    prefill_attention(0, split_row, pos0, flash);
     prefill_attention_out(l, 0, split_row, 0);
     if (split) {
-      prefill_attention(c, l, split_row, n, pos0, flash);
+      prefill_attention(split_row, n, pos0, flash);
       prefill_attention_out(l, split_row, n, 1);
     }
     if (L.moe) {
@@ -216,7 +219,7 @@ void CudaBackend::Impl::prefill_chunk(detail::CudaKvCache& c, std::span<const in
   prefill_profile.report(n, static_cast<int>(layers.size()));
 }
 
-void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int r0, int r1, int pos0, bool flash) {
+void CudaBackend::Impl::prefill_attention(int r0, int r1, int pos0, bool flash) {
   const int hd = static_cast<int>(d.head_dim), group = static_cast<int>(d.num_heads / d.num_kv_heads);
   if (flash) {
     launch_flash_attention_prefill(pre.qkv + static_cast<std::size_t>(r0) * qkv_dim(), qkv_dim(), pre.k_b, pre.v_b,
@@ -232,7 +235,7 @@ void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int r0,
     for (int kvh = 0; kvh < static_cast<int>(d.num_kv_heads); ++kvh) {
       // Scores, column-major (len, tq) per head = K_kvh (len, hd) · Q_hᵀ: row-major (tq, ld) per head.
       cublas_check(cublasGemmStridedBatchedEx(
-                       cublas, CUBLAS_OP_T, CUBLAS_OP_N, len, tq, hd, &scale, c.k(l) + kvh * hd, CUDA_R_32F, kv_dim(), 0,
+                       cublas, CUBLAS_OP_T, CUBLAS_OP_N, len, tq, hd, &scale, pre.k32 + kvh * hd, CUDA_R_32F, kv_dim(), 0,
                        pre.qkv + static_cast<std::size_t>(a) * qkv_dim() + static_cast<std::size_t>(kvh) * group * hd,
                        CUDA_R_32F, qkv_dim(), hd, &zero, pre.scores, CUDA_R_32F, ld,
                        static_cast<long long>(tq) * ld, group, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
@@ -240,7 +243,7 @@ void CudaBackend::Impl::prefill_attention(detail::CudaKvCache& c, int l, int r0,
       launch_causal_softmax_rows(pre.scores, group * tq, tq, len, ld, pos0 + a, stream);
       // Output, column-major (hd, tq) per head = V_kvh (hd, len) · P (len, tq).
       cublas_check(cublasGemmStridedBatchedEx(
-                       cublas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, len, &one, c.v(l) + kvh * hd, CUDA_R_32F, kv_dim(), 0,
+                       cublas, CUBLAS_OP_N, CUBLAS_OP_N, hd, tq, len, &one, pre.v32 + kvh * hd, CUDA_R_32F, kv_dim(), 0,
                        pre.scores, CUDA_R_32F, ld, static_cast<long long>(tq) * ld, &zero,
                        pre.attn + static_cast<std::size_t>(a) * q_dim() + static_cast<std::size_t>(kvh) * group * hd,
                        CUDA_R_32F, q_dim(), hd, group, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),

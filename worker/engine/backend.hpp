@@ -1,6 +1,6 @@
 // The compute backend seen by the engine: a forward pass over one sequence's K/V in the
-// backend's paged KV pool. Implemented by the CPU reference (worker/cpu/) and, through
-// ContiguousKvBackend (contiguous_kv_backend.hpp), by the CUDA backend (worker/cuda/).
+// backend's paged KV pool. Implemented by the CPU reference (worker/cpu/) and the CUDA backend
+// (worker/cuda/); both read and write every position through the block table.
 //
 // The KV pool: `num_blocks` blocks of `block_tokens` token rows, allocated once at start
 // (allocate_kv_pool). A row holds one token's K and V for every layer. Which blocks a sequence
@@ -46,21 +46,8 @@ struct KvView {
   std::size_t length = 0;           // positions already stored, tokens
 };
 
-/// A contiguous K/V cache of one sequence, fixed capacity: the storage of a backend that does
-/// not read the pool through block tables yet (the CUDA backend, adapted by ContiguousKvBackend).
-class KvCache {
- public:
-  virtual ~KvCache() = default;
-  /// Tokens stored, i.e. the position of the next token.
-  virtual std::size_t length() const = 0;
-  /// Capacity in tokens.
-  virtual std::size_t capacity() const = 0;
-  /// Drops positions >= n (n <= length()).
-  virtual void truncate(std::size_t n) = 0;
-};
-
-/// Thrown when a forward pass would write past the room its sequence has (its blocks, or a
-/// contiguous cache's capacity); nothing is written. The message has both numbers.
+/// Thrown when a forward pass would write past the room its sequence has (its blocks); nothing
+/// is written. The message has both numbers.
 struct KvCacheFull : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -80,15 +67,13 @@ class Backend {
   /// Allocates the KV pool's storage, shape.tokens() * kv_bytes_per_token() bytes, and drops any
   /// earlier pool (its contents are gone). Called once at start by the engine; forward() before
   /// it throws std::logic_error. Throws std::invalid_argument for a shape with no blocks or no
-  /// rows per block, and the allocator's error (std::bad_alloc, CudaError) when memory is short.
+  /// rows per block, or one the backend cannot read (the CUDA backend's attention reads blocks
+  /// of a multiple of 16 rows), and the allocator's error (std::bad_alloc, CudaError) when
+  /// memory is short.
   virtual void allocate_kv_pool(const KvPoolShape& shape) = 0;
   /// How many times this backend allocated KV storage since it was made: 1 after start, and it
   /// stays 1 however many requests run (the test of "no allocation per request").
   virtual std::size_t kv_pool_allocations() const = 0;
-  /// True when forward() reads every position through the block table, so the engine may hand
-  /// a new sequence blocks that another sequence filled (prefix reuse). False for a backend that
-  /// keeps one sequence's K/V contiguous (ContiguousKvBackend): the engine then reuses nothing.
-  virtual bool reads_block_tables() const { return true; }
 
   /// Runs `tokens` (each in [0, vocab_size())) at positions [kv.length, kv.length + n), writing
   /// their K/V through kv.blocks. Returns logits, fp32, row-major: shape (n, vocab_size) when

@@ -75,7 +75,7 @@ Engine::Engine(Backend& backend, const Vocab& vocab, EngineOptions options)
       vocab_(vocab),
       options_(std::move(options)),
       pool_(pool_shape(backend, options_)),
-      seq_(pool_, backend.reads_block_tables()) {
+      seq_(pool_, options_.prefix_caching) {
   backend_.allocate_kv_pool(pool_.shape());
   stats_.kv_pool = pool_.shape();
   stats_.kv_blocks = pool_.counts();

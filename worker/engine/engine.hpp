@@ -63,6 +63,10 @@ struct EngineOptions {
   /// offloaded prefill's PCIe bytes grow with the number of chunks); smaller chunks stop sooner
   /// when the client leaves.
   std::size_t prefill_chunk = 4096;
+  /// Reuse cached prefixes across requests (the default). false: every request prefills its
+  /// whole prompt into private blocks and nothing is published (the benchmark's baseline,
+  /// bench/agent_loop).
+  bool prefix_caching = true;
   std::vector<int32_t> eos_ids;         // generation_config.json eos_token_id (int or list)
   std::optional<int32_t> think_start_id;  // "<think>" when the vocabulary has it
   std::optional<int32_t> think_end_id;    // "</think>": forced when thinking_token_budget is spent

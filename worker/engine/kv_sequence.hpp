@@ -28,8 +28,8 @@ namespace servedeck::worker {
 
 class KvSequence {
  public:
-  /// `cache_prefixes`: look prefixes up and publish full blocks (the backend reads block
-  /// tables, Backend::reads_block_tables); false: private blocks only.
+  /// `cache_prefixes`: look prefixes up and publish full blocks; false: private blocks only
+  /// (EngineOptions::prefix_caching off).
   KvSequence(KvBlockPool& pool, bool cache_prefixes);
   ~KvSequence();
   KvSequence(const KvSequence&) = delete;

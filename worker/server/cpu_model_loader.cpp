@@ -33,10 +33,12 @@ SamplingParams read_sampling_defaults(const std::string& dir) {
 namespace {
 
 #if SERVEDECK_HAVE_CUDA
-cuda::CudaBackendOptions cuda_options(const CpuModelOptions& options) {
+// kv_cache_bytes: the pool the engine will allocate, counted in --vram-budget-gib.
+cuda::CudaBackendOptions cuda_options(const CpuModelOptions& options, std::size_t kv_cache_bytes) {
   cuda::CudaBackendOptions co;
   co.hot_fraction = options.hot_fraction;
   co.vram_budget_gib = options.vram_budget_gib;
+  co.kv_cache_bytes = kv_cache_bytes;
   co.stage_buffers = static_cast<int>(options.stage_buffers);
   co.profile_path = options.hot_profile;
   co.capture_profile_path = options.capture_profile;
@@ -74,10 +76,14 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
     if (const std::string why = cuda_backend_unsupported(desc); !why.empty())
       throw std::runtime_error(options.dir + "/config.json: " + why);
 #if SERVEDECK_HAVE_CUDA
+    // The CUDA backend's bf16 K/V (CudaBackend::kv_bytes_per_token), known before it loads.
+    const std::size_t per_token = static_cast<std::size_t>(desc.num_layers) * 2 * static_cast<std::size_t>(desc.num_kv_heads) *
+                                  static_cast<std::size_t>(desc.head_dim) * 2;
+    const std::size_t kv_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * per_token;
     if (options.synthetic_seed)
-      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options));
+      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options, kv_bytes));
     else
-      m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options));
+      m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options, kv_bytes));
 #else
     throw std::runtime_error("--backend cuda: this servedeck-worker was built without CUDA (no toolkit at configure time)");
 #endif

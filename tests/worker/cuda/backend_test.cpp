@@ -1,11 +1,15 @@
 // The CUDA backend against the CPU reference backend on random-initialised checkpoints, and
-// offload on vs off on the same checkpoint.
-// Tolerances (stated): CUDA decode path (token by token) vs CPU — both fp32 arithmetic on the
-// same bf16 weights, differing only in summation order — max |Δlogit| < 2e-3 and identical
-// top-1 at every position. Staged prefill path vs the token-by-token path and vs CPU — the
-// prefill GEMMs take bf16 activations (8-bit mantissa, relative rounding 2^-9) and attention
-// runs on TF32 tensor cores (the router keeps fp32 activations) — relative L2 error of all
-// logits < 2e-2, max |Δlogit| < 5% of the largest |logit|, top-1 agreement at >= 90% of positions. Offload on vs off — the same kernels read the same bytes from host, a
+// offload on vs off on the same checkpoint. Both keep bf16 K/V (the CPU reference with
+// KvDtype::bf16: the same rounding of the same fp32 rows).
+// Tolerances (stated): CUDA decode path (token by token) vs CPU — the decode attention rounds
+// q and the softmax weights to bf16 (relative 2^-9, the flash kernels' numerics) where the CPU
+// keeps fp32, the rest is fp32 in another order; on the random MoE model such a perturbation
+// flips near-tied expert choices, which moves some logits a lot — relative L2 error of all
+// logits < 5e-2 and top-1 agreement at >= 90% of positions (measured on the H200: 0.029, top-1
+// 40/40; the unfolded-router and mixed dense/MoE models, 24 positions: < 1e-2, measured 0.0021 and
+// 0.0019). Staged prefill path vs the token-by-token path and vs CPU — the prefill GEMMs
+// also take bf16 activations (relative rounding 2^-9) — the same bounds and max |Δlogit| < 10%
+// of the largest |logit|. Offload on vs off — the same kernels read the same bytes from host, a
 // staging buffer or VRAM: bit-identical, on both paths.
 #include <doctest/doctest.h>
 
@@ -59,41 +63,32 @@ TinyModelOptions small_moe() {
 
 std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
 
-/// The CPU reference's K/V, as the contiguous caches of the GPU side: a pool of its own and one
-/// sequence in it (the backend's pool is replaced, so one CpuSeq per CPU backend at a time).
-struct CpuSeq {
-  CpuSeq(Backend& backend, std::size_t tokens) : be(backend), pool({(tokens + 15) / 16, 16}), seq(pool, false) {
-    be.allocate_kv_pool(pool.shape());
-  }
-  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits) {
-    return forward_sequence(be, seq, tokens, all_logits);
-  }
-  Backend& be;
-  KvBlockPool pool;
-  KvSequence seq;
-};
+/// The CPU reference with bf16 K/V, as the CUDA backend keeps.
+std::unique_ptr<Backend> cpu_reference(const Checkpoint& ck) { return make_cpu_backend(ck, {0, KvDtype::bf16}); }
 
-/// The CPU reference with fp32 K/V, as the CUDA backend keeps.
-std::unique_ptr<Backend> cpu_reference(const Checkpoint& ck) { return make_cpu_backend(ck, {0, KvDtype::f32}); }
-
-/// Logits of every position of `ids` from both backends: the largest |difference| and the
-/// positions whose top-1 agree.
-std::pair<double, int> compare_to_cpu(Backend& cpu, cuda::CudaBackend& gpu, const std::vector<int32_t>& ids, std::size_t vocab) {
-  CpuSeq c1(cpu, ids.size() + 8);
-  auto c2 = gpu.new_cache(ids.size() + 8);
-  const auto want = c1.forward(ids, true);
-  const auto got = gpu.forward(*c2, ids, true);
+/// Relative L2 error of `got` against `want`, and the positions (rows of `vocab`) whose top-1 agree.
+std::pair<double, int> rel_top1(const std::vector<float>& want, const std::vector<float>& got, std::size_t vocab) {
   REQUIRE(want.size() == got.size());
-  REQUIRE(want.size() == ids.size() * vocab);
-  double max_abs = 0;
-  int top1_same = 0;
-  for (std::size_t p = 0; p < ids.size(); ++p) {
-    const float* a = want.data() + p * vocab;
-    const float* b = got.data() + p * vocab;
-    for (std::size_t i = 0; i < vocab; ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(a[i] - b[i])));
-    top1_same += argmax(a, vocab) == argmax(b, vocab);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
   }
-  return {max_abs, top1_same};
+  int top1 = 0;
+  for (std::size_t p = 0; p < want.size() / vocab; ++p) top1 += argmax(want.data() + p * vocab, vocab) == argmax(got.data() + p * vocab, vocab);
+  return {std::sqrt(num / den), top1};
+}
+
+/// Logits of every position of `ids` from both backends (each in a pool of its own): the
+/// relative L2 error and the positions whose top-1 agree.
+std::pair<double, int> compare_to_cpu(Backend& cpu, cuda::CudaBackend& gpu, const std::vector<int32_t>& ids, std::size_t vocab) {
+  auto p1 = gpu_test::make_pool(cpu, ids.size() + 8);
+  auto p2 = gpu_test::make_pool(gpu, ids.size() + 8);
+  gpu_test::Seq c1(cpu, p1), c2(gpu, p2);
+  const auto want = c1.forward(ids, true);
+  const auto got = c2.forward(ids, true);
+  REQUIRE(want.size() == ids.size() * vocab);
+  return rel_top1(want, got, vocab);
 }
 
 }  // namespace
@@ -110,25 +105,18 @@ TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a 
   opt.staged_prefill = false;  // every position through the decode step
   auto gpu = cuda::make_cuda_backend(ck, opt);
   const auto ids = prompt(40, 4096);
-  CpuSeq c1(*cpu, 64);
-  auto c2 = gpu->new_cache(64);
-  auto want = c1.forward(ids, true);
-  auto got = gpu->forward(*c2, ids, true);
-  REQUIRE(want.size() == got.size());
-  double max_abs = 0;
-  int top1_same = 0;
-  for (std::size_t p = 0; p < ids.size(); ++p) {
-    const float* a = want.data() + p * 4096;
-    const float* b = got.data() + p * 4096;
-    for (std::size_t i = 0; i < 4096; ++i) max_abs = std::max(max_abs, static_cast<double>(std::fabs(a[i] - b[i])));
-    top1_same += argmax(a, 4096) == argmax(b, 4096);
-  }
-  MESSAGE("CUDA vs CPU: max |dlogit| = " << max_abs << ", top-1 agreement " << top1_same << "/" << ids.size());
-  CHECK(max_abs < 2e-3);
-  CHECK(top1_same == static_cast<int>(ids.size()));
+  auto p1 = gpu_test::make_pool(*cpu, 64);
+  auto p2 = gpu_test::make_pool(*gpu, 64);
+  gpu_test::Seq c1(*cpu, p1), c2(*gpu, p2);
+  const auto want = c1.forward(ids, true);
+  const auto got = c2.forward(ids, true);
+  const auto [rel, top1_same] = rel_top1(want, got, 4096);
+  MESSAGE("CUDA vs CPU: relative L2 " << rel << ", top-1 agreement " << top1_same << "/" << ids.size());
+  CHECK(rel < 5e-2);
+  CHECK(top1_same * 10 >= static_cast<int>(ids.size()) * 9);
   // Incremental decode continues the same sequence.
   auto w1 = c1.forward(std::vector<int32_t>{17}, false);
-  auto g1 = gpu->forward(*c2, std::vector<int32_t>{17}, false);
+  auto g1 = c2.forward(std::vector<int32_t>{17}, false);
   CHECK(argmax(w1.data(), 4096) == argmax(g1.data(), 4096));
   auto stats = gpu->stats();
   CHECK(stats.hot_hits > 0);
@@ -163,11 +151,11 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
     cuda::CudaBackendOptions opt;
     opt.staged_prefill = false;  // every position through the decode step
     auto gpu = cuda::make_cuda_backend(ck, opt);
-    const auto [max_abs, top1_same] = compare_to_cpu(*cpu, *gpu, prompt(24, 4096), 4096);
+    const auto [rel, top1_same] = compare_to_cpu(*cpu, *gpu, prompt(24, 4096), 4096);
     const std::string what = mixed ? "dense + MoE layers, folded router" : "unfolded router";
-    MESSAGE(what << ": max |dlogit| = " << max_abs << ", top-1 " << top1_same << "/24");
-    CHECK(max_abs < 2e-3);
-    CHECK(top1_same == 24);
+    MESSAGE(what << ": relative L2 " << rel << ", top-1 " << top1_same << "/24");
+    CHECK(rel < 1e-2);  // measured 0.0021 / 0.0019 on the H200
+    CHECK(top1_same * 10 >= 24 * 9);
     std::filesystem::remove_all(dir);
   }
 }
@@ -188,20 +176,24 @@ TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with bot
   auto a = cuda::make_cuda_backend(ck, resident);
   auto b = cuda::make_cuda_backend(ck, offloaded);
   const auto ids = prompt(24, 2048);
-  auto ca = a->new_cache(32), cb = b->new_cache(32);
-  auto la = a->forward(*ca, ids, true);  // staged prefill path (hot experts in place vs staged)
-  auto lb = b->forward(*cb, ids, true);
+  auto pa = gpu_test::make_pool(*a, 32), pb = gpu_test::make_pool(*b, 32);
+  gpu_test::Seq ca(*a, pa), cb(*b, pb);
+  auto la = ca.forward(ids, true);  // staged prefill path (hot experts in place vs staged)
+  auto lb = cb.forward(ids, true);
   CHECK(la == lb);
   CHECK(b->stats().staged_bytes > 0);
   CHECK(a->stats().staged_bytes == 0);
   // Decode path: one token each.
-  auto da = a->forward(*ca, std::vector<int32_t>{5}, false);
-  auto db = b->forward(*cb, std::vector<int32_t>{5}, false);
+  auto da = ca.forward(std::vector<int32_t>{5}, false);
+  auto db = cb.forward(std::vector<int32_t>{5}, false);
   CHECK(da == db);
   CHECK(b->stats().hot_hits == 0);
   CHECK(a->stats().misses == 0);
-  CHECK_THROWS_WITH_AS(b->forward(*cb, prompt(9, 2048), false),
-                       "KV cache full: 25 cached + 9 new tokens exceed the capacity of 32 tokens", KvCacheFull);
+  // The backend's own check of the table it is given (nothing written), and a block id outside the pool.
+  const std::vector<int32_t> two{0, 1}, outside{0, 5};
+  CHECK_THROWS_WITH_AS(b->forward(KvView{two, 25}, prompt(9, 2048), false),
+                       "KV cache full: 25 cached + 9 new tokens = 34 exceeds the sequence's 2 blocks of 16 tokens", KvCacheFull);
+  CHECK_THROWS_AS(b->forward(KvView{outside, 20}, prompt(1, 2048), false), std::out_of_range);
   std::filesystem::remove_all(dir);
 }
 
@@ -217,25 +209,27 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   auto a = cuda::make_cuda_backend(ck, on);
   auto b = cuda::make_cuda_backend(ck, off);
   const auto ids = prompt(20, 4096);
-  auto ca = a->new_cache(32), cb = b->new_cache(32);
-  CHECK_THROWS_AS(a->decode_step_us(*ca, 4), std::logic_error);  // no decode graph yet
-  auto la = a->forward(*ca, ids, true);
-  auto lb = b->forward(*cb, ids, true);
+  auto pa = gpu_test::make_pool(*a, 32), pb = gpu_test::make_pool(*b, 32);
+  gpu_test::Seq ca(*a, pa), cb(*b, pb);
+  CHECK_THROWS_AS(a->decode_step_us(4), std::logic_error);  // no decode graph yet
+  auto la = ca.forward(ids, true);
+  auto lb = cb.forward(ids, true);
   REQUIRE(la.size() == 20u * 4096u);
   CHECK(la == lb);
   CHECK(a->stats().hot_hits > 0);
   CHECK(a->stats().misses > 0);
   // Replaying the step rewrites the last KV row with the same values: the next token agrees.
-  const double us = a->decode_step_us(*ca, 4);
+  const double us = a->decode_step_us(4);
   MESSAGE("decode step of the small MoE: " << us << " us");
   CHECK(us > 0);
-  CHECK(a->forward(*ca, std::vector<int32_t>{11}, false) == b->forward(*cb, std::vector<int32_t>{11}, false));
+  CHECK(ca.forward(std::vector<int32_t>{11}, false) == cb.forward(std::vector<int32_t>{11}, false));
   std::filesystem::remove_all(dir);
 }
 
 // The greedy decode through the device's pick against the host's argmax of forward()'s row; the
-// same logits from a second cache (its own graph) of the same backend.
-TEST_CASE("decode step: forward_greedy is forward's argmax; every cache's graph gives the same logits") {
+// same logits from a second sequence at other blocks of the pool (the one graph, replayed); one
+// graph capture for all of it.
+TEST_CASE("decode step: forward_greedy is forward's argmax; every sequence replays the one graph with the same logits") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
   write_model(dir, small_moe());
@@ -244,40 +238,42 @@ TEST_CASE("decode step: forward_greedy is forward's argmax; every cache's graph 
   o.hot_fraction = 0.5;
   o.staged_prefill = false;  // every position through the decode step
   auto be = cuda::make_cuda_backend(ck, o);
+  auto pool = gpu_test::make_pool(*be, 256);
   const auto ids = prompt(24, 4096);
-  auto run = [&] {
-    auto c = be->new_cache(32);  // a new cache: its own graph
-    return be->forward(*c, ids, true);
-  };
-  const auto base = run();
+  gpu_test::Seq first(*be, pool);
+  const auto base = first.forward(ids, true);
   REQUIRE(base.size() == 24u * 4096u);
-  CHECK(run() == base);
+  {
+    gpu_test::Seq second(*be, pool);  // while `first` holds its blocks: other ids in the table
+    CHECK(second.forward(ids, true) == base);
+  }
   // Greedy decode through the device's pick against the host's argmax of forward()'s row, on
-  // two caches fed the same tokens; 12 steps, each compared.
-  auto ca = be->new_cache(64), cb = be->new_cache(64);
-  auto row = be->forward(*ca, ids, false);
-  be->forward(*cb, ids, false);
+  // two sequences fed the same tokens; 12 steps, each compared.
+  gpu_test::Seq ca(*be, pool), cb(*be, pool);
+  auto row = ca.forward(ids, false);
+  cb.forward(ids, false);
   int32_t next = servedeck::worker::argmax(row);
   for (int i = 0; i < 12; ++i) {
-    row = be->forward(*ca, std::vector<int32_t>{next}, false);
-    const int32_t picked = be->forward_greedy(*cb, next);
+    row = ca.forward(std::vector<int32_t>{next}, false);
+    const int32_t picked = cb.greedy(next);
     CHECK(picked == servedeck::worker::argmax(row));
     next = picked;
   }
-  CHECK(ca->length() == cb->length());
-  CHECK_THROWS_AS(be->forward_greedy(*cb, -1), std::out_of_range);
-  auto full = be->new_cache(1);
-  be->forward_greedy(*full, 3);
-  CHECK_THROWS_AS(be->forward_greedy(*full, 3), servedeck::worker::KvCacheFull);
+  CHECK(ca.length() == cb.length());
+  CHECK(be->graph_captures() == 1);
+  CHECK(be->kv_pool_allocations() == 1);
+  CHECK_THROWS_AS(be->forward_greedy(cb.seq.view(), -1), std::out_of_range);
+  const std::vector<int32_t> one{0};
+  CHECK_THROWS_AS(be->forward_greedy(KvView{one, 16}, 3), servedeck::worker::KvCacheFull);
   std::filesystem::remove_all(dir);
 }
 
 // The flash attention kernel is within ~1e-3 of a double-precision reference on its own
-// (flash_attention_test.cpp). End to end, the prefill path also rounds every GEMM input to bf16:
-// on a dense model the flash kernel may add less than 25% to that error. On the random MoE
-// model a perturbation of that size flips near-tied expert choices, which moves some logits a
-// lot (measured on the H200: flash 0.031 vs cuBLAS 0.0037 relative L2, dense 0.0049 vs 0.0047),
-// so there the check is the argmax and a looser bound.
+// (flash_attention_test.cpp), as the decode attention the token-by-token path runs. End to end,
+// the prefill path also rounds every GEMM input to bf16: on a dense model both prefill paths
+// stay within 1e-2 (relative L2) of token by token. On the random MoE model a perturbation of
+// that size flips near-tied expert choices, which moves some logits a lot, so there the check
+// is the argmax and a looser bound.
 TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token-by-token, dense and MoE") {
   gpu_test::skip_without_gpu();
   for (const bool moe : {false, true}) {
@@ -295,10 +291,11 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
     auto f = cuda::make_cuda_backend(ck, flash);
     auto c = cuda::make_cuda_backend(ck, classic);
     const auto ids = prompt(60, 4096);
-    auto ct = t->new_cache(80), cf = f->new_cache(80), cc = c->new_cache(80);
-    const auto ref = t->forward(*ct, ids, true);
-    const auto got_f = f->forward(*cf, ids, true);
-    const auto got_c = c->forward(*cc, ids, true);
+    auto pt = gpu_test::make_pool(*t, 80), pf = gpu_test::make_pool(*f, 80), pc = gpu_test::make_pool(*c, 80);
+    gpu_test::Seq ct(*t, pt), cf(*f, pf), cc(*c, pc);
+    const auto ref = ct.forward(ids, true);
+    const auto got_f = cf.forward(ids, true);
+    const auto got_c = cc.forward(ids, true);
     REQUIRE(got_f.size() == ref.size());
     auto rel = [&](const std::vector<float>& g) {
       double num = 0, den = 0;
@@ -319,11 +316,11 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
       CHECK(ef < 5e-2);
     } else {
       CHECK(ef < 1e-2);
-      CHECK(std::fabs(ef - ec) < 0.25 * ec);
+      CHECK(ec < 1e-2);
     }
     // Decode continues from the flash-prefilled cache.
-    CHECK(argmax(t->forward(*ct, std::vector<int32_t>{17}, false).data(), 4096) ==
-          argmax(f->forward(*cf, std::vector<int32_t>{17}, false).data(), 4096));
+    CHECK(argmax(ct.forward(std::vector<int32_t>{17}, false).data(), 4096) ==
+          argmax(cf.forward(std::vector<int32_t>{17}, false).data(), 4096));
     std::filesystem::remove_all(dir);
   }
 }
@@ -343,11 +340,15 @@ TEST_CASE("prefill: flash attention turned on after the buffers were sized witho
   auto late = cuda::make_cuda_backend(ck, off);
   auto early = cuda::make_cuda_backend(ck, on);
   const auto ids = prompt(40, 4096);
-  auto c0 = late->new_cache(64);
-  (void)late->forward(*c0, ids, false);  // sizes the buffers without flash attention
+  auto pl = gpu_test::make_pool(*late, 128);  // sizes the buffers without flash attention
+  auto pe = gpu_test::make_pool(*early, 128);
+  {
+    gpu_test::Seq c0(*late, pl);
+    (void)c0.forward(ids, false);
+  }
   late->set_flash_attention(true, 0);
-  auto c1 = late->new_cache(64), c2 = early->new_cache(64);
-  CHECK(late->forward(*c1, ids, true) == early->forward(*c2, ids, true));
+  gpu_test::Seq c1(*late, pl), c2(*early, pe);
+  CHECK(c1.forward(ids, true) == c2.forward(ids, true));
   std::filesystem::remove_all(dir);
 }
 
@@ -368,11 +369,11 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   auto a = cuda::make_cuda_backend(ck, tok);
   auto b = cuda::make_cuda_backend(ck, pre);
   const auto ids = prompt(60, 4096);
-  CpuSeq c0(*cpu, 80);
-  auto ca = a->new_cache(80), cb = b->new_cache(80);
+  auto p0 = gpu_test::make_pool(*cpu, 80), pa = gpu_test::make_pool(*a, 80), pb = gpu_test::make_pool(*b, 80);
+  gpu_test::Seq c0(*cpu, p0), ca(*a, pa), cb(*b, pb);
   auto want = c0.forward(ids, true);
-  auto ref = a->forward(*ca, ids, true);
-  auto got = b->forward(*cb, ids, true);
+  auto ref = ca.forward(ids, true);
+  auto got = cb.forward(ids, true);
   REQUIRE(got.size() == ref.size());
   REQUIRE(got.size() == want.size());
   auto compare = [&](const std::vector<float>& x, const char* what) {
@@ -392,8 +393,8 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
     const double rel = std::sqrt(num / den);
     MESSAGE("prefill vs " << std::string(what) << ": relative L2 " << rel << ", max |dlogit| = " << max_abs << " (max |logit| "
                           << max_ref << "), top-1 agreement " << top1 << "/" << ids.size());
-    CHECK(rel < 2e-2);
-    CHECK(max_abs < 0.05 * max_ref);
+    CHECK(rel < 5e-2);
+    CHECK(max_abs < 0.1 * max_ref);
     CHECK(top1 * 10 >= static_cast<int>(ids.size()) * 9);
   };
   compare(ref, "token-by-token");
@@ -401,7 +402,7 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
   CHECK(b->stats().staged_bytes > 0);
   // Decode continues from the prefilled cache.
   auto w1 = c0.forward(std::vector<int32_t>{17}, false);
-  auto g1 = b->forward(*cb, std::vector<int32_t>{17}, false);
+  auto g1 = cb.forward(std::vector<int32_t>{17}, false);
   CHECK(argmax(w1.data(), 4096) == argmax(g1.data(), 4096));
   std::filesystem::remove_all(dir);
 }
@@ -433,8 +434,14 @@ TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   auto b = cuda::make_cuda_backend(ck, off);
   auto w = cuda::make_cuda_backend(ck, whole);
   const auto ids = prompt(60, 4096);
-  auto ca = a->new_cache(64), cb = b->new_cache(64), cw = w->new_cache(64);
-  const auto la = a->forward(*ca, ids, true), lb = b->forward(*cb, ids, true), lw = w->forward(*cw, ids, true);
+  auto pa = gpu_test::make_pool(*a, 256), pb = gpu_test::make_pool(*b, 256), pw = gpu_test::make_pool(*w, 256);
+  std::vector<float> la, lb, lw;
+  {
+    gpu_test::Seq ca(*a, pa), cb(*b, pb), cw(*w, pw);
+    la = ca.forward(ids, true);
+    lb = cb.forward(ids, true);
+    lw = cw.forward(ids, true);
+  }
   CHECK(la == lb);
   CHECK(b->stats().staged_bytes > 0);
   REQUIRE(lw.size() == lb.size());
@@ -452,8 +459,8 @@ TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   // that a 16-row chunk made an empty second part): same batches, same logits as the unsplit backend.
   for (const std::size_t len : {16u, 8u, 3u}) {
     CAPTURE(len);
-    auto c1 = b->new_cache(64), c2 = w->new_cache(64);
-    CHECK(b->forward(*c1, prompt(len, 4096), true) == w->forward(*c2, prompt(len, 4096), true));
+    gpu_test::Seq c1(*b, pb), c2(*w, pw);
+    CHECK(c1.forward(prompt(len, 4096), true) == c2.forward(prompt(len, 4096), true));
   }
   CHECK_THROWS_WITH_AS(b->set_prefill_split(-1), "set_prefill_split: min_tokens must be >= 0 (0: never split), got -1",
                        std::invalid_argument);
@@ -475,7 +482,7 @@ TEST_CASE("make_cuda_backend_from_dir owns its checkpoint") {
   write_model(dir, o);
   std::unique_ptr<Backend> b = cuda::make_cuda_backend_from_dir(dir, {});
   CHECK(b->name() == "cuda");
-  b->allocate_kv_pool({1, 16});  // through the Backend interface (ContiguousKvBackend)
+  b->allocate_kv_pool({1, 16});  // through the Backend interface
   const std::vector<int32_t> table{0};
   auto l = b->forward(KvView{table, 0}, prompt(6, 1024), false);
   REQUIRE(l.size() == 1024);

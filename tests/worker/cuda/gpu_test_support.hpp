@@ -14,6 +14,7 @@
 
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/cuda/cuda_check.hpp"
+#include "worker/engine/kv_sequence.hpp"
 
 namespace gpu_test {
 
@@ -80,5 +81,36 @@ inline double compare(const std::vector<float>& want, const std::vector<float>& 
   }
   return std::sqrt(num / (den > 0 ? den : 1));
 }
+
+/// A KV pool of at least `tokens` positions in blocks of `block_tokens`, allocated in `backend`
+/// (replacing its earlier pool): the bookkeeping of the sequences a test runs in it.
+inline servedeck::worker::KvBlockPool make_pool(servedeck::worker::Backend& backend, std::size_t tokens, std::size_t block_tokens = 16) {
+  servedeck::worker::KvBlockPool pool({(tokens + block_tokens - 1) / block_tokens, block_tokens});
+  backend.allocate_kv_pool(pool.shape());
+  return pool;
+}
+
+/// One sequence in a pool, driven directly (the engine's steps: reserve, forward, append).
+/// `cache`: prefix caching (attach_prefix finds and append publishes full blocks).
+struct Seq {
+  Seq(servedeck::worker::Backend& backend, servedeck::worker::KvBlockPool& pool, bool cache = false) : be(backend), seq(pool, cache) {}
+  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits) {
+    return servedeck::worker::forward_sequence(be, seq, tokens, all_logits);
+  }
+  std::vector<float> forward(const std::vector<int32_t>& tokens, bool all_logits) {
+    return forward(std::span<const int32_t>(tokens), all_logits);
+  }
+  /// forward_greedy at the next position; KvCacheFull when the pool has no room.
+  int32_t greedy(int32_t token) {
+    if (!seq.reserve(seq.length() + 1)) throw servedeck::worker::KvCacheFull("test pool full");
+    const int32_t picked = be.forward_greedy(seq.view(), token);
+    const int32_t one[1] = {token};
+    seq.append(one);
+    return picked;
+  }
+  std::size_t length() const { return seq.length(); }
+  servedeck::worker::Backend& be;
+  servedeck::worker::KvSequence seq;
+};
 
 }  // namespace gpu_test

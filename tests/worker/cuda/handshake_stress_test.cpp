@@ -29,8 +29,7 @@ namespace {
 
 // Decodes `ids` one token per forward() (each a decode step) and returns every position's
 // logits; with `load`, random SM load is enqueued on `side` before every step.
-std::vector<std::vector<float>> decode(cuda::CudaBackend& be, KvCache& cache, const std::vector<int32_t>& ids, cudaStream_t side,
-                                       std::mt19937* load) {
+std::vector<std::vector<float>> decode(gpu_test::Seq& seq, const std::vector<int32_t>& ids, cudaStream_t side, std::mt19937* load) {
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::vector<std::vector<float>> rows;
@@ -44,7 +43,7 @@ std::vector<std::vector<float>> decode(cuda::CudaBackend& be, KvCache& cache, co
       const unsigned hold = std::uniform_int_distribution<unsigned>(500, 40000)(rng);
       gpu_test::launch_sm_load(side, delay, blocks, threads, smem, hold);
     }
-    rows.push_back(be.forward(cache, std::vector<int32_t>{t}, false));
+    rows.push_back(seq.forward(std::vector<int32_t>{t}, false));
   }
   return rows;
 }
@@ -56,13 +55,21 @@ void stress(const char* name, cuda::CudaBackend& be, int vocab, int n_tokens, in
   for (int i = 0; i < n_tokens; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
   cudaStream_t side = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
-  auto c0 = be.new_cache(static_cast<std::size_t>(n_tokens + 8));
-  const auto want = decode(be, *c0, ids, side, nullptr);
+  // The pool holds the idle reference's sequence and one loaded sequence per round; every
+  // sequence replays the one decode graph (captured once).
+  auto pool = gpu_test::make_pool(be, 2 * static_cast<std::size_t>(n_tokens + 16));
+  std::vector<int32_t> with_next = ids;
+  with_next.push_back(7);
+  std::vector<std::vector<float>> want;
+  {
+    gpu_test::Seq c0(be, pool);
+    want = decode(c0, with_next, side, nullptr);
+  }
   std::mt19937 rng(12345);
   for (int round = 0; round < rounds; ++round) {
     CAPTURE(round);
-    auto c = be.new_cache(static_cast<std::size_t>(n_tokens + 8));
-    const auto got = decode(be, *c, ids, side, &rng);
+    gpu_test::Seq c(be, pool);
+    const auto got = decode(c, ids, side, &rng);
     int differ = 0;
     for (std::size_t p = 0; p < got.size(); ++p) differ += got[p] != want[p] ? 1 : 0;
     CHECK_MESSAGE(differ == 0, name, ": positions whose logits differ under load: ", differ, " of ", got.size());
@@ -70,13 +77,12 @@ void stress(const char* name, cuda::CudaBackend& be, int vocab, int n_tokens, in
     for (int r = 0; r < 4; ++r) {
       gpu_test::launch_sm_load(side, std::uniform_int_distribution<unsigned>(0, 200000)(rng), 2 * sms, 256, 48 * 1024,
                                std::uniform_int_distribution<unsigned>(10000, 400000)(rng));
-      CHECK(be.decode_step_us(*c, 50) > 0);
+      CHECK(be.decode_step_us(50) > 0);
     }
-    const auto ref_next = decode(be, *c0, std::vector<int32_t>{7}, side, nullptr);
-    const auto next = decode(be, *c, std::vector<int32_t>{7}, side, &rng);
-    CHECK_MESSAGE(next[0] == ref_next[0], name, ": the step after 200 replays under load");
-    c0->truncate(static_cast<std::size_t>(n_tokens));  // the reference cache back to the prompt
+    const auto next = decode(c, std::vector<int32_t>{7}, side, &rng);
+    CHECK_MESSAGE(next[0] == want.back(), name, ": the step after 200 replays under load");
   }
+  CHECK(be.graph_captures() == 1);
   REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
   cudaStreamDestroy(side);
 }

@@ -1,8 +1,7 @@
 // The engine's KV pool with the FakeBackend (whose logits depend on the context it reads back
 // through the block table): prefix reuse across requests and turns, several conversations at
 // once, LRU eviction under pressure, prompt_logprobs recomputing, chunked prefill positions,
-// cancellation between prefill chunks, the pool allocated once, and the ContiguousKvBackend
-// adapter (one cache, no reuse).
+// cancellation between prefill chunks, the pool allocated once, and prefix caching turned off.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -10,7 +9,6 @@
 #include <thread>
 
 #include "tests/worker/engine/fake_backend.hpp"
-#include "worker/engine/contiguous_kv_backend.hpp"
 #include "worker/engine/engine.hpp"
 
 using namespace servedeck::worker;
@@ -234,67 +232,27 @@ TEST_CASE("the engine refuses a pool without a whole block, and a chunk of 0") {
   CHECK_THROWS_AS(Engine(backend, vocab, c), std::invalid_argument);
 }
 
-namespace {
-
-// A contiguous backend over the FakeBackend's logits: one cache of token ids per new_cache.
-class ContiguousFake final : public ContiguousKvBackend {
- public:
-  struct Cache final : KvCache {
-    explicit Cache(std::size_t cap) : cap_(cap) {}
-    std::size_t length() const override { return tokens.size(); }
-    std::size_t capacity() const override { return cap_; }
-    void truncate(std::size_t n) override { tokens.resize(std::min(n, tokens.size())); }
-    std::vector<int32_t> tokens;
-    std::size_t cap_;
-  };
-  std::size_t vocab_size() const override { return k_fake_vocab; }
-  std::size_t kv_bytes_per_token() const override { return 256; }
-  std::string name() const override { return "contiguous"; }
-  using ContiguousKvBackend::forward;
-  std::unique_ptr<KvCache> new_cache(std::size_t max_tokens) override {
-    ++caches;
-    return std::make_unique<Cache>(max_tokens);
-  }
-  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, bool all_logits) override {
-    auto& c = dynamic_cast<Cache&>(cache);
-    if (c.length() + tokens.size() > c.capacity()) throw KvCacheFull("contiguous fake full");
-    c.tokens.insert(c.tokens.end(), tokens.begin(), tokens.end());
-    std::vector<float> out;
-    for (std::size_t pos = all_logits ? c.length() - tokens.size() : c.length() - 1; pos < c.length(); ++pos) {
-      const auto row = logits.logits_for(std::vector<int32_t>(c.tokens.begin(), c.tokens.begin() + static_cast<std::ptrdiff_t>(pos + 1)));
-      out.insert(out.end(), row.begin(), row.end());
-    }
-    return out;
-  }
-  FakeBackend logits;
-  std::size_t caches = 0;
-};
-
-}  // namespace
-
-TEST_CASE("ContiguousKvBackend: one cache for the pool, one sequence at a time, no prefix reuse") {
+TEST_CASE("prefix_caching off: every request prefills its whole prompt, nothing is published, the same tokens") {
   FakeVocab vocab;
-  ContiguousFake backend;
-  Engine engine(backend, vocab, options(256, 16));
-  CHECK(backend.caches == 1);
-  CHECK_FALSE(backend.reads_block_tables());
+  FakeBackend backend;
+  auto o = options(256, 16);
+  o.prefix_caching = false;
+  Engine engine(backend, vocab, o);
   const auto prompt = text(40, 12);
   const auto a = run(engine, greedy(prompt));
+  backend.clear_passes();
   const auto b = run(engine, greedy(prompt));
+  CHECK(a.result.cached_tokens == 0);
   CHECK(b.result.cached_tokens == 0);
+  REQUIRE(!backend.passes().empty());
+  CHECK(backend.passes()[0] == std::pair<std::size_t, std::size_t>{0, 16});  // from position 0 again
   CHECK(a.tokens == b.tokens);
-  FakeBackend paged;
-  Engine reference(paged, vocab, options(256));
-  CHECK(run(reference, greedy(prompt)).tokens == a.tokens);
-  CHECK(backend.caches == 1);
-  CHECK(backend.kv_pool_allocations() == 1);
   CHECK(engine.stats().prefix_cache_hit_tokens == 0);
-
-  // Its own checks (the engine is idle): a pass past its blocks, and one past the sequence it
-  // holds (the last request stored 43 positions).
-  ContiguousFake& as_backend = backend;
-  const std::vector<int32_t> table{0}, one{5}, four{0, 1, 2, 3};
-  CHECK_THROWS_AS(as_backend.forward(KvView{table, 16}, one, false), KvCacheFull);
-  CHECK_THROWS_AS(as_backend.forward(KvView{four, 60}, one, false), std::logic_error);
-  CHECK(as_backend.forward(KvView{four, 0}, one, false).size() == k_fake_vocab);  // a new sequence
+  CHECK(engine.stats().kv_blocks.cached == 0);  // nothing published
+  FakeBackend reused;
+  Engine reference(reused, vocab, options(256, 16));
+  (void)run(reference, greedy(prompt));
+  const auto c = run(reference, greedy(prompt));
+  CHECK(c.result.cached_tokens == 32);
+  CHECK(c.tokens == a.tokens);
 }

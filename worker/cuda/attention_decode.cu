@@ -1,0 +1,397 @@
+// The decode step's attention over the paged KV pool (launch_attention_decode_paged, fused.cuh):
+// flash-decoding (Dao et al., "Flash-Decoding for long-context inference", 2023): the context is
+// split over blocks in proportion to its length, each block computes a partial softmax of its
+// positions for the whole GQA group of its KV head on tensor cores, and the last block of a KV
+// head combines the partials.
+//
+// Block (KV head h, split b), 4 warps:
+//   before the PDL wait: the position, the split's unit range, and each warp's first k_stages
+//     units of 16 K and V rows into its shared-memory ring (cp.async; rows of earlier steps and
+//     of the prefill, never written during this step; the current position's row is zero-filled);
+//   after it: q/k-norm + RoPE of the group's query heads and of k (fp32), rounded to bf16: Q as
+//     an m16 tile (rows past the group zero), k and v as the current position's row, which the
+//     block whose range holds the position also writes into the pool;
+//   per unit (each warp its own: units w, w + 4, ... of the range): the current row patched in
+//     where it falls, S = Q·Kᵀ (2 n8 tiles × head_dim / 16 k steps of mma.m16n8k16), the online
+//     softmax step of flash_mma.cuh (log2 domain, keys past the position masked, P rounded to
+//     bf16), O += P·V, then the ring slot is refilled with the unit k_stages ahead;
+//   the warps' (m, l, O) merged in warp order into the block's partial (scratch), then
+//   arrive_last (H1): the last of the KV head's blocks merges the splits in split order, writes
+//   the group's outputs, resets the counter and publishes the group's heads (H2).
+// Numerics: those of the flash prefill kernels (flash_attention.cuh: bf16 Q, K, V and P, fp32
+// accumulation and running max / sum), with every sum in a fixed order.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "worker/cuda/dot.cuh"
+#include "worker/cuda/flash_mma.cuh"
+#include "worker/cuda/fused.cuh"
+#include "worker/cuda/fused_launch.cuh"
+#include "worker/cuda/handshakes.cuh"
+#include "worker/cuda/launch_check.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using flash::cp_async16;
+using flash::cp_async_commit;
+using flash::ldmatrix_x4;
+using flash::ldmatrix_x4_trans;
+using flash::mma;
+
+constexpr int k_warps = 4;
+constexpr int k_unit = 16;  // positions per warp step: the n of two m16n8k16 tiles, the k of one
+/// Ring stages per warp: two units (2 × 8.5 KB at head_dim 128) in flight per warp, 64 KB per
+/// block, so one block per SM streams at HBM speed and leaves room for the o-proj's staged rows
+/// (128 KB, launched at this kernel's start) on the same SM. One where two do not fit.
+constexpr int k_max_stages = 2;
+
+/// The split's share of the context: `units` 16-position units, `active` splits of `per` units
+/// (the last may be shorter); splits >= active have none. The same on host and device.
+struct SplitPlan {
+  int units, active, per;
+};
+
+__host__ __device__ inline SplitPlan split_plan(int len, int splits) {
+  SplitPlan p;
+  p.units = (len + k_unit - 1) / k_unit;
+  int a = (p.units + k_attention_min_split_units - 1) / k_attention_min_split_units;
+  a = a < splits ? a : splits;
+  p.per = (p.units + a - 1) / a;
+  p.active = (p.units + p.per - 1) / p.per;
+  return p;
+}
+
+/// Shared-memory layout of a block, in bytes from the start (all offsets multiples of 16).
+struct SmemLayout {
+  int ld;  // bf16 row stride of Q and the K/V tiles: head_dim + 8 (an odd number of 16-byte lines: ldmatrix without bank conflicts)
+  std::size_t q, kv_row, qf, ring, tile, total;
+  __host__ __device__ SmemLayout(int hd, int group, int stages, int splits) {
+    ld = hd + 8;
+    tile = static_cast<std::size_t>(k_unit) * ld * 2;                              // 16 rows of K (or V)
+    q = 0;                                                                         // Q: 16 rows
+    kv_row = q + tile;                                                             // this position's k, v (bf16)
+    qf = kv_row + static_cast<std::size_t>(4) * hd;                                // fp32 q heads, k, v
+    ring = qf + static_cast<std::size_t>(group + 2) * hd * 4;
+    const std::size_t ring_bytes = static_cast<std::size_t>(k_warps) * stages * 2 * tile;
+    const std::size_t warp_merge = static_cast<std::size_t>(k_warps) * (16 * hd + 32) * 4;     // each warp's O, m, l
+    const std::size_t split_merge = static_cast<std::size_t>(splits) * group * 3 * 4 + 64 * 4;  // M, L, weight per (split, row)
+    std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
+    r = r > split_merge ? r : split_merge;
+    total = ring + r;
+  }
+};
+
+__device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
+  // cp.async.wait_group takes an immediate.
+  if (pending <= 0) flash::cp_async_wait<0>();
+  else flash::cp_async_wait<1>();
+}
+
+template <int HDMAX>
+__global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(const float* __restrict__ qkv, const bf16* __restrict__ qn,
+                                                                               const bf16* __restrict__ kn, PagedKv kv, float* __restrict__ out,
+                                                                               AttentionShape s, const int32_t* pos_p,
+                                                                               unsigned int* heads_done, int stages) {
+  SERVEDECK_TRACE_BLOCK();
+  // The o-proj may launch at once (handshakes.cuh, launch order): it stages its rows while this
+  // kernel streams the context.
+  detail::trigger_dependents();
+  constexpr int NF = HDMAX / 8;  // accumulator column groups of 8
+  extern __shared__ float4 dyn4[];
+  __shared__ int is_last;
+  char* smem = reinterpret_cast<char*>(dyn4);
+  const int hd = s.head_dim, G = s.n_heads / s.n_kv_heads;
+  const int kvh = blockIdx.x / s.splits, split = blockIdx.x % s.splits;
+  const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t4 = lane % 4;
+  const SmemLayout L(hd, G, stages, s.splits);
+  const int ld = L.ld;
+  bf16* Qs = reinterpret_cast<bf16*>(smem + L.q);
+  bf16* kb = reinterpret_cast<bf16*>(smem + L.kv_row);
+  bf16* vb = kb + hd;
+  float* qf = reinterpret_cast<float*>(smem + L.qf);
+  bf16* ring = reinterpret_cast<bf16*>(smem + L.ring);
+
+  // Before the wait: the position (written by the host before the step), the block table, the
+  // norm weights and frequencies (never written), and the first units' K/V rows (earlier steps').
+  const int pos = *pos_p;
+  const SplitPlan P = split_plan(pos + 1, s.splits);
+  const bool active = split < P.active;
+  const int u_begin = split * P.per, u_end = active ? min(P.units, u_begin + P.per) : u_begin;
+  const int first = u_begin + warp;
+  const int n_mine = first < u_end ? (u_end - first + k_warps - 1) / k_warps : 0;
+  bf16* mine = ring + static_cast<size_t>(warp) * stages * 2 * k_unit * ld;
+  const int B = kv.block_tokens, chunks = hd / 8;  // 16-byte chunks per row
+  auto load = [&](int i) {
+    if (i < n_mine) {
+      const int p0 = (first + i * k_warps) * k_unit;
+      const size_t base = static_cast<size_t>(kv.table[p0 / B]) * B + p0 % B;
+      bf16* Kt = mine + static_cast<size_t>(i % stages) * 2 * k_unit * ld;
+      bf16* Vt = Kt + k_unit * ld;
+      for (int c = lane; c < k_unit * chunks; c += 32) {
+        const int r = c / chunks, col = (c % chunks) * 8;
+        const size_t at = (base + r) * kv_dim + static_cast<size_t>(kvh) * hd + col;
+        const bool valid = p0 + r < pos;  // the current position and those after it: zeros
+        cp_async16(Kt + r * ld + col, kv.k + at, valid);
+        cp_async16(Vt + r * ld + col, kv.v + at, valid);
+      }
+    }
+    cp_async_commit();  // one group per call, empty or not, so the wait below counts units
+  };
+  for (int i = 0; i < stages; ++i) load(i);
+  const detail::RopeHeadPrefetch rq = detail::prefetch_rope_head(qn, s.inv_freq, hd, s.rotary_dim, lane);
+  const detail::RopeHeadPrefetch rk = detail::prefetch_rope_head(kn, s.inv_freq, hd, s.rotary_dim, lane);
+  detail::wait_for_predecessor();
+  const int stride = hd + 4;  // floats per (split, row) partial: M, L, 2 unused, O (16-byte aligned)
+  float* head_part = s.scratch + static_cast<size_t>(kvh) * s.splits * G * stride;
+  float* wpart = reinterpret_cast<float*>(ring);
+  if (active) {  // block-uniform: splits past the context only arrive
+  // q heads of the group, k and v of the position: fp32, then bf16.
+  for (int j = warp; j < G + 2; j += k_warps) {
+    if (j < G)
+      detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(kvh * G + j) * hd, rq, qn != nullptr, qf + static_cast<size_t>(j) * hd,
+                                        hd, s.rotary_dim, s.eps, pos, lane);
+    else if (j == G)
+      detail::norm_rope_head_prefetched(qkv + q_dim + static_cast<size_t>(kvh) * hd, rk, kn != nullptr, qf + static_cast<size_t>(G) * hd,
+                                        hd, s.rotary_dim, s.eps, pos, lane);
+    else
+      for (int i = lane; i < hd; i += 32) qf[static_cast<size_t>(G + 1) * hd + i] = qkv[q_dim + kv_dim + kvh * hd + i];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < k_unit * hd; i += blockDim.x) {
+    const int r = i / hd, c = i % hd;
+    Qs[r * ld + c] = __float2bfloat16_rn(r < G ? qf[static_cast<size_t>(r) * hd + c] : 0.f);
+  }
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    kb[i] = __float2bfloat16_rn(qf[static_cast<size_t>(G) * hd + i]);
+    vb[i] = __float2bfloat16_rn(qf[static_cast<size_t>(G + 1) * hd + i]);
+  }
+  __syncthreads();
+  const int pos_unit = pos / k_unit;
+  if (pos_unit >= u_begin && pos_unit < u_end) {  // this block's range holds the position: append it
+    const size_t row = static_cast<size_t>(kv.table[pos / B]) * B + pos % B;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+      kv.k[row * kv_dim + static_cast<size_t>(kvh) * hd + i] = kb[i];
+      kv.v[row * kv_dim + static_cast<size_t>(kvh) * hd + i] = vb[i];
+    }
+  }
+
+  float o[NF][4];
+#pragma unroll
+  for (int f = 0; f < NF; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.f;
+  flash::SoftmaxRows rows;
+  rows.qpos0 = rows.qpos1 = pos;
+  const float scale_log2 = rsqrtf(static_cast<float>(hd)) * 1.4426950408889634f;
+  const int qrow = lane % 16, qcol = (lane / 16) * 8;                       // A: ldmatrix rows / column half
+  const int krow = (lane / 16) * 8 + lane % 8, kcol = ((lane / 8) % 2) * 8;  // B = Kᵀ: keys, dimension half
+  const int vrow = ((lane / 8) % 2) * 8 + lane % 8, vcol = (lane / 16) * 8;  // B = V (transposed load)
+  for (int i = 0; i < n_mine; ++i) {
+    cp_async_wait_dynamic(stages - 1);
+    __syncwarp();
+    bf16* Kt = mine + static_cast<size_t>(i % stages) * 2 * k_unit * ld;
+    bf16* Vt = Kt + k_unit * ld;
+    const int u = first + i * k_warps;
+    if (u == pos_unit) {
+      const int r = pos % k_unit;
+      for (int c = lane; c < hd; c += 32) {
+        Kt[r * ld + c] = kb[c];
+        Vt[r * ld + c] = vb[c];
+      }
+      __syncwarp();
+    }
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < HDMAX / 16; ++kk) {
+      if (kk * 16 < hd) {
+        uint32_t a[4], b[4];
+        ldmatrix_x4(a, Qs + qrow * ld + kk * 16 + qcol);
+        ldmatrix_x4(b, Kt + krow * ld + kk * 16 + kcol);
+        mma(sc[0], a, b[0], b[1]);
+        mma(sc[1], a, b[2], b[3]);
+      }
+    }
+    uint32_t p[1][4];
+    float c0, c1;
+    rows.tile<2>(sc, u * k_unit, true, t4, scale_log2, p, c0, c1);
+    flash::rescale_rows<NF>(o, c0, c1);
+#pragma unroll
+    for (int f = 0; f < NF; f += 2) {
+      if (f * 8 < hd) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, Vt + vrow * ld + f * 8 + vcol);
+        mma(o[f], p[0], b[0], b[1]);
+        mma(o[f + 1], p[0], b[2], b[3]);
+      }
+    }
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    load(i + stages);
+  }
+  flash::cp_async_wait<0>();
+  __syncthreads();  // the ring is free: it holds the warps' partials from here on
+
+  // Each warp's (m, l, O) for rows g and g + 8 (this lane's), then the block's partial per row.
+  {
+    float* w = wpart + static_cast<size_t>(warp) * (16 * hd + 32);
+    const int g = lane / 4;
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      if (f * 8 < hd) {
+        const int col = f * 8 + 2 * t4;
+        w[g * hd + col] = o[f][0];
+        w[g * hd + col + 1] = o[f][1];
+        w[(g + 8) * hd + col] = o[f][2];
+        w[(g + 8) * hd + col + 1] = o[f][3];
+      }
+    }
+    if (t4 == 0) {
+      w[16 * hd + g] = rows.m0;
+      w[16 * hd + g + 8] = rows.m1;
+      w[16 * hd + 16 + g] = rows.l0;
+      w[16 * hd + 16 + g + 8] = rows.l1;
+    }
+  }
+  __syncthreads();
+  {
+    float* part = head_part + static_cast<size_t>(split) * G * stride;
+    for (int i = threadIdx.x; i < G * (hd + 1); i += blockDim.x) {
+      const int r = i / (hd + 1), c = i % (hd + 1);  // c == hd: the row's (M, L)
+      float M = -INFINITY;
+      for (int w = 0; w < k_warps; ++w) M = fmaxf(M, wpart[static_cast<size_t>(w) * (16 * hd + 32) + 16 * hd + r]);
+      float acc = 0.f;
+      for (int w = 0; w < k_warps; ++w) {
+        const float* ww = wpart + static_cast<size_t>(w) * (16 * hd + 32);
+        const float l = ww[16 * hd + 16 + r];
+        if (l > 0.f) acc += (c < hd ? ww[r * hd + c] : l) * exp2f(ww[16 * hd + r] - M);
+      }
+      if (c < hd) {
+        part[static_cast<size_t>(r) * stride + 4 + c] = acc;
+      } else {
+        part[static_cast<size_t>(r) * stride] = M;
+        part[static_cast<size_t>(r) * stride + 1] = acc;
+      }
+    }
+  }
+  }  // active
+  if (!detail::arrive_last(s.counters, kvh, static_cast<unsigned>(s.splits), is_last)) return;
+
+  // The last block of the KV head: merge the active splits in split order (reads through L2).
+  float* sm = reinterpret_cast<float*>(ring);  // (M, L, weight) per (split, row), then 1 / L per row
+  const int A = P.active;
+  for (int i = threadIdx.x; i < A * G; i += blockDim.x) {
+    sm[3 * i] = __ldcg(head_part + static_cast<size_t>(i) * stride);
+    sm[3 * i + 1] = __ldcg(head_part + static_cast<size_t>(i) * stride + 1);
+  }
+  __syncthreads();
+  float* inv = sm + 3 * A * G;
+  for (int r = threadIdx.x; r < G; r += blockDim.x) {
+    float MM = -INFINITY;
+    for (int b = 0; b < A; ++b) MM = fmaxf(MM, sm[3 * (b * G + r)]);
+    float LL = 0.f;
+    for (int b = 0; b < A; ++b) {
+      const float l = sm[3 * (b * G + r) + 1];
+      const float wgt = l > 0.f ? exp2f(sm[3 * (b * G + r)] - MM) : 0.f;
+      sm[3 * (b * G + r) + 2] = wgt;
+      LL += l * wgt;
+    }
+    inv[r] = 1.f / LL;
+  }
+  __syncthreads();
+  const int q4 = hd / 4;
+  for (int i = threadIdx.x; i < G * q4; i += blockDim.x) {
+    const int r = i / q4, c = (i % q4) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    int b = 0;
+    for (; b + 8 <= A; b += 8) {  // eight splits' loads in flight
+      float4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __ldcg(reinterpret_cast<const float4*>(head_part + static_cast<size_t>((b + j) * G + r) * stride + 4 + c));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float wgt = sm[3 * ((b + j) * G + r) + 2];
+        acc.x += v[j].x * wgt;
+        acc.y += v[j].y * wgt;
+        acc.z += v[j].z * wgt;
+        acc.w += v[j].w * wgt;
+      }
+    }
+    for (; b < A; ++b) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(head_part + static_cast<size_t>(b * G + r) * stride + 4 + c));
+      const float wgt = sm[3 * (b * G + r) + 2];
+      acc.x += v.x * wgt;
+      acc.y += v.y * wgt;
+      acc.z += v.z * wgt;
+      acc.w += v.w * wgt;
+    }
+    const float il = inv[r];
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(kvh * G + r) * hd + c) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
+  }
+  if (threadIdx.x == 0) s.counters[kvh] = 0u;  // H1's reset, by the block that completed the count
+  if (heads_done != nullptr) {  // H2 (handshakes.cuh): the group's outputs are written
+    __syncthreads();
+    if (threadIdx.x == 0) detail::publish_count(heads_done, static_cast<unsigned>(G));
+  }
+}
+
+template <int HDMAX>
+void launch_for(const float* qkv, const bf16* q_norm, const bf16* k_norm, const PagedKv& kv, float* out, const AttentionShape& s,
+                const int32_t* pos, cudaStream_t stream, bool pdl, unsigned int* heads_done) {
+  const auto kernel = attention_decode_paged_kernel<HDMAX>;
+  const int G = s.n_heads / s.n_kv_heads;
+  int stages = k_max_stages;
+  while (stages > 1 && !detail::fits_smem(kernel, SmemLayout(s.head_dim, G, stages, s.splits).total)) --stages;
+  const SmemLayout L(s.head_dim, G, stages, s.splits);
+  detail::require(detail::fits_smem(kernel, L.total), "launch_attention_decode_paged",
+                  "head_dim " + std::to_string(s.head_dim) + " needs " + std::to_string(L.total) +
+                      " bytes of shared memory per block, more than the device allows");
+  static const bool prepared = [&] {
+    // The attribute belongs to the function: the largest layout of this instance (group 16,
+    // k_max_stages, the most splits), capped by the device (allow_dynamic_smem).
+    detail::allow_dynamic_smem(kernel, SmemLayout(HDMAX, 16, k_max_stages, k_attention_max_splits).total);
+    detail::prefer_max_shared(kernel);
+    return true;
+  }();
+  (void)prepared;
+  detail::launch(kernel, s.n_kv_heads * s.splits, k_warps * 32, L.total, stream, pdl, qkv, q_norm, k_norm, kv, out, s, pos, heads_done,
+                 stages);
+}
+
+}  // namespace
+
+int attention_splits(int n_kv_heads) {
+  const int kv = n_kv_heads > 0 ? n_kv_heads : 1;
+  return std::clamp((detail::sm_count() + kv - 1) / kv, 1, k_attention_max_splits);
+}
+
+void launch_attention_decode_paged(const float* qkv, const bf16* q_norm, const bf16* k_norm, const PagedKv& kv, float* out,
+                                   const AttentionShape& s, const int32_t* pos, cudaStream_t stream, bool pdl, unsigned int* heads_done) {
+  using detail::require;
+  const char* what = "launch_attention_decode_paged";
+  require(s.head_dim >= 16 && s.head_dim <= 256 && s.head_dim % 16 == 0, what,
+          "head_dim must be a multiple of 16 in [16, 256], got " + std::to_string(s.head_dim));
+  require(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0 && s.n_heads / s.n_kv_heads <= 16, what,
+          "n_heads (" + std::to_string(s.n_heads) + ") must be a multiple of n_kv_heads (" + std::to_string(s.n_kv_heads) +
+              ") by at most 16");
+  require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, what,
+          "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
+  require((q_norm == nullptr) == (k_norm == nullptr), what, "q_norm and k_norm must both be set or both null");
+  require(s.scratch != nullptr && s.counters != nullptr, what, "scratch and counters must be set");
+  require(s.splits >= 1 && s.splits <= k_attention_max_splits, what,
+          "splits must be in [1, " + std::to_string(k_attention_max_splits) + "], got " + std::to_string(s.splits));
+  require(kv.k != nullptr && kv.v != nullptr && kv.table != nullptr && detail::aligned16(kv.k) && detail::aligned16(kv.v), what,
+          "the pool's K and V must be set and 16-byte aligned, and the block table set");
+  require(kv.block_tokens > 0 && kv.block_tokens % k_unit == 0, what,
+          "block_tokens must be a positive multiple of 16, got " + std::to_string(kv.block_tokens));
+  require(detail::aligned16(s.scratch) && detail::aligned16(out), what, "scratch and out must be 16-byte aligned");
+  if (s.head_dim <= 32) return launch_for<32>(qkv, q_norm, k_norm, kv, out, s, pos, stream, pdl, heads_done);
+  if (s.head_dim <= 64) return launch_for<64>(qkv, q_norm, k_norm, kv, out, s, pos, stream, pdl, heads_done);
+  if (s.head_dim <= 128) return launch_for<128>(qkv, q_norm, k_norm, kv, out, s, pos, stream, pdl, heads_done);
+  launch_for<256>(qkv, q_norm, k_norm, kv, out, s, pos, stream, pdl, heads_done);
+}
+
+}  // namespace servedeck::worker::cuda
+
+SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_attention_decode)
