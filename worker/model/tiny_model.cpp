@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "worker/model/planted_switch.hpp"
+#include "worker/model/quantized_writer.hpp"
 #include "worker/model/safetensors_writer.hpp"
 
 namespace servedeck::worker {
@@ -231,6 +232,10 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     }
   }
   if (switched) plant_switch(o, o.planted_switch, shards[0]);
+  json quantization_config, hf_quant;
+  if (o.quantize != WeightFormat::plain)
+    for (auto& shard : shards)
+      quantization_config = quantize_linears(shard, o.quantize, default_exclusions(o.num_layers), &hf_quant);
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (o.shards == 1) {
@@ -251,7 +256,13 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     write_text(dir / "model.safetensors.index.json", index.dump(2) + "\n");
   }
 
-  write_text(dir / "config.json", config_json(o).dump(2) + "\n");
+  json config = config_json(o);
+  if (o.quantize != WeightFormat::plain) config["quantization_config"] = quantization_config;
+  write_text(dir / "config.json", config.dump(2) + "\n");
+  if (o.quantize == WeightFormat::nvfp4)
+    write_text(dir / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  else
+    fs::remove(dir / "hf_quant_config.json");  // a model written here before in NVFP4 leaves none behind
   // Qwen3's generation_config.json: <|im_end|> 151645 and <|endoftext|> 151643 both end a turn.
   const json gen = {{"bos_token_id", 151643}, {"do_sample", true},  {"eos_token_id", {151645, 151643}},
                     {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
@@ -263,9 +274,11 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
   }
 }
 
-void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed,
+                      WeightFormat quantize) {
   TinyModelOptions o;
   o.seed = seed;
+  o.quantize = quantize;
   write_model(out_dir, o, tokenizer_dir);
 }
 
