@@ -138,6 +138,8 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.stage.clear();
   if (store)
     for (std::size_t b = 0; b < stage_ready.size(); ++b) pre.stage.push_back(static_cast<bf16*>(alloc(stage_group * store->block_bytes())));
+  if (store && store->format() != ExpertFormat::bf16)
+    pre.dequant = static_cast<bf16*>(alloc(stage_group * 3 * static_cast<std::size_t>(H) * static_cast<std::size_t>(Im) * 2));
   CUDA_CHECK(cudaMallocHost(&pre.h_ids, n * K * sizeof(int32_t)));
   CUDA_CHECK(cudaHostAlloc(&pre.h_rank, n * K * sizeof(int32_t), cudaHostAllocMapped));
   CUDA_CHECK(cudaHostAlloc(&pre.h_offset, E * sizeof(int32_t), cudaHostAllocMapped));

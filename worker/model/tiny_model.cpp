@@ -233,9 +233,11 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
   }
   if (switched) plant_switch(o, o.planted_switch, shards[0]);
   json quantization_config, hf_quant;
-  if (o.quantize != WeightFormat::plain)
-    for (auto& shard : shards)
-      quantization_config = quantize_linears(shard, o.quantize, default_exclusions(o.num_layers), &hf_quant);
+  if (o.quantize != WeightFormat::plain) {
+    std::vector<std::string> exclude = default_exclusions(o.num_layers);
+    exclude.insert(exclude.end(), o.quantize_exclude.begin(), o.quantize_exclude.end());
+    for (auto& shard : shards) quantization_config = quantize_linears(shard, o.quantize, exclude, &hf_quant);
+  }
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (o.shards == 1) {

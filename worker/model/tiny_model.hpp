@@ -84,6 +84,9 @@ struct TinyModelOptions {
   /// the matching quantization_config (and hf_quant_config.json for nvfp4); see
   /// worker/model/quantized_writer.hpp. plain: BF16 throughout.
   WeightFormat quantize = WeightFormat::plain;
+  /// With `quantize`: module patterns left BF16 besides the routers and lm_head (appended to
+  /// the declared exclusions), e.g. {"self_attn"} to quantise the MLPs alone.
+  std::vector<std::string> quantize_exclude;
 };
 
 /// Writes the tiny default model (TinyModelOptions{} with `seed`) to `out_dir` (created if
