@@ -71,8 +71,14 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
   if (m->max_model_len == 0) throw std::runtime_error("max_model_len is 0: give --max-model-len or max_position_embeddings in config.json");
   if (options.backend == "cuda") {
 #if SERVEDECK_HAVE_CUDA
-    if (options.synthetic_seed)
-      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options));
+    if (options.synthetic_seed) {
+      // The experts' format is the one config.json's quantization config declares.
+      const WeightFormat f = load_quantization_config(options.dir).format;
+      const cuda::ExpertFormat experts = f == WeightFormat::fp8_block ? cuda::ExpertFormat::fp8_block
+                                         : f == WeightFormat::nvfp4   ? cuda::ExpertFormat::nvfp4
+                                                                      : cuda::ExpertFormat::bf16;
+      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options), experts);
+    }
     else
       m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options));
 #else
