@@ -254,8 +254,8 @@ TEST_CASE("CUDA on fully quantised checkpoints: decode and staged prefill agains
       auto cache = gpu->new_cache(64);
       const auto got = gpu->forward(*cache, ids, true);
       const auto c = cpu::compare_logits(want, got, 4096);
-      MESSAGE(std::string(to_string(f)) + (staged ? " prefill" : " decode") << ": rel L2 " << c.rel_l2 << ", top-1 "
-                                                                           << c.top1_agreement);
+      const std::string label = std::string(to_string(f)) + (staged ? " prefill" : " decode");
+      MESSAGE(label << ": rel L2 " << c.rel_l2 << ", top-1 " << c.top1_agreement);
       CHECK(c.rel_l2 < 2e-2);
       CHECK(c.top1_agreement >= 0.9);
       if (staged) CHECK(gpu->stats().staged_bytes > 0);
