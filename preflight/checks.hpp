@@ -39,6 +39,7 @@ void ptrace(Context& c);           // "ptrace_scope": uses_cuda_ipc needs 0
 void memlock(Context& c);          // "memlock": pinned engines: RLIMIT_MEMLOCK ≥ offload (warn)
 void files(Context& c);            // "checkpoint", "program", "hot_profile"
 void consistency(Context& c);      // "offload_consistency": env vs argv vs cpu_offload_gib; RAM ≥ offload + 30
+void experts(Context& c);          // "expert_bytes", "hot_cache": native entries, in the checkpoint's format
 void measured(Context& c);         // "measured_host_ram", "measured_vram"
 void rules(Context& c);            // "rule:<id>" per matching [[rules]] entry, or one "rules" pass row
 

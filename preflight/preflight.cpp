@@ -151,6 +151,8 @@ constexpr CheckDef k_checks[] = {
     {checks::memlock, Stage::declaration, "RLIMIT_MEMLOCK is the daemon's own limit"},
     {checks::files, Stage::declaration, "checkpoint, program and hot-expert profile are files on disk"},
     {checks::consistency, Stage::declaration, "offload in env, argv and cpu_offload_gib are all declarations"},
+    {checks::experts, Stage::declaration,
+     "the checkpoint's expert bytes in its format against the declared offload, host RAM and VRAM"},
     {checks::measured, Stage::declaration, "compares declarations with figures stored from an earlier launch"},
     {checks::rules, Stage::declaration,
      "[[rules]] match on the declaration, the rendered launch and the GPU's compute capability"},

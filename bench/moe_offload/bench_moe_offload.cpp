@@ -13,7 +13,10 @@
 // offloaded (0% hot: every routed expert staged through the VRAM buffers), beside the staging
 // roofline: expert bytes staged ÷ measured pinned H2D GB/s, and the achieved fraction.
 // Usage: bench_moe_offload [--decode N] [--prompt N] [--layers N] [--prefill-max N] [--breakdown-only 1]
-//                          [--stage-buffers N]
+//                          [--stage-buffers N] [--experts bf16|fp8|nvfp4] [--breakdown 0] [--long-prompt N]
+//   --experts: the routed experts' format; fp8 (128x128 blocks) and nvfp4 quantise the synthesised
+//   bf16 experts in memory (the published quantisers' arithmetic), and the roofline counts that
+//   format's bytes. --breakdown 0 skips the per-kernel breakdown; --long-prompt 0 the "all @4k" row.
 //   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
@@ -244,8 +247,10 @@ ModelDescription qwen3_30b_a3b(int layers) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16;
-  bool breakdown_only = false;
+  int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16, long_prompt = 4096;
+  bool breakdown_only = false, breakdown = true;
+  cuda::ExpertFormat experts = cuda::ExpertFormat::bf16;
+  std::string experts_name = "bf16";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
@@ -254,6 +259,17 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
     else if (a == "--breakdown-only") breakdown_only = std::atoi(argv[i + 1]) != 0;
     else if (a == "--stage-buffers") stage_buffers = std::atoi(argv[i + 1]);
+    else if (a == "--breakdown") breakdown = std::atoi(argv[i + 1]) != 0;
+    else if (a == "--long-prompt") long_prompt = std::atoi(argv[i + 1]);
+    else if (a == "--experts") {
+      experts_name = argv[i + 1];
+      if (experts_name == "fp8") experts = cuda::ExpertFormat::fp8_block;
+      else if (experts_name == "nvfp4") experts = cuda::ExpertFormat::nvfp4;
+      else if (experts_name != "bf16") {
+        std::fprintf(stderr, "--experts %s: expected bf16, fp8 or nvfp4\n", argv[i + 1]);
+        return 2;
+      }
+    }
   }
   if (!cuda::cuda_device_available()) {
     std::printf("no CUDA device: this benchmark runs on the GPU machine only\n");
@@ -267,18 +283,22 @@ int main(int argc, char** argv) {
   std::printf("measured ceilings: pinned H2D copy %.1f GB/s, UVA reads (our GEMV) %.1f GB/s, HBM reads (our GEMV) %.1f GB/s\n",
               c.h2d_gbs, c.uva_gbs, c.hbm_gbs);
 
-  kernel_breakdown(c.hbm_gbs);
-  servedeck::bench::flash_attention_bench();
+  if (breakdown) {
+    kernel_breakdown(c.hbm_gbs);
+    servedeck::bench::flash_attention_bench();
+  }
   if (breakdown_only) return 0;
 
   ModelDescription d = qwen3_30b_a3b(layers);
-  std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk)\n", layers);
+  std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk); "
+              "routed experts %s%s\n", layers, experts_name.c_str(),
+              experts == cuda::ExpertFormat::bf16 ? "" : " (the bf16 draws quantised in memory)");
   auto t0 = clk::now();
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 0;
   opt.prefill_chunk = std::max(prefill_max, prompt);  // each benchmarked prompt is one chunk
   opt.stage_buffers = stage_buffers;
-  auto backend = cuda::make_synthetic_cuda_backend(d, 1, opt);
+  auto backend = cuda::make_synthetic_cuda_backend(d, 1, opt, experts);
   const double load_s = seconds_since(t0);
   const double expert_gib = backend->expert_bytes() / 1073741824.0;
   std::printf("load %.1f s; experts %.2f GiB in pinned host memory (mapped %.2f GiB, ratio %.4f; process RSS %.2f GiB = %.3f x experts); resident %.2f GiB\n",
@@ -305,8 +325,10 @@ int main(int argc, char** argv) {
   // KV bytes a decode step reads: every cached row of every layer (bf16 K and V).
   const double kv_row_bytes = static_cast<double>(backend->kv_bytes_per_token());
   double host_argmax_us = 0;
-  for (const Row row : {Row{0, true, prompt}, Row{32, true, prompt}, Row{64, true, prompt}, Row{128, false, prompt}, Row{128, true, prompt},
-                        Row{128, true, 4096}}) {
+  std::vector<Row> plan{Row{0, true, prompt}, Row{32, true, prompt}, Row{64, true, prompt}, Row{128, false, prompt},
+                        Row{128, true, prompt}};
+  if (long_prompt > 0) plan.push_back(Row{128, true, long_prompt});
+  for (const Row row : plan) {
     const int slots = row.slots;
     const bool pdl = row.pdl;
     if (slots != backend->hot_slots()) backend->set_hot_slots(slots);
@@ -443,7 +465,8 @@ int main(int argc, char** argv) {
     nlohmann::json j = {{"device", prop.name}, {"h2d_gbs", c.h2d_gbs}, {"uva_gbs", c.uva_gbs}, {"hbm_gbs", c.hbm_gbs},
                         {"load_s", load_s}, {"expert_gib", expert_gib},
                         {"host_mapped_ratio", static_cast<double>(backend->host_bytes_mapped()) / backend->expert_bytes()},
-                        {"rows", rows}, {"prefill_rows", prows}, {"synthetic_weights", true}, {"layers", layers}};
+                        {"rows", rows}, {"prefill_rows", prows}, {"synthetic_weights", true}, {"layers", layers}, {"experts", experts_name},
+                        {"expert_block_bytes", backend->expert_block_bytes()}};
     std::ofstream(std::string(out) + "/bench_moe_offload.json") << j.dump(2) << "\n";
   }
   return 0;

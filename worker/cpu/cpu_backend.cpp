@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "worker/cpu/dequantized_weights.hpp"
 #include "worker/cpu/ops.hpp"
 
 namespace servedeck::worker {
@@ -18,6 +19,7 @@ namespace {
 using cpu::matmul;
 using cpu::parallel_for;
 using cpu::to_f32;
+using cpu::DequantizedWeights;
 
 std::vector<float> widen(const TensorRef& t) {
   std::vector<float> out(t.info->element_count());
@@ -28,8 +30,9 @@ std::vector<float> widen(const TensorRef& t) {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Checkpoint& ckpt, CpuBackendOptions options, std::shared_ptr<const Checkpoint> owned)
-      : owned_(std::move(owned)), ck_(ckpt), d_(ckpt.description()) {
-    threads_ = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+      : owned_(std::move(owned)), ck_(ckpt), d_(ckpt.description()),
+        threads_(options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency())),
+        weights_(ckpt, threads_) {
     kv_dtype_ = options.kv_dtype;
     inv_freq_ = d_.rope_inv_freq();
     rope_scale_ = static_cast<float>(d_.rope_scaling.attention_factor);
@@ -97,6 +100,7 @@ class CpuBackend final : public Backend {
   const Checkpoint& ck_;
   const ModelDescription& d_;
   std::size_t threads_ = 1;
+  DequantizedWeights weights_;  // the linears as fp32-readable refs (quantised ones dequantised at load)
   KvDtype kv_dtype_ = KvDtype::bf16;
   std::vector<float> final_norm_;
   std::vector<NormWeights> norms_;
@@ -160,7 +164,7 @@ void CpuBackend::gather(const KvView& kv, std::size_t layer, std::size_t len) {
 void CpuBackend::attention(std::size_t layer, const KvView& kv, std::size_t n, std::vector<float>& xn,
                            std::vector<float>& out) {
   const std::size_t p0 = kv.length;
-  const auto& L = ck_.layers()[layer];
+  const auto& L = weights_.layers()[layer];
   const auto& nw = norms_[layer];
   const auto hd = static_cast<std::size_t>(d_.head_dim);
   const auto nh = static_cast<std::size_t>(d_.num_heads);
@@ -235,7 +239,7 @@ void CpuBackend::swiglu(const ExpertWeights& w, const float* xn, std::size_t n, 
 }
 
 void CpuBackend::dense_mlp(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
-  const auto& L = ck_.layers()[layer];
+  const auto& L = weights_.layers()[layer];
   swiglu(ExpertWeights{L.mlp_gate, L.mlp_up, L.mlp_down}, xn.data(), n, out.data());
 }
 
@@ -315,7 +319,7 @@ void CpuBackend::route_sigmoid(std::size_t layer, const float* lr, std::size_t t
 }
 
 void CpuBackend::moe(std::size_t layer, const std::vector<float>& xn, std::size_t n, std::vector<float>& out) {
-  const auto& L = ck_.layers()[layer];
+  const auto& L = weights_.layers()[layer];
   const auto h = static_cast<std::size_t>(d_.hidden_size);
   const auto ne = static_cast<std::size_t>(d_.moe.num_experts);
   // Router logits in fp32 from the stored weights (transformers: F.linear in fp32).
@@ -394,7 +398,7 @@ std::vector<float> CpuBackend::forward(const KvView& kv, std::span<const int32_t
   const std::size_t rows = n - first;
   cpu::rms_norm(x.data() + first * h, final_norm_.data(), rows, h, d_.rms_norm_eps, xn.data());
   std::vector<float> logits(rows * vocab);
-  matmul(ck_.lm_head(), xn.data(), rows, logits.data(), threads_);
+  matmul(weights_.lm_head(), xn.data(), rows, logits.data(), threads_);
   return logits;
 }
 

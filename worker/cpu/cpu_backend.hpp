@@ -1,6 +1,7 @@
 // The CPU reference backend: an fp32 forward pass for qwen3_moe, qwen3 and glm4_moe over
-// BF16/F16/F32 weights read from the checkpoint's mmap. It is the ground truth for the CUDA
-// kernels and the backend on machines without a GPU (tests/CI, the tiny default model).
+// BF16/F16/F32 weights read from the checkpoint's mmap; quantised linears (FP8 block-scaled,
+// NVFP4) are dequantised to fp32 once at load (dequantized_weights.hpp). It is the ground truth
+// for the CUDA kernels and the backend on machines without a GPU (tests/CI, the tiny default model).
 //
 // Per layer (transformers Qwen3MoeDecoderLayer / Qwen3DecoderLayer / Glm4MoeDecoderLayer):
 //   h = x + o_proj(attn(rope(q_norm(q_proj(rms(x)) + q_bias)), rope(k_norm(k_proj(rms(x)) + k_bias)),

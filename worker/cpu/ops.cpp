@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -64,6 +66,12 @@ void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* ou
       }
       break;
     }
+    case Dtype::f8_e4m3:
+    case Dtype::u8:
+      // Quantised weights are dequantised at load (worker/cpu/dequantized_weights.hpp); reaching
+      // here means a stored FP8/NVFP4 tensor was read as plain numbers.
+      throw std::logic_error("tensor '" + w.info->name + "' is stored as " + std::string(to_string(w.info->dtype)) +
+                             " (quantised); it must be dequantised before it is read as plain numbers");
   }
 }
 

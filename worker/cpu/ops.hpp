@@ -33,7 +33,8 @@ inline std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-/// Widens `count` elements starting at element `offset` of `w` (any Dtype) into `out`.
+/// Widens `count` elements starting at element `offset` of `w` (BF16, F16 or F32) into `out`.
+/// Throws std::logic_error for a quantised dtype (F8_E4M3, U8): those are dequantised at load.
 void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* out);
 
 /// Runs fn(begin, end) over [0, n) split into up to `threads` contiguous chunks (one per thread,
@@ -42,7 +43,7 @@ void to_f32(const TensorRef& w, std::size_t offset, std::size_t count, float* ou
 void parallel_for(std::size_t n, std::size_t threads, std::size_t work,
                   const std::function<void(std::size_t, std::size_t)>& fn);
 
-/// y = x @ w^T. w: (out_features, in_features) any dtype; x: (n, in_features) fp32 row-major;
+/// y = x @ w^T. w: (out_features, in_features) BF16, F16 or F32; x: (n, in_features) fp32 row-major;
 /// y: (n, out_features) fp32, overwritten. Each weight row is widened once and dotted with all n
 /// rows of x. Rows of w are split over `threads`.
 void matmul(const TensorRef& w, const float* x, std::size_t n, float* y, std::size_t threads);

@@ -37,7 +37,8 @@ struct LayerDev {
 /// compute order), computed as a gate|up GEMM per expert, one SwiGLU over its rows and a down
 /// GEMM per expert. Expert j's rows (of pre.xp, gu, act and partial) start at offsets[j] and are
 /// counts[j] long; the batch's rows are contiguous; weights[j] is the expert's gate|up|down block
-/// in VRAM (hot cache or a staging buffer).
+/// in VRAM (hot cache or a staging buffer), in the expert store's format (a quantised one is
+/// dequantised into PrefillBuffers::dequant before its GEMMs).
 struct ExpertBatch {
   std::vector<const __nv_bfloat16*> weights;
   std::vector<int> offsets, counts;
@@ -56,7 +57,8 @@ struct PrefillBuffers {
   bf16 *k_b = nullptr, *v_b = nullptr;    // flash attention: one layer's K and V rows gathered from the pool (capacity × kv_dim)
   float *k32 = nullptr, *v32 = nullptr;   // the cuBLAS path's: the same rows as fp32 (scores_ld × kv_dim)
   int32_t *tokens = nullptr, *ids = nullptr, *src = nullptr, *slot = nullptr;
-  std::vector<bf16*> stage;  // staging buffers, stage_group experts each
+  std::vector<bf16*> stage;  // staging buffers, stage_group experts each (blocks in the store's format)
+  bf16* dequant = nullptr;   // quantised experts: stage_group bf16 blocks a batch's experts are dequantised into
   int32_t* h_ids = nullptr;  // pinned (chunk × top_k)
   // Pinned and mapped: each MoE row's rank among its expert's rows (chunk × top_k) and each
   // expert's first sorted row (n_experts), written by the host and read by the scatter kernel

@@ -14,6 +14,7 @@
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant_moe.cuh"
 #include "worker/offload/expert_store.hpp"
 
 // The CUDA backend at run time: the decode step (a captured graph of fused kernels), forward(),
@@ -201,14 +202,22 @@ void CudaBackend::Impl::step() {
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                              layer_counts + static_cast<std::size_t>(si) * E};
-      if (fold) {
-        launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
-        launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
-      } else {
+      if (store->format() != ExpertFormat::bf16) {
+        // Quantised experts (never folded): the unfolded router, then gate/up and the down
+        // dequantising in registers (quant_moe.cuh), launched without PDL.
         launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
-        launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
+        launch_moe_gate_up_quant(store->table(si), xn, route_ids, K, act, stream);
+        launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
+      } else {
+        if (fold) {
+          launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
+          launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
+        } else {
+          launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+          launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
+        }
+        launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
       }
-      launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);
@@ -308,6 +317,7 @@ std::size_t CudaBackend::graph_captures() const { return impl_->graph_captures; 
 const ModelDescription& CudaBackend::description() const { return impl_->d; }
 const std::vector<std::string>& CudaBackend::warnings() const { return impl_->warnings; }
 std::size_t CudaBackend::expert_block_bytes() const { return impl_->store ? impl_->store->block_bytes() : 0; }
+ExpertFormat CudaBackend::expert_format() const { return impl_->store ? impl_->store->format() : ExpertFormat::bf16; }
 std::size_t CudaBackend::resident_bytes() const { return impl_->arena_used; }
 std::size_t CudaBackend::host_bytes_mapped() const { return impl_->store ? impl_->store->host_bytes_mapped() : 0; }
 std::size_t CudaBackend::expert_bytes() const { return impl_->store ? impl_->store->expert_bytes() : 0; }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "worker/engine/backend.hpp"
+#include "worker/cuda/kernels.cuh"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/config.hpp"
 
@@ -133,8 +134,10 @@ class CudaBackend : public Backend {
   int hot_slots() const;
   RoutingStats stats();
   void reset_stats();
-  /// Bytes of one routed expert (gate + up + down, bf16).
+  /// Bytes of one routed expert block in the expert store (gate + up + down in its format).
   std::size_t expert_block_bytes() const;
+  /// The routed experts' format in the expert store.
+  ExpertFormat expert_format() const;
   /// VRAM bytes of resident (non-expert) weights.
   std::size_t resident_bytes() const;
   /// Host bytes mapped for experts and the expert bytes they hold (RSS / expert bytes ≈ their ratio).
@@ -149,19 +152,24 @@ class CudaBackend : public Backend {
  private:
   friend std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint&, CudaBackendOptions);
   friend std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string&, CudaBackendOptions);
-  friend std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&, uint64_t, CudaBackendOptions);
+  friend std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&, uint64_t, CudaBackendOptions,
+                                                                  ExpertFormat);
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
-/// Uploads `checkpoint` (BF16, F16 or F32 tensors; converted to bf16). Throws CudaError or
+/// Uploads `checkpoint`: resident weights as bf16 (BF16/F16/F32 converted, FP8/NVFP4
+/// dequantised); routed experts in the checkpoint's format when every expert is stored in it
+/// (quant_layout.cuh; otherwise dequantised to bf16, with a warning). Throws CudaError or
 /// std::runtime_error naming what failed.
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& checkpoint, CudaBackendOptions options = {});
 
 /// A model of `description`'s shape with weights drawn from a seeded PRNG in memory (for
-/// benchmarks at sizes whose checkpoint would not fit the machine's disk).
+/// benchmarks at sizes whose checkpoint would not fit the machine's disk). `experts`: the
+/// routed experts' format; fp8_block (128x128) and nvfp4 quantise the same bf16 draws in memory.
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& description, uint64_t seed,
-                                                         CudaBackendOptions options = {});
+                                                         CudaBackendOptions options = {},
+                                                         ExpertFormat experts = ExpertFormat::bf16);
 
 /// Opens the checkpoint directory `dir` (config.json + safetensors) and uploads it; the backend
 /// owns the Checkpoint (it outlives the upload). Throws as Checkpoint::open and make_cuda_backend.

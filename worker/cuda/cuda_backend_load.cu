@@ -16,6 +16,8 @@
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant_layout.cuh"
+#include "worker/model/quantize.hpp"
 #include "worker/offload/expert_store.hpp"
 
 namespace servedeck::worker::cuda {
@@ -55,9 +57,22 @@ float f16_bits_to_f32(uint16_t h) {
   return f;
 }
 
-/// Converts a checkpoint tensor to bf16 into `dst` (element count must match).
-void to_bf16(const TensorRef& t, uint16_t* dst, std::size_t count) {
+/// Converts a checkpoint tensor to bf16 into `dst` (element count must match); a quantised
+/// weight is dequantised (fp32, then rounded to bf16).
+void to_bf16(const WeightRef& t, uint16_t* dst, std::size_t count) {
   if (!t.info) throw std::runtime_error("cuda backend: missing tensor");
+  if (t.quant) {
+    const QuantizedWeight& q = *t.quant;
+    if (static_cast<std::size_t>(q.rows * q.cols) != count)
+      throw std::runtime_error("cuda backend: weight '" + q.module + "' has " + std::to_string(q.rows * q.cols) +
+                               " elements, expected " + std::to_string(count));
+    std::vector<float> row(static_cast<std::size_t>(q.cols));
+    for (int64_t r = 0; r < q.rows; ++r) {
+      dequantize_rows(q, r, 1, row.data());
+      for (int64_t c = 0; c < q.cols; ++c) dst[r * q.cols + c] = f32_to_bf16_bits(row[static_cast<std::size_t>(c)]);
+    }
+    return;
+  }
   if (t.info->element_count() != count)
     throw std::runtime_error("cuda backend: tensor '" + t.info->name + "' has " + std::to_string(t.info->element_count()) +
                              " elements, expected " + std::to_string(count));
@@ -78,6 +93,52 @@ void to_bf16(const TensorRef& t, uint16_t* dst, std::size_t count) {
         dst[i] = f32_to_bf16_bits(f);
       }
       break;
+    case Dtype::f8_e4m3:
+    case Dtype::u8:
+      throw std::logic_error("cuda backend: tensor '" + t.info->name + "' is quantised but has no quantisation description");
+  }
+}
+
+/// Writes matrix m (0 gate, 1 up, 2 down) of a quantised expert block from the checkpoint's
+/// stored tensors (layout: quant_layout.cuh). Preconditions: w.quant has the layout's format.
+void write_quantised(const QuantLayout& L, int m, const QuantizedWeight& q, std::byte* block) {
+  const std::size_t w_at = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
+  const std::size_t s_at = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
+  std::memcpy(block + w_at, q.weight.bytes.data(), q.weight.bytes.size());
+  if (L.format == ExpertFormat::nvfp4) {
+    std::memcpy(block + s_at, q.scale.bytes.data(), q.scale.bytes.size());
+    std::memcpy(block + L.globals() + 4 * static_cast<std::size_t>(m), &q.global_scale, 4);
+    return;
+  }
+  const std::size_t n = q.scale.info->element_count();
+  for (std::size_t i = 0; i < n; ++i) {  // scale_inv as f32 (a BF16 one widened)
+    float f;
+    if (q.scale.info->dtype == Dtype::f32) {
+      std::memcpy(&f, q.scale.bytes.data() + 4 * i, 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, q.scale.bytes.data() + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      std::memcpy(&f, &u, 4);
+    }
+    std::memcpy(block + s_at + 4 * i, &f, 4);
+  }
+}
+
+/// Quantises fp32 matrix m (rows x cols) of an expert into block (layout L), as the published
+/// quantisers do (worker/model/quantize.hpp): the benchmark's synthesised experts.
+void quantise_into(const QuantLayout& L, int m, const float* w, int rows, int cols, std::byte* block) {
+  const std::size_t w_at = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
+  const std::size_t s_at = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
+  if (L.format == ExpertFormat::fp8_block) {
+    const auto q = quantize_fp8_block(w, rows, cols, L.br, L.bc);
+    std::memcpy(block + w_at, q.weight.data(), q.weight.size());
+    std::memcpy(block + s_at, q.scale_inv.data(), q.scale_inv.size() * 4);
+  } else {
+    const auto q = quantize_nvfp4(w, rows, cols);
+    std::memcpy(block + w_at, q.weight.data(), q.weight.size());
+    std::memcpy(block + s_at, q.scale.data(), q.scale.size());
+    std::memcpy(block + L.globals() + 4 * static_cast<std::size_t>(m), &q.global_scale, 4);
   }
 }
 
@@ -128,7 +189,8 @@ void fold_routers(CudaBackend::Impl& m) {
 }
 
 std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
-                                         const std::function<void(int layer, int expert, uint16_t* block)>& expert_src) {
+                                         const std::function<void(int layer, int expert, std::byte* block)>& expert_src,
+                                         const QuantLayout& layout) {
   if (const std::string why = cuda_backend_unsupported(d); !why.empty()) throw ConfigError(why);
   if (opt.stage_buffers < 0 || opt.stage_buffers == 1 || opt.stage_group < 1)
     throw std::invalid_argument("cuda backend: stage_buffers must be 0 (auto) or >= 2 and stage_group >= 1, got " +
@@ -197,17 +259,18 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     m->layers.push_back(L);
   }
-  fold_routers(*m);
+  // Quantised experts decode through the unfolded router and quant_moe.cuh's kernels.
+  if (layout.format == ExpertFormat::bf16) fold_routers(*m);
   if (moe_layers > 0) {
     const int E = static_cast<int>(d.moe.num_experts);
-    m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, static_cast<int>(H), static_cast<int>(d.moe.intermediate_size));
+    m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, layout);
     // Fill host blocks in parallel (the 30B benchmark shape holds ~58 GB of experts).
     const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         for (int idx = t; idx < moe_layers * E; idx += threads)
-          expert_src(idx / E, idx % E, reinterpret_cast<uint16_t*>(m->store->host_block(idx / E, idx % E)));
+          expert_src(idx / E, idx % E, m->store->host_block(idx / E, idx % E));
       });
     }
     for (auto& th : pool) th.join();
@@ -243,24 +306,62 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
 
 }  // namespace
 
+/// The expert store's layout for `ck`: the checkpoint's own format when every routed expert is
+/// stored in it with one block size (and the shapes suit the kernels: hidden and inter multiples
+/// of 32, FP8 block columns a multiple of 16); bf16 otherwise (quantised experts then
+/// dequantised at load, with a warning naming why).
+QuantLayout expert_layout(const Checkpoint& ck, std::vector<std::string>& warnings) {
+  const ModelDescription& d = ck.description();
+  QuantLayout L{ExpertFormat::bf16, static_cast<int>(d.hidden_size), static_cast<int>(d.moe.intermediate_size), 128, 128};
+  const WeightFormat f = ck.quantization().format;
+  if (f == WeightFormat::plain) return L;
+  bool uniform = true, any = false;
+  for (const auto& layer : ck.layers())
+    for (const auto& e : layer.experts)
+      for (const WeightRef* w : {&e.gate, &e.up, &e.down}) {
+        any = true;
+        uniform = uniform && w->quant && w->quant->format == f &&
+                  (f != WeightFormat::fp8_block ||
+                   (w->quant->block_rows == ck.quantization().block_rows && w->quant->block_cols == ck.quantization().block_cols));
+      }
+  const bool shapes = L.hidden % 32 == 0 && L.inter % 32 == 0 &&
+                      (f != WeightFormat::fp8_block || ck.quantization().block_cols % 16 == 0);
+  if (!any) return L;
+  if (!uniform || !shapes) {
+    warnings.push_back(std::string("routed experts dequantised to bf16 at load: ") +
+                       (!uniform ? "not every expert is stored " + std::string(to_string(f)) + " with one block size"
+                                 : "hidden and moe_intermediate must be multiples of 32 (fp8: block columns of 16) to stay quantised"));
+    return L;
+  }
+  L.format = f == WeightFormat::fp8_block ? ExpertFormat::fp8_block : ExpertFormat::nvfp4;
+  L.br = static_cast<int>(ck.quantization().block_rows);
+  L.bc = static_cast<int>(ck.quantization().block_cols);
+  return L;
+}
+
 std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackendOptions opt) {
   const ModelDescription& d = ck.description();
-  auto tensor_for = [&](const std::string& what) -> const TensorRef& {
-    if (what == "embed") return ck.embed_tokens();
+  auto plain = [](const TensorRef& t) {
+    WeightRef w;
+    static_cast<TensorRef&>(w) = t;
+    return w;
+  };
+  auto tensor_for = [&](const std::string& what) -> WeightRef {
+    if (what == "embed") return plain(ck.embed_tokens());
     if (what == "lm_head") return ck.lm_head();
-    if (what == "final_norm") return ck.final_norm();
+    if (what == "final_norm") return plain(ck.final_norm());
     const std::size_t space = what.find(' ', 6);
     const std::size_t l = std::stoul(what.substr(6, space - 6));
     const std::string f = what.substr(space + 1);
     const LayerWeights& L = ck.layers()[l];
-    if (f == "input_norm") return L.input_norm;
+    if (f == "input_norm") return plain(L.input_norm);
     if (f == "q") return L.q_proj;
     if (f == "k") return L.k_proj;
     if (f == "v") return L.v_proj;
     if (f == "o") return L.o_proj;
-    if (f == "q_norm") return L.q_norm;
-    if (f == "k_norm") return L.k_norm;
-    if (f == "post_norm") return L.post_attn_norm;
+    if (f == "q_norm") return plain(L.q_norm);
+    if (f == "k_norm") return plain(L.k_norm);
+    if (f == "post_norm") return plain(L.post_attn_norm);
     if (f == "router") return L.router;
     if (f == "mlp_gate") return L.mlp_gate;
     if (f == "mlp_up") return L.mlp_up;
@@ -271,17 +372,29 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackend
   std::vector<int> moe_layers;
   for (std::size_t l = 0; l < d.layers.size(); ++l)
     if (d.layers[l].mlp == MlpKind::moe) moe_layers.push_back(static_cast<int>(l));
-  auto experts = [&](int si, int e, uint16_t* block) {
+  std::vector<std::string> warnings;
+  const QuantLayout layout = expert_layout(ck, warnings);
+  auto experts = [&](int si, int e, std::byte* block) {
     const ExpertWeights& w = ck.layers()[static_cast<std::size_t>(moe_layers[static_cast<std::size_t>(si)])].experts[static_cast<std::size_t>(e)];
+    if (layout.format != ExpertFormat::bf16) {
+      write_quantised(layout, 0, *w.gate.quant, block);
+      write_quantised(layout, 1, *w.up.quant, block);
+      write_quantised(layout, 2, *w.down.quant, block);
+      return;
+    }
     const std::size_t n = static_cast<std::size_t>(d.moe.intermediate_size) * static_cast<std::size_t>(d.hidden_size);
-    to_bf16(w.gate, block, n);
-    to_bf16(w.up, block + n, n);
-    to_bf16(w.down, block + 2 * n, n);
+    auto* b16 = reinterpret_cast<uint16_t*>(block);
+    to_bf16(w.gate, b16, n);
+    to_bf16(w.up, b16 + n, n);
+    to_bf16(w.down, b16 + 2 * n, n);
   };
-  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+  auto impl = build(d, opt, src, experts, layout);
+  impl->warnings.insert(impl->warnings.begin(), warnings.begin(), warnings.end());
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
-std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& d, uint64_t seed, CudaBackendOptions opt) {
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription& d, uint64_t seed, CudaBackendOptions opt,
+                                                         ExpertFormat format) {
   std::map<std::string, uint64_t> ids;
   Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float fan_in) {
     if (fan_in == 0.f) {  // norms: ones
@@ -292,12 +405,29 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&
     fill_random(dst, count, seed ^ (id * 0x100000001B3ull), fan_in == 1.f ? 0.5f : 1.f / std::sqrt(fan_in));
   };
   const std::size_t H = static_cast<std::size_t>(d.hidden_size), I = static_cast<std::size_t>(d.moe.intermediate_size);
-  auto experts = [&](int layer, int e, uint16_t* block) {
+  const QuantLayout layout{format, static_cast<int>(H), static_cast<int>(I), 128, 128};
+  auto experts = [&](int layer, int e, std::byte* block) {
     const uint64_t s = seed + 0x51ED270B27ull * (static_cast<uint64_t>(layer) * 4096 + static_cast<uint64_t>(e) + 1);
-    fill_random(block, 2 * I * H, s, 1.f / std::sqrt(static_cast<float>(H)));
-    fill_random(block + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
+    if (format == ExpertFormat::bf16) {
+      auto* b16 = reinterpret_cast<uint16_t*>(block);
+      fill_random(b16, 2 * I * H, s, 1.f / std::sqrt(static_cast<float>(H)));
+      fill_random(b16 + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
+      return;
+    }
+    // The same bf16 values, quantised in memory (the published quantisers' arithmetic).
+    std::vector<uint16_t> b16(3 * I * H);
+    fill_random(b16.data(), 2 * I * H, s, 1.f / std::sqrt(static_cast<float>(H)));
+    fill_random(b16.data() + 2 * I * H, H * I, s + 7, 1.f / std::sqrt(static_cast<float>(I)));
+    std::vector<float> f(b16.size());
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(b16[i]) << 16;
+      std::memcpy(&f[i], &u, 4);
+    }
+    quantise_into(layout, 0, f.data(), static_cast<int>(I), static_cast<int>(H), block);
+    quantise_into(layout, 1, f.data() + I * H, static_cast<int>(I), static_cast<int>(H), block);
+    quantise_into(layout, 2, f.data() + 2 * I * H, static_cast<int>(H), static_cast<int>(I), block);
   };
-  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts)));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts, layout)));
 }
 
 std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string& dir, CudaBackendOptions opt) {

@@ -58,14 +58,22 @@ void launch_router_topk(const float* logits, int n_experts, int k, bool renormal
 /// For tests: both must pick the same experts in the same order.
 void launch_block_topk_by_rank(const float* p, int n, int k, bool split, int32_t* ids, float* vals, cudaStream_t stream);
 
+/// How an expert block stores its weights (worker/cuda/quant_layout.cuh gives the byte layout):
+/// bf16, or as the checkpoint shipped them (FP8 block-scaled, NVFP4).
+enum class ExpertFormat : int { bf16 = 0, fp8_block = 1, nvfp4 = 2 };
+
 /// Pointer table of one MoE layer: for expert e, `experts[e]` points at its weight block
-/// [gate (inter, hidden); up (inter, hidden); down (hidden, inter)] bf16, in VRAM (hot-expert
-/// cache) or pinned host memory (UVA). The table lives in device memory: selecting an expert
-/// needs no device→host sync.
+/// [gate (inter, hidden); up (inter, hidden); down (hidden, inter)] (bf16; quantised formats:
+/// the three weights as stored, then their scales, quant_layout.cuh), in VRAM (hot-expert cache)
+/// or pinned host memory (UVA). The table lives in device memory: selecting an expert needs no
+/// device→host sync. The bf16 kernels (launch_moe_decode, the fused ones) read bf16 tables only.
 struct ExpertTable {
   const __nv_bfloat16* const* experts;  // (n_experts) device array of pointers
   int hidden;
   int inter;
+  ExpertFormat format = ExpertFormat::bf16;
+  int block_rows = 128;  // fp8_block: rows and columns one scale covers
+  int block_cols = 128;
 };
 
 /// Routed-expert MLP for one token: out += sum_j weights[j] * down_j(silu(gate_j x) * up_j x),

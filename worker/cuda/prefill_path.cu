@@ -141,6 +141,8 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.stage.clear();
   if (store)
     for (std::size_t b = 0; b < stage_ready.size(); ++b) pre.stage.push_back(static_cast<bf16*>(alloc(stage_group * store->block_bytes())));
+  if (store && store->format() != ExpertFormat::bf16)
+    pre.dequant = static_cast<bf16*>(alloc(stage_group * 3 * static_cast<std::size_t>(H) * static_cast<std::size_t>(Im) * 2));
   pre.h_ids = static_cast<int32_t*>(host_alloc(n * K * sizeof(int32_t)));
   pre.h_rank = static_cast<int32_t*>(host_alloc(n * K * sizeof(int32_t), cudaHostAllocMapped));
   pre.h_offset = static_cast<int32_t*>(host_alloc(E * sizeof(int32_t), cudaHostAllocMapped));

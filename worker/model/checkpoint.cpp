@@ -18,19 +18,32 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-/// Resolves tensors by name, checking their shapes; collects the directory for messages.
+/// Resolves tensors by name, checking their shapes and dtypes; collects the directory for
+/// messages and the quantised weights' descriptions.
 struct Resolver {
   const TensorSet& set;
   const std::string& dir;
+  const QuantizationConfig& quantization;
+  std::vector<std::unique_ptr<QuantizedWeight>>& quantized;
 
+  /// A plain tensor (norm, embedding): BF16, F16 or F32 of `shape`.
   TensorRef get(const std::string& name, std::vector<std::int64_t> shape) const {
     TensorRef t = set.find(name);
     if (!t.info)
       throw CheckpointError(dir + ": missing tensor '" + name + "' (expected shape " + shape_to_string(shape) + ")");
+    if (!is_plain_float(t.info->dtype))
+      throw CheckpointError(dir + ": tensor '" + name + "': expected dtype BF16, F16 or F32, got " +
+                            std::string(to_string(t.info->dtype)));
     if (t.info->shape != shape)
       throw CheckpointError(dir + ": tensor '" + name + "': expected shape " + shape_to_string(shape) + ", got " +
                             shape_to_string(t.info->shape));
     return t;
+  }
+  /// A linear `module` (module.weight + the format's scales) of logical shape (rows, cols).
+  WeightRef linear(const std::string& module, std::int64_t rows, std::int64_t cols) const {
+    ResolvedLinear r = resolve_linear(set, quantization, module, rows, cols, dir);
+    if (r.owned) quantized.push_back(std::move(r.owned));
+    return r.ref;
   }
 };
 
@@ -86,14 +99,18 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   if (!fs::exists(config_path)) throw CheckpointError(dir + ": no config.json");
   c.description_ = load_model_config(config_path);
   c.generation_ = load_generation_config(dir);
+  c.quantization_ = load_quantization_config(dir);
   c.tensors_ = TensorSet::open_dir(dir);
 
   const auto& d = c.description_;
-  const Resolver r{c.tensors_, dir};
+  const Resolver r{c.tensors_, dir, c.quantization_, c.quantized_};
   const std::int64_t h = d.hidden_size;
   c.embed_ = r.get("model.embed_tokens.weight", {d.vocab_size, h});
   c.final_norm_ = r.get("model.norm.weight", {h});
-  c.lm_head_ = d.tie_word_embeddings ? c.embed_ : r.get("lm_head.weight", {d.vocab_size, h});
+  if (d.tie_word_embeddings)
+    static_cast<TensorRef&>(c.lm_head_) = c.embed_;
+  else
+    c.lm_head_ = r.linear("lm_head", d.vocab_size, h);
   c.layers_.resize(static_cast<std::size_t>(d.num_layers));
   for (std::int64_t i = 0; i < d.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -101,10 +118,10 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     const auto& desc = d.layers[static_cast<std::size_t>(i)];
     L.input_norm = r.get(p + "input_layernorm.weight", {h});
     L.post_attn_norm = r.get(p + "post_attention_layernorm.weight", {h});
-    L.q_proj = r.get(p + "self_attn.q_proj.weight", {d.num_heads * d.head_dim, h});
-    L.k_proj = r.get(p + "self_attn.k_proj.weight", {d.num_kv_heads * d.head_dim, h});
-    L.v_proj = r.get(p + "self_attn.v_proj.weight", {d.num_kv_heads * d.head_dim, h});
-    L.o_proj = r.get(p + "self_attn.o_proj.weight", {h, d.num_heads * d.head_dim});
+    L.q_proj = r.linear(p + "self_attn.q_proj", d.num_heads * d.head_dim, h);
+    L.k_proj = r.linear(p + "self_attn.k_proj", d.num_kv_heads * d.head_dim, h);
+    L.v_proj = r.linear(p + "self_attn.v_proj", d.num_kv_heads * d.head_dim, h);
+    L.o_proj = r.linear(p + "self_attn.o_proj", h, d.num_heads * d.head_dim);
     if (d.attention_bias) {
       L.q_bias = r.get(p + "self_attn.q_proj.bias", {d.num_heads * d.head_dim});
       L.k_bias = r.get(p + "self_attn.k_proj.bias", {d.num_kv_heads * d.head_dim});
@@ -115,27 +132,27 @@ Checkpoint Checkpoint::open(const std::string& dir) {
       L.k_norm = r.get(p + "self_attn.k_norm.weight", {d.head_dim});
     }
     if (desc.mlp == MlpKind::dense) {
-      L.mlp_gate = r.get(p + "mlp.gate_proj.weight", {d.intermediate_size, h});
-      L.mlp_up = r.get(p + "mlp.up_proj.weight", {d.intermediate_size, h});
-      L.mlp_down = r.get(p + "mlp.down_proj.weight", {h, d.intermediate_size});
+      L.mlp_gate = r.linear(p + "mlp.gate_proj", d.intermediate_size, h);
+      L.mlp_up = r.linear(p + "mlp.up_proj", d.intermediate_size, h);
+      L.mlp_down = r.linear(p + "mlp.down_proj", h, d.intermediate_size);
     } else {
       const std::int64_t m = d.moe.intermediate_size;
-      L.router = r.get(p + "mlp.gate.weight", {d.moe.num_experts, h});
+      L.router = r.linear(p + "mlp.gate", d.moe.num_experts, h);
       if (d.moe.router == RouterKind::sigmoid_bias_topk)
         L.router_bias = r.get(p + "mlp.gate.e_score_correction_bias", {d.moe.num_experts});
       if (d.moe.shared_experts > 0) {
         const std::int64_t s = d.moe.shared_intermediate_size;
-        L.shared.gate = r.get(p + "mlp.shared_experts.gate_proj.weight", {s, h});
-        L.shared.up = r.get(p + "mlp.shared_experts.up_proj.weight", {s, h});
-        L.shared.down = r.get(p + "mlp.shared_experts.down_proj.weight", {h, s});
+        L.shared.gate = r.linear(p + "mlp.shared_experts.gate_proj", s, h);
+        L.shared.up = r.linear(p + "mlp.shared_experts.up_proj", s, h);
+        L.shared.down = r.linear(p + "mlp.shared_experts.down_proj", h, s);
       }
       L.experts.resize(static_cast<std::size_t>(d.moe.num_experts));
       for (std::int64_t e = 0; e < d.moe.num_experts; ++e) {
         const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
         auto& E = L.experts[static_cast<std::size_t>(e)];
-        E.gate = r.get(q + "gate_proj.weight", {m, h});
-        E.up = r.get(q + "up_proj.weight", {m, h});
-        E.down = r.get(q + "down_proj.weight", {h, m});
+        E.gate = r.linear(q + "gate_proj", m, h);
+        E.up = r.linear(q + "up_proj", m, h);
+        E.down = r.linear(q + "down_proj", h, m);
       }
     }
   }

@@ -2,8 +2,12 @@
 // generation_config.json -> EOS/BOS ids, *.safetensors -> every weight resolved by its Hugging
 // Face name and checked against the description's shapes before anything runs.
 //
-// Weights stay in the read-only mmap of the safetensors files (BF16/F16/F32 as stored); the
-// backends read or upload them from there. Tensor names (Qwen3 / Qwen3-MoE / GLM-4.5 layout):
+// Weights stay in the read-only mmap of the safetensors files as stored; the backends read or
+// upload them from there. Linear weights (projections, MLPs, experts, router, lm_head) are
+// WeightRefs: plain BF16/F16/F32, or quantised (FP8 block-scaled, NVFP4) as the checkpoint's
+// quantization config declares (worker/model/quant_format.hpp); the CPU backend dequantises
+// them at load, the CUDA backend keeps experts quantised. Norms and the embedding are plain.
+// Tensor names (Qwen3 / Qwen3-MoE / GLM-4.5 layout):
 //   model.embed_tokens.weight                               (vocab, hidden)
 //   model.layers.N.input_layernorm.weight                   (hidden)
 //   model.layers.N.self_attn.{q,k,v,o}_proj.weight          q (heads*head_dim, hidden),
@@ -29,12 +33,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "worker/model/config.hpp"
+#include "worker/model/quant_format.hpp"
+#include "worker/model/quantized_weight.hpp"
 #include "worker/model/safetensors.hpp"
 
 namespace servedeck::worker {
@@ -51,17 +58,17 @@ struct GenerationConfig {
 };
 
 struct ExpertWeights {
-  TensorRef gate;  // (moe_inter, hidden)
-  TensorRef up;    // (moe_inter, hidden)
-  TensorRef down;  // (hidden, moe_inter)
+  WeightRef gate;  // (moe_inter, hidden)
+  WeightRef up;    // (moe_inter, hidden)
+  WeightRef down;  // (hidden, moe_inter)
 };
 
 struct LayerWeights {
   TensorRef input_norm;      // (hidden)
-  TensorRef q_proj;          // (heads*head_dim, hidden)
-  TensorRef k_proj;          // (kv_heads*head_dim, hidden)
-  TensorRef v_proj;          // (kv_heads*head_dim, hidden)
-  TensorRef o_proj;          // (hidden, heads*head_dim)
+  WeightRef q_proj;          // (heads*head_dim, hidden)
+  WeightRef k_proj;          // (kv_heads*head_dim, hidden)
+  WeightRef v_proj;          // (kv_heads*head_dim, hidden)
+  WeightRef o_proj;          // (hidden, heads*head_dim)
   TensorRef q_bias;          // (heads*head_dim), absent unless description.attention_bias
   TensorRef k_bias;          // (kv_heads*head_dim)
   TensorRef v_bias;          // (kv_heads*head_dim)
@@ -69,32 +76,51 @@ struct LayerWeights {
   TensorRef k_norm;          // (head_dim)
   TensorRef post_attn_norm;  // (hidden)
   // MlpKind::dense
-  TensorRef mlp_gate;        // (intermediate, hidden)
-  TensorRef mlp_up;          // (intermediate, hidden)
-  TensorRef mlp_down;        // (hidden, intermediate)
+  WeightRef mlp_gate;        // (intermediate, hidden)
+  WeightRef mlp_up;          // (intermediate, hidden)
+  WeightRef mlp_down;        // (hidden, intermediate)
   // MlpKind::moe
-  TensorRef router;          // (num_experts, hidden)
+  WeightRef router;          // (num_experts, hidden)
   TensorRef router_bias;     // (num_experts) e_score_correction_bias, RouterKind::sigmoid_bias_topk only
   std::vector<ExpertWeights> experts;  // num_experts entries
   ExpertWeights shared;      // (shared_inter, hidden) x2, (hidden, shared_inter); moe.shared_experts > 0 only
 };
 
+/// Calls fn(WeightRef&) for every linear weight of `layer` that is present (info non-null): the
+/// one list of a layer's linears, for passes over all of them (dequantising, counting bytes).
+template <typename Layer, typename Fn>
+void for_each_linear(Layer& layer, Fn&& fn) {
+  for (auto* w : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.mlp_gate, &layer.mlp_up,
+                  &layer.mlp_down, &layer.router})
+    if (w->info) fn(*w);
+  for (auto& e : layer.experts)
+    for (auto* w : {&e.gate, &e.up, &e.down})
+      if (w->info) fn(*w);
+  for (auto* w : {&layer.shared.gate, &layer.shared.up, &layer.shared.down})
+    if (w->info) fn(*w);
+}
+
 class Checkpoint {
  public:
-  /// Opens the checkpoint in `dir`. Throws ConfigError (config.json), SafetensorsError
-  /// (a safetensors file or index) or CheckpointError (missing tensor, wrong shape:
-  /// "tensor 'model.layers.3.mlp.gate.weight': expected shape [8, 64], got [4, 64]").
+  /// Opens the checkpoint in `dir`. Throws ConfigError (config.json), QuantConfigError (its
+  /// quantization_config or hf_quant_config.json), SafetensorsError (a safetensors file or
+  /// index) or CheckpointError (missing tensor, wrong shape or dtype, a missing or misshapen
+  /// scale: "tensor 'model.layers.3.mlp.gate.weight': expected shape [8, 64], got [4, 64]").
   static Checkpoint open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
   const ModelDescription& description() const { return description_; }
   const GenerationConfig& generation() const { return generation_; }
   const TensorSet& tensors() const { return tensors_; }
+  /// The declared quantisation (format plain when none).
+  const QuantizationConfig& quantization() const { return quantization_; }
+  /// Number of linear weights stored quantised (0 for a plain checkpoint).
+  std::size_t quantized_weight_count() const { return quantized_.size(); }
 
   const TensorRef& embed_tokens() const { return embed_; }  // (vocab, hidden)
   const TensorRef& final_norm() const { return final_norm_; }  // (hidden)
   /// (vocab, hidden): lm_head.weight, or the embedding when tie_word_embeddings.
-  const TensorRef& lm_head() const { return lm_head_; }
+  const WeightRef& lm_head() const { return lm_head_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   /// Tensors of the multi-token-prediction layers (model.layers.{num_layers + i}.*, i <
   /// num_nextn_predict_layers) found in the checkpoint: recognised and left unread.
@@ -105,9 +131,11 @@ class Checkpoint {
   ModelDescription description_;
   GenerationConfig generation_;
   TensorSet tensors_;
+  QuantizationConfig quantization_;
+  std::vector<std::unique_ptr<QuantizedWeight>> quantized_;  // what quantised WeightRefs point at
   TensorRef embed_;
   TensorRef final_norm_;
-  TensorRef lm_head_;
+  WeightRef lm_head_;
   std::vector<LayerWeights> layers_;
   std::size_t skipped_mtp_tensors_ = 0;
 };

@@ -27,6 +27,8 @@ bool parse_dtype(std::string_view s, Dtype& out) {
   if (s == "BF16") { out = Dtype::bf16; return true; }
   if (s == "F16") { out = Dtype::f16; return true; }
   if (s == "F32") { out = Dtype::f32; return true; }
+  if (s == "F8_E4M3") { out = Dtype::f8_e4m3; return true; }
+  if (s == "U8") { out = Dtype::u8; return true; }
   return false;
 }
 
@@ -54,11 +56,8 @@ TensorInfo parse_tensor(std::string_view file, const std::string& name, const js
   if (dt == entry.end() || !dt->is_string())
     fail(file, where + ": expected a string \"dtype\"");
   const auto dtype_text = dt->get<std::string>();
-  if (!parse_dtype(dtype_text, t.dtype)) {
-    if (dtype_text == "F8_E4M3")
-      fail(file, where + ": dtype F8_E4M3 is not supported yet (supported: BF16, F16, F32)");
-    fail(file, where + ": unsupported dtype '" + dtype_text + "' (supported: BF16, F16, F32)");
-  }
+  if (!parse_dtype(dtype_text, t.dtype))
+    fail(file, where + ": unsupported dtype '" + dtype_text + "' (supported: BF16, F16, F32, F8_E4M3, U8)");
 
   auto sh = entry.find("shape");
   if (sh == entry.end() || !sh->is_array()) fail(file, where + ": expected an array \"shape\"");
@@ -98,11 +97,24 @@ std::string_view to_string(Dtype d) {
     case Dtype::bf16: return "BF16";
     case Dtype::f16: return "F16";
     case Dtype::f32: return "F32";
+    case Dtype::f8_e4m3: return "F8_E4M3";
+    case Dtype::u8: return "U8";
   }
   return "?";
 }
 
-std::size_t dtype_size(Dtype d) { return d == Dtype::f32 ? 4 : 2; }
+std::size_t dtype_size(Dtype d) {
+  switch (d) {
+    case Dtype::f32: return 4;
+    case Dtype::bf16:
+    case Dtype::f16: return 2;
+    case Dtype::f8_e4m3:
+    case Dtype::u8: return 1;
+  }
+  return 1;
+}
+
+bool is_plain_float(Dtype d) { return d == Dtype::bf16 || d == Dtype::f16 || d == Dtype::f32; }
 
 std::uint64_t TensorInfo::element_count() const {
   std::uint64_t n = 1;

@@ -32,13 +32,17 @@ struct SafetensorsError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Element types we read. F8_E4M3 is recognised so the error can say it is not supported yet.
-enum class Dtype { bf16, f16, f32 };
+/// Element types we read. f8_e4m3 (float8_e4m3fn: FP8 weights, NVFP4 block scales) and u8 (NVFP4's
+/// packed e2m1 pairs) appear only in quantised checkpoints (worker/model/quant_format.hpp); the
+/// rest are the plain weight types.
+enum class Dtype { bf16, f16, f32, f8_e4m3, u8 };
 
-/// The safetensors spelling: "BF16", "F16", "F32".
+/// The safetensors spelling: "BF16", "F16", "F32", "F8_E4M3", "U8".
 std::string_view to_string(Dtype d);
-/// Bytes per element: 2, 2, 4.
+/// Bytes per element: 2, 2, 4, 1, 1.
 std::size_t dtype_size(Dtype d);
+/// True for BF16, F16 and F32: the types a tensor read as plain numbers may have.
+bool is_plain_float(Dtype d);
 
 /// Upper bound on the JSON header length (bytes). note: real checkpoints' headers are tens of
 /// KiB to a few MiB (a 1,000-tensor shard is ~150 KiB); 100 MiB only guards against garbage.

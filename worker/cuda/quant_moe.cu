@@ -1,0 +1,281 @@
+// Quantised routed experts: decode gate/up + SwiGLU, decode down + weighted reduction, and the
+// prefill's dequantisation into bf16 (quant_moe.cuh).
+#include "worker/cuda/quant_moe.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "worker/cuda/dot.cuh"
+#include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/quant_layout.cuh"
+
+namespace servedeck::worker::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+
+/// Two e4m3 bytes (low byte first) → two floats (exact).
+__device__ __forceinline__ float2 e4m3x2(uint16_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+__device__ __forceinline__ float e4m3(uint8_t v) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);
+  return __half2float(*reinterpret_cast<const __half*>(&h));
+}
+
+/// The two e2m1 nibbles of byte b (low first) as floats divided by 2^14 (fp16 bit placement).
+__device__ __forceinline__ float2 e2m1x2_scaled(uint32_t b) {
+  const uint32_t lo = ((b & 7u) << 9) | ((b & 8u) << 12);
+  const uint32_t hi = (((b >> 4) & 7u) << 9) | (((b >> 4) & 8u) << 12);
+  const uint32_t pair = lo | (hi << 16);
+  return __half22float2(*reinterpret_cast<const __half2*>(&pair));
+}
+
+/// Σ over the 16 fp8 weights of one uint4 (columns c0 .. c0+15) of (q · s) · x[c].
+__device__ __forceinline__ float dot16_fp8(uint4 w, float s, const float* x) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = e4m3x2(static_cast<uint16_t>(words[i] & 0xffffu));
+    const float2 b = e4m3x2(static_cast<uint16_t>(words[i] >> 16));
+    acc += (a.x * s) * x[4 * i] + (a.y * s) * x[4 * i + 1] + (b.x * s) * x[4 * i + 2] + (b.y * s) * x[4 * i + 3];
+  }
+  return acc;
+}
+
+/// Σ over the 32 e2m1 weights of one uint4 (two groups of 16) of (e2m1 · s_g) · x[c]; s0, s1
+/// are the groups' scales times 2^14 (see e2m1x2_scaled).
+__device__ __forceinline__ float dot32_fp4(uint4 w, float s0, float s1, const float* x) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float s = i < 2 ? s0 : s1;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const float2 v = e2m1x2_scaled((words[i] >> (8 * b)) & 0xffu);
+      acc += (v.x * s) * x[8 * i + 2 * b] + (v.y * s) * x[8 * i + 2 * b + 1];
+    }
+  }
+  return acc;
+}
+
+/// This lane's share of row · x for one stored row of `cols` inputs: uint4 chunks lane, lane +
+/// 32, ... (fp8: 16 columns each, nvfp4: 32). w_row: the row's bytes; scales: fp8 the row's
+/// block-row of scale_inv floats (one per bc columns), nvfp4 the row's e4m3 scales (one per 16);
+/// g: nvfp4 weight_scale_2 × 2^14.
+template <ExpertFormat F>
+__device__ __forceinline__ float lane_row_dot(const uint8_t* w_row, const uint8_t* scales, float g, int cols, int bc,
+                                              const float* x, int lane) {
+  const uint4* w = reinterpret_cast<const uint4*>(w_row);
+  float acc = 0.f;
+  if constexpr (F == ExpertFormat::fp8_block) {
+    const int n = cols / 16;
+    const float* s = reinterpret_cast<const float*>(scales);
+    int i = lane;
+    for (; i + 32 < n; i += 64) {  // two loads in flight per lane
+      const uint4 a = w[i], b = w[i + 32];
+      acc += dot16_fp8(a, s[(16 * i) / bc], x + 16 * i);
+      acc += dot16_fp8(b, s[(16 * (i + 32)) / bc], x + 16 * (i + 32));
+    }
+    if (i < n) acc += dot16_fp8(w[i], s[(16 * i) / bc], x + 16 * i);
+  } else {
+    const int n = cols / 32;
+    for (int i = lane; i < n; i += 32) {
+      const uint4 v = w[i];
+      acc += dot32_fp4(v, e4m3(scales[2 * i]) * g, e4m3(scales[2 * i + 1]) * g, x + 32 * i);
+    }
+  }
+  return acc;
+}
+
+/// Where row r of matrix m (0 gate, 1 up, 2 down) of a block starts, and its scales.
+struct RowRef {
+  const uint8_t* w;
+  const uint8_t* s;
+  float g;  // nvfp4: weight_scale_2 × 2^14
+};
+
+template <ExpertFormat F>
+__device__ __forceinline__ RowRef row_of(const uint8_t* block, const QuantLayout& L, int m, int r) {
+  const int cols = m == 2 ? L.inter : L.hidden;
+  const std::size_t wbase = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
+  const std::size_t sbase = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
+  RowRef ref;
+  if constexpr (F == ExpertFormat::fp8_block) {
+    const std::size_t scols = QuantLayout::cdiv(static_cast<std::size_t>(cols), static_cast<std::size_t>(L.bc));
+    ref.w = block + wbase + static_cast<std::size_t>(r) * cols;
+    ref.s = block + sbase + 4 * (static_cast<std::size_t>(r / L.br) * scols);
+    ref.g = 1.f;
+  } else {
+    ref.w = block + wbase + static_cast<std::size_t>(r) * (cols / 2);
+    ref.s = block + sbase + static_cast<std::size_t>(r) * (cols / 16);
+    ref.g = reinterpret_cast<const float*>(block + L.globals())[m] * 16384.f;
+  }
+  return ref;
+}
+
+template <ExpertFormat F>
+__global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable t, const float* __restrict__ xn,
+                                                                     const int32_t* __restrict__ ids, int k,
+                                                                     float* __restrict__ act) {
+  extern __shared__ float xs[];
+  __shared__ const uint8_t* blocks[32];
+  const QuantLayout L = layout_of(t);
+  for (int i = threadIdx.x; i < t.hidden; i += blockDim.x) xs[i] = xn[i];
+  if (threadIdx.x < k) blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
+  __syncthreads();
+  const int lane = threadIdx.x % 32, total = k * t.inter;
+  for (int gw = blockIdx.x * k_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_warps) {
+    const int j = gw / t.inter, r = gw % t.inter;
+    const RowRef g = row_of<F>(blocks[j], L, 0, r), u = row_of<F>(blocks[j], L, 1, r);
+    const float gs = detail::warp_sum(lane_row_dot<F>(g.w, g.s, g.g, t.hidden, t.block_cols, xs, lane));
+    const float us = detail::warp_sum(lane_row_dot<F>(u.w, u.s, u.g, t.hidden, t.block_cols, xs, lane));
+    if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
+  }
+}
+
+template <ExpertFormat F>
+__global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t, const float* __restrict__ act,
+                                                                  const int32_t* __restrict__ ids,
+                                                                  const float* __restrict__ weights, int k,
+                                                                  float* __restrict__ out) {
+  extern __shared__ float as[];
+  __shared__ const uint8_t* blocks[32];
+  __shared__ float w[32];
+  const QuantLayout L = layout_of(t);
+  for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[i] = act[i];
+  if (threadIdx.x < k) {
+    blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
+    w[threadIdx.x] = weights[threadIdx.x];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (int h = blockIdx.x * k_warps + threadIdx.x / 32; h < t.hidden; h += gridDim.x * k_warps) {
+    // Four experts' rows at a time (their loads in flight together), summed in order j = 0..k-1.
+    float acc = 0.f;
+    for (int j0 = 0; j0 < k; j0 += 4) {
+      float p[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        p[q] = 0.f;
+        if (j0 + q < k) {
+          const RowRef d = row_of<F>(blocks[j0 + q], L, 2, h);
+          p[q] = lane_row_dot<F>(d.w, d.s, d.g, t.inter, t.block_cols, as + static_cast<std::size_t>(j0 + q) * t.inter, lane);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (j0 + q < k) acc += w[j0 + q] * detail::warp_sum(p[q]);
+    }
+    if (lane == 0) out[h] += acc;
+  }
+}
+
+/// One thread per 16 (fp8) or 32 (nvfp4) weights of the block, written as bf16 [gate; up; down].
+template <ExpertFormat F>
+__global__ void dequantize_kernel(QuantLayout L, const uint8_t* __restrict__ block, __nv_bfloat16* __restrict__ out) {
+  constexpr int per = F == ExpertFormat::fp8_block ? 16 : 32;
+  const std::size_t ih = L.ih(), chunks_per_matrix = ih / per;
+  for (std::size_t c = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; c < 3 * chunks_per_matrix;
+       c += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const int m = static_cast<int>(c / chunks_per_matrix);
+    const std::size_t e0 = (c % chunks_per_matrix) * per;  // first element in the matrix
+    const int cols = m == 2 ? L.inter : L.hidden;
+    const int r = static_cast<int>(e0 / cols), col = static_cast<int>(e0 % cols);
+    const RowRef ref = row_of<F>(block, L, m, r);
+    __nv_bfloat16* o = out + static_cast<std::size_t>(m) * ih + e0;
+    if constexpr (F == ExpertFormat::fp8_block) {
+      const uint4 v = *reinterpret_cast<const uint4*>(ref.w + col);
+      const float s = reinterpret_cast<const float*>(ref.s)[col / L.bc];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 a = e4m3x2(static_cast<uint16_t>(words[i] & 0xffffu));
+        const float2 b = e4m3x2(static_cast<uint16_t>(words[i] >> 16));
+        o[4 * i] = __float2bfloat16_rn(a.x * s);
+        o[4 * i + 1] = __float2bfloat16_rn(a.y * s);
+        o[4 * i + 2] = __float2bfloat16_rn(b.x * s);
+        o[4 * i + 3] = __float2bfloat16_rn(b.y * s);
+      }
+    } else {
+      const uint4 v = *reinterpret_cast<const uint4*>(ref.w + col / 2);
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float s = e4m3(ref.s[col / 16 + (i < 2 ? 0 : 1)]) * ref.g;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const float2 f = e2m1x2_scaled((words[i] >> (8 * b)) & 0xffu);
+          o[8 * i + 2 * b] = __float2bfloat16_rn(f.x * s);
+          o[8 * i + 2 * b + 1] = __float2bfloat16_rn(f.y * s);
+        }
+      }
+    }
+  }
+}
+
+void require_quantised(const ExpertTable& t, int k, const char* who) {
+  detail::require(t.format != ExpertFormat::bf16 && t.hidden % 32 == 0 && t.inter % 32 == 0 && k > 0 && k <= 32 &&
+                      (t.format != ExpertFormat::fp8_block || (t.block_cols % 16 == 0 && t.block_rows > 0)),
+                  who,
+                  "expected a quantised table with hidden and inter multiples of 32, fp8 block columns a multiple of 16 "
+                  "and k in (0, 32]; got format " + std::to_string(static_cast<int>(t.format)) + ", hidden " +
+                      std::to_string(t.hidden) + ", inter " + std::to_string(t.inter) + ", block " +
+                      std::to_string(t.block_rows) + "x" + std::to_string(t.block_cols) + ", k " + std::to_string(k));
+}
+
+int grid_of(int warps) { return (warps + k_warps - 1) / k_warps; }
+
+}  // namespace
+
+void launch_moe_gate_up_quant(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
+                              cudaStream_t stream) {
+  require_quantised(table, k, "launch_moe_gate_up_quant");
+  detail::require(table.hidden <= 8192 && detail::aligned16(xn), "launch_moe_gate_up_quant",
+                  "hidden must be <= 8192 and xn 16-byte aligned, got " + std::to_string(table.hidden));
+  const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
+  const int grid = grid_of(k * table.inter);
+  if (table.format == ExpertFormat::fp8_block)
+    gate_up_quant_kernel<ExpertFormat::fp8_block><<<grid, k_warps * 32, smem, stream>>>(table, xn, ids, k, act);
+  else
+    gate_up_quant_kernel<ExpertFormat::nvfp4><<<grid, k_warps * 32, smem, stream>>>(table, xn, ids, k, act);
+  detail::check_launch();
+}
+
+void launch_moe_down_quant(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
+                           float* out, cudaStream_t stream) {
+  require_quantised(table, k, "launch_moe_down_quant");
+  detail::require(static_cast<long long>(k) * table.inter <= 12288, "launch_moe_down_quant",
+                  "k * inter must be <= 12288 (act in shared memory), got " + std::to_string(k * table.inter));
+  const std::size_t smem = static_cast<std::size_t>(k) * table.inter * sizeof(float);
+  const int grid = grid_of(table.hidden);
+  if (table.format == ExpertFormat::fp8_block)
+    down_quant_kernel<ExpertFormat::fp8_block><<<grid, k_warps * 32, smem, stream>>>(table, act, ids, weights, k, out);
+  else
+    down_quant_kernel<ExpertFormat::nvfp4><<<grid, k_warps * 32, smem, stream>>>(table, act, ids, weights, k, out);
+  detail::check_launch();
+}
+
+void launch_dequantize_expert(const ExpertTable& table, const void* block, __nv_bfloat16* out, cudaStream_t stream) {
+  require_quantised(table, 1, "launch_dequantize_expert");
+  const QuantLayout L = layout_of(table);
+  const int per = table.format == ExpertFormat::fp8_block ? 16 : 32;
+  const std::size_t chunks = 3 * L.ih() / static_cast<std::size_t>(per);
+  const int grid = static_cast<int>(std::min<std::size_t>((chunks + 255) / 256, 4096));
+  const auto* b = static_cast<const uint8_t*>(block);
+  if (table.format == ExpertFormat::fp8_block)
+    dequantize_kernel<ExpertFormat::fp8_block><<<grid, 256, 0, stream>>>(L, b, out);
+  else
+    dequantize_kernel<ExpertFormat::nvfp4><<<grid, 256, 0, stream>>>(L, b, out);
+  detail::check_launch();
+}
+
+}  // namespace servedeck::worker::cuda
