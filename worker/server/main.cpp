@@ -157,7 +157,7 @@ int make_tiny_model(int argc, char** argv) {
     return 2;
   }
   if ((variant != "random" || model_type != "qwen3_moe") && (o.quantize != WeightFormat::plain || shape != "tiny")) {
-    std::cerr << "servedeck-worker make-tiny-model: --quantize and --shape apply to the qwen3_moe --variant random only\n";
+    std::cerr << "servedeck-worker make-tiny-model: --quantize and --shape apply to --variant random only (qwen3_moe)\n";
     return 2;
   }
   try {
