@@ -500,7 +500,16 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
           if (f.contains("name") && f["name"].is_string()) name = f["name"].get<std::string>();
           if (f.contains("arguments") && f["arguments"].is_string()) args = f["arguments"].get<std::string>();
         }
-        if (c.ended) continue;  // a late fragment for a call already closed
+        if (c.ended) {
+          // A fragment for a call already closed (another call came between): its repaired
+          // arguments went out whole, so the fragment can be neither added nor dropped.
+          if (args.empty() && name.empty()) continue;
+          s.fail("the engine sent more of tool call " + std::to_string(i) + " ('" + c.name +
+                     "') after the call had ended (a later call or the finish came between); its arguments "
+                     "were already sent whole",
+                 "tool_call_interleaved");
+          break;
+        }
         s.on_call_delta(c, name, args, tool_deltas);
         if (s.error) break;
       }

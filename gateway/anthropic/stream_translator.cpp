@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <string_view>
 
 #include "common/json_limits.hpp"
 
@@ -23,6 +24,10 @@ std::string string_field(const json& j, const char* key) {
   if (!j.is_object()) return {};
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool is_blank(std::string_view text) {
+  return text.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
 
 }  // namespace
@@ -164,10 +169,22 @@ void StreamTranslator::close_open(std::vector<StreamEvent>& out) {
                                                {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature(b.text)}}}}));
   out.push_back(make("content_block_stop", {{"index", open_}}));
   open_ = -1;
+  held_blank_.clear();
 }
 
-void StreamTranslator::append(Kind kind, const std::string& text, std::vector<StreamEvent>& out) {
-  if (text.empty()) return;
+void StreamTranslator::append(Kind kind, const std::string& fragment, std::vector<StreamEvent>& out) {
+  if (fragment.empty()) return;
+  std::string text = fragment;
+  if (kind == Kind::text && open_ >= 0 && blocks_[static_cast<std::size_t>(open_)].kind == Kind::tool_use) {
+    // Engines send the whitespace between tool-call markup as content, even between two
+    // argument fragments of one call: it is held (the call stays open), and goes before the
+    // next text that is more than whitespace.
+    if (is_blank(text)) {
+      held_blank_ += text;
+      return;
+    }
+    text = held_blank_ + text;
+  }
   if (open_ < 0 || blocks_[static_cast<std::size_t>(open_)].kind != kind) open(Block{kind, "", "", ""}, out);
   blocks_[static_cast<std::size_t>(open_)].text += text;
   json delta = kind == Kind::thinking ? json{{"type", "thinking_delta"}, {"thinking", text}}
@@ -201,9 +218,20 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
         found = tool_blocks_.emplace(index, open_).first;
       }
       // Arguments only ever go into their own block while it is open (engines stream one call
-      // after another); a fragment for a call already closed is dropped.
+      // after another). A fragment for a call whose block is closed (text or another call came
+      // between) cannot be delivered — a block is never reopened — and is never dropped: the
+      // stream fails naming it.
       const std::string args = string_field(fn, "arguments");
-      if (args.empty() || found->second != open_) continue;
+      if (args.empty()) continue;
+      if (found->second != open_) {
+        const Block& closed = blocks_[static_cast<std::size_t>(found->second)];
+        for (auto& e : fail("api_error", "servedeck: the engine sent more arguments for tool call '" + closed.name + "' (" +
+                                             closed.id + ", content block " + std::to_string(found->second) +
+                                             ") after the block was closed by later output; a Messages stream cannot "
+                                             "reopen a block, and the call without them would be wrong"))
+          out.push_back(std::move(e));
+        return out;
+      }
       blocks_[static_cast<std::size_t>(open_)].text += args;
       out.push_back(make("content_block_delta", {{"index", open_},
                                                  {"delta", {{"type", "input_json_delta"}, {"partial_json", args}}}}));

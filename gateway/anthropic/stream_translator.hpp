@@ -15,6 +15,12 @@
 // message_stop over a dead engine). The block type is tracked per index: a delta is only ever
 // sent into an open block of its own type — text arriving while a tool_use block is open closes
 // it and opens a new text block ("Content block is not a text block" in clients otherwise).
+// Whitespace-only text while a tool_use block is open is held instead (engines send the newline
+// between tool-call markup as content, even between two argument fragments of one call): it
+// prefixes the next text that is more than whitespace, and is dropped when the block closes
+// otherwise (a whitespace-only text block is what Anthropic's API refuses when the client sends
+// the turn back: "text content blocks must contain non-whitespace text"). Arguments for a call
+// whose block was already closed end the stream with an error event: never dropped.
 // A non-streaming chat.completion runs through the same state machine (translate_completion).
 //
 // Thread-safety: one translator per response, used from one thread at a time.
@@ -100,6 +106,7 @@ class StreamTranslator {
   std::map<int64_t, int> tool_blocks_;  // chat tool_calls index → block index
   std::string finish_reason_;
   std::string stop_string_;         // the engine's matched stop string (choice.stop_reason)
+  std::string held_blank_;          // whitespace-only text that came while a tool_use block was open
   nlohmann::json usage_;            // upstream usage (chat shape), null when none
   bool started_ = false;
   bool ended_ = false;

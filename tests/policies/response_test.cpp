@@ -436,3 +436,23 @@ TEST_CASE("policies off: a response passes through unchanged apart from the echo
   CHECK(a.calls[0]["arguments"] == "{\"path</arg_key>\": \"/Users/user/Desktop/project\"}");
   CHECK(r.counter.counts.empty());
 }
+
+TEST_CASE("a fragment for a tool call that already ended fails the stream (never dropped)") {
+  // Call 0 ends when call 1 starts (its repaired arguments are sent whole); a later fragment of
+  // call 0 can be neither added nor dropped.
+  Resp r;
+  auto ctx = r.ctx(tools_request(kSearchTools));
+  StreamPipeline p(ctx);
+  json second = args_chunk("{\"query\":\"b\"}", "search", "c2");
+  second["choices"][0]["delta"]["tool_calls"][0]["index"] = 1;
+  (void)p.on_chunk(args_chunk("{\"query\":\"a", "search", "c1"));
+  (void)p.on_chunk(second);
+  CHECK_FALSE(p.error().has_value());
+  (void)p.on_chunk(args_chunk("\"}"));
+  REQUIRE(p.error().has_value());
+  CHECK(p.error()->code == "tool_call_interleaved");
+  CHECK(p.error()->message.find("tool call 0 ('search')") != std::string::npos);
+  std::optional<PolicyError> err;
+  CHECK(p.finish(err).empty());
+  CHECK(err.has_value());
+}

@@ -98,6 +98,62 @@ TEST_CASE("text after an open tool_use block opens a new text block: no text_del
   }
 }
 
+TEST_CASE("whitespace content between two argument fragments of one call is held: the arguments stay whole") {
+  // Regression: header + `{"content": `, content "\n", then `"abc"}` closed the tool_use block at
+  // the newline and dropped the rest of the arguments; the client got invalid partial_json and
+  // a clean message_stop.
+  TranslatedRequest req;
+  StreamTranslator t("msg_ws", "m", req);
+  auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": "}}, "call_w")),
+                        chunk({{"content", "\n"}}), chunk(tool_delta(0, {{"arguments", "\"abc\"}"}})),
+                        chunk({{"content", " \n"}}), chunk(json::object(), "tool_calls")});
+  CHECK(shape(events) ==
+        "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, "
+        "content_block_delta:input_json_delta@0, content_block_stop@0, message_delta, message_stop");
+  std::string partial;
+  for (const auto& e : events)
+    if (e.type == "content_block_delta") partial += e.data["delta"]["partial_json"].get<std::string>();
+  CHECK(json::parse(partial) == json{{"content", "abc"}});
+  json msg = t.message();
+  REQUIRE(msg["content"].size() == 1);
+  CHECK(msg["content"][0]["input"] == json{{"content", "abc"}});
+}
+
+TEST_CASE("held whitespace goes before the next real text, in a text block of its own index") {
+  TranslatedRequest req;
+  StreamTranslator t("msg_ws2", "m", req);
+  auto events = run(t, {chunk(tool_delta(0, {{"name", "Bash"}, {"arguments", "{}"}}, "call_1")), chunk({{"content", "\n\n"}}),
+                        chunk({{"content", "Done."}}), chunk(json::object(), "tool_calls")});
+  CHECK(shape(events) ==
+        "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, content_block_stop@0, "
+        "content_block_start:text@1, content_block_delta:text_delta@1, content_block_stop@1, message_delta, message_stop");
+  CHECK(t.message()["content"][1]["text"] == "\n\nDone.");
+}
+
+TEST_CASE("arguments for a call whose block was closed end the stream with an error event, never dropped") {
+  TranslatedRequest req;
+  SUBCASE("closed by text") {
+    StreamTranslator t("msg_late", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": "}}, "call_w")),
+                          chunk({{"content", "oops"}}), chunk(tool_delta(0, {{"arguments", "\"abc\"}"}})),
+                          chunk(json::object(), "tool_calls")});
+    CHECK(shape(events) ==
+          "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, content_block_stop@0, "
+          "content_block_start:text@1, content_block_delta:text_delta@1, error");
+    CHECK(t.failed());
+    const std::string message = events.back().data["error"]["message"];
+    CHECK(message.find("'Write' (call_w, content block 0)") != std::string::npos);
+  }
+  SUBCASE("closed by the next call") {
+    StreamTranslator t("msg_late2", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "a"}, {"arguments", "{\"x\":"}}, "call_a")),
+                          chunk(tool_delta(1, {{"name", "b"}, {"arguments", "{}"}}, "call_b")),
+                          chunk(tool_delta(0, {{"arguments", "1}"}})), chunk(json::object(), "tool_calls")});
+    CHECK(events.back().type == "error");
+    CHECK(t.failed());
+  }
+}
+
 TEST_CASE("message_start comes exactly once, however often start() or ping() is called") {
   TranslatedRequest req;
   StreamTranslator t("msg_3", "m", req);

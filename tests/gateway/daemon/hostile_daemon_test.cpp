@@ -414,6 +414,53 @@ TEST_CASE("hostile: what the bridges drop is logged bounded, and a client cannot
 
 // --- engine output ----------------------------------------------------------------------------
 
+namespace {
+
+/// A streamed Messages request for `model` whose user turn is "script:NAME", with one tool.
+std::string messages_stream_body(const std::string& model, const std::string& name) {
+  return json{{"model", model},
+              {"max_tokens", 64},
+              {"stream", true},
+              {"messages", {{{"role", "user"}, {"content", "script:" + name}}}},
+              {"tools", {{{"name", "write"}, {"input_schema", {{"type", "object"}, {"properties", {{"content", {{"type", "string"}}}}}}}}}}}
+      .dump();
+}
+
+/// The partial_json of every input_json_delta at content block `index`, joined.
+std::string partial_json_at(const Received& r, int index) {
+  std::string out;
+  for (const auto& e : r.events())
+    if (e.value("type", "") == "content_block_delta" && e["index"] == index && e["delta"]["type"] == "input_json_delta")
+      out += e["delta"]["partial_json"].get<std::string>();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hostile engine: content between a tool call's argument fragments reaches a Messages client whole") {
+  // No policies: the bridge sees the engine's deltas as they came.
+  Daemon d({fake_model("p"), "p"});
+  d.script("split_args", stream_script({tool_chunk("{\"content\": ", "write", "call_s1"), content_chunk("\n"),
+                                        tool_chunk("\"abc\"}")}, "tool_calls"));
+  auto r = d.stream(messages_stream_body("p-served", "split_args"), nullptr, "/v1/messages");
+  CAPTURE(r.raw.substr(0, 3000));
+  CHECK(r.status == 200);
+  REQUIRE_FALSE(r.events().empty());
+  CHECK(r.events().back()["type"] == "message_stop");
+  CHECK(json::parse(partial_json_at(r, 0), nullptr, false) == json{{"content", "abc"}});
+
+  // Text that closes the block before the rest of the arguments: an error event, no message_stop.
+  d.script("late_args", stream_script({tool_chunk("{\"content\": ", "write", "call_s2"), content_chunk("text"),
+                                       tool_chunk("\"abc\"}")}, "tool_calls"));
+  auto late = d.stream(messages_stream_body("p-served", "late_args"), nullptr, "/v1/messages");
+  CAPTURE(late.raw.substr(0, 3000));
+  REQUIRE_FALSE(late.events().empty());
+  CHECK(late.events().back()["type"] == "error");
+  for (const auto& e : late.events()) CHECK(e["type"] != "message_stop");
+  d.check_still_serving("p-served");
+}
+
+
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {
   Daemon d(hostile());
   const std::string open = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"";
