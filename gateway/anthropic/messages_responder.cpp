@@ -74,7 +74,12 @@ void MessagesResponder::send(int status, std::string, std::string body, http::He
                   std::move(extra_headers));
     return;
   }
-  const json msg = translate_completion(completion, message_id_, model_, *request_);
+  std::string why;
+  const json msg = translate_completion(completion, message_id_, model_, *request_, &why);
+  if (msg.is_null()) {
+    client_->send(502, "application/json", dump_safe(error_body("api_error", why)), std::move(extra_headers));
+    return;
+  }
   client_->send(200, "application/json", dump_safe(msg), std::move(extra_headers));
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 
@@ -78,6 +79,18 @@ std::string new_id(const std::string& prefix) {
   return prefix + "_" + buf;
 }
 
+std::optional<std::string> tool_input_error(const std::string& name, const std::string& id, const std::string& arguments) {
+  if (arguments.empty()) return std::nullopt;  // a call without arguments: input {}
+  JsonError err;
+  const json input = parse_untrusted(arguments, &err);
+  if (input.is_object()) return std::nullopt;
+  const std::string why = input.is_discarded() ? err.message : std::string("a JSON ") + input.type_name() + ", not an object";
+  constexpr std::size_t k_excerpt = 200;
+  return "servedeck: the engine's arguments for tool call '" + name + "' (" + id + ") cannot be a tool_use input: " +
+         why + " (" + std::to_string(arguments.size()) + " bytes, beginning " + arguments.substr(0, k_excerpt) +
+         (arguments.size() > k_excerpt ? "…" : "") + ")";
+}
+
 StreamTranslator::StreamTranslator(std::string message_id, std::string model, const TranslatedRequest& request)
     : id_(std::move(message_id)), model_(std::move(model)), request_(&request) {}
 
@@ -120,9 +133,9 @@ json StreamTranslator::block_json(const Block& b) const {
     case Kind::text:
       return {{"type", "text"}, {"text", b.text}};
     case Kind::tool_use: {
-      JsonError err;
-      json input = b.text.empty() ? json::object() : parse_untrusted(b.text, &err);
-      if (!input.is_object()) input = json::object();  // unparseable arguments: the policies found no repair
+      // Only a block whose arguments are a JSON object gets here (tool_input_error).
+      json input = b.text.empty() ? json::object() : parse_untrusted(b.text);
+      if (!input.is_object()) input = json::object();
       return {{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", std::move(input)}};
     }
   }
@@ -149,6 +162,7 @@ std::vector<StreamEvent> StreamTranslator::ping() {
 
 void StreamTranslator::open(Block block, std::vector<StreamEvent>& out) {
   close_open(out);
+  if (ended_) return;
   blocks_.push_back(std::move(block));
   open_ = static_cast<int>(blocks_.size()) - 1;
   const Block& b = blocks_.back();
@@ -164,6 +178,15 @@ void StreamTranslator::open(Block block, std::vector<StreamEvent>& out) {
 void StreamTranslator::close_open(std::vector<StreamEvent>& out) {
   if (open_ < 0) return;
   const Block& b = blocks_[static_cast<std::size_t>(open_)];
+  if (b.kind == Kind::tool_use) {
+    // The client parses the block's partial_json into `input` at content_block_stop: arguments
+    // that are no JSON object would look like a call they are not.
+    if (auto why = tool_input_error(b.name, b.id, b.text)) {
+      open_ = -1;
+      for (auto& e : fail("api_error", *why)) out.push_back(std::move(e));
+      return;
+    }
+  }
   if (b.kind == Kind::thinking)
     out.push_back(make("content_block_delta", {{"index", open_},
                                                {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature(b.text)}}}}));
@@ -186,6 +209,7 @@ void StreamTranslator::append(Kind kind, const std::string& fragment, std::vecto
     text = held_blank_ + text;
   }
   if (open_ < 0 || blocks_[static_cast<std::size_t>(open_)].kind != kind) open(Block{kind, "", "", ""}, out);
+  if (ended_) return;
   blocks_[static_cast<std::size_t>(open_)].text += text;
   json delta = kind == Kind::thinking ? json{{"type", "thinking_delta"}, {"thinking", text}}
                                       : json{{"type", "text_delta"}, {"text", text}};
@@ -204,7 +228,9 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
   std::string reasoning = string_field(delta, "reasoning_content");
   if (reasoning.empty()) reasoning = string_field(delta, "reasoning");
   append(Kind::thinking, reasoning, out);
+  if (ended_) return out;
   append(Kind::text, string_field(delta, "content"), out);
+  if (ended_) return out;
   if (auto calls = delta.find("tool_calls"); calls != delta.end() && calls->is_array()) {
     for (const auto& tc : *calls) {
       if (!tc.is_object()) continue;
@@ -215,6 +241,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
         std::string id = string_field(tc, "id");
         if (id.empty()) id = new_id("toolu");
         open(Block{Kind::tool_use, "", id, string_field(fn, "name")}, out);
+        if (ended_) return out;
         found = tool_blocks_.emplace(index, open_).first;
       }
       // Arguments only ever go into their own block while it is open (engines stream one call
@@ -246,6 +273,7 @@ std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out = start();
   if (ended_) return out;
   close_open(out);
+  if (ended_) return out;
   ended_ = true;
   const std::string reason = stop_reason();
   out.push_back(make("message_delta",
@@ -280,7 +308,7 @@ json StreamTranslator::message() const {
 }
 
 json translate_completion(const json& completion, const std::string& message_id, const std::string& model,
-                          const TranslatedRequest& request) {
+                          const TranslatedRequest& request, std::string* error) {
   StreamTranslator t(message_id, model, request);
   json chunk = {{"choices", json::array()}};
   if (completion.is_object() && completion.contains("usage")) chunk["usage"] = completion["usage"];
@@ -306,8 +334,13 @@ json translate_completion(const json& completion, const std::string& message_id,
       if (choice.contains(key)) c[key] = choice[key];
     chunk["choices"].push_back(std::move(c));
   }
-  (void)t.on_chunk(chunk);
-  (void)t.finish();
+  std::vector<StreamEvent> events = t.on_chunk(chunk);
+  for (auto& e : t.finish()) events.push_back(std::move(e));
+  if (t.failed()) {
+    for (const auto& e : events)
+      if (e.type == "error" && error) *error = string_field(e.data["error"], "message");
+    return nullptr;
+  }
   return t.message();
 }
 

@@ -20,7 +20,10 @@
 // prefixes the next text that is more than whitespace, and is dropped when the block closes
 // otherwise (a whitespace-only text block is what Anthropic's API refuses when the client sends
 // the turn back: "text content blocks must contain non-whitespace text"). Arguments for a call
-// whose block was already closed end the stream with an error event: never dropped.
+// whose block was already closed end the stream with an error event: never dropped. A tool_use
+// block whose arguments are no JSON object (tool_input_error) ends the stream with an error
+// event instead of its content_block_stop: clients parse the arguments into `input`, and
+// neither `{}` nor a parse failure on their side is the call the engine made.
 // A non-streaming chat.completion runs through the same state machine (translate_completion).
 //
 // Thread-safety: one translator per response, used from one thread at a time.
@@ -28,6 +31,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,9 +117,17 @@ class StreamTranslator {
   bool failed_ = false;
 };
 
-/// Translates a whole chat.completion into a Messages message object.
+/// Why a tool call's accumulated `arguments` cannot be a tool_use `input` (they are neither
+/// empty nor a JSON object: malformed, nested deeper than k_max_json_depth, or another JSON
+/// type), naming the call and quoting the first 200 bytes; nullopt when they can.
+std::optional<std::string> tool_input_error(const std::string& name, const std::string& id, const std::string& arguments);
+
+/// Translates a whole chat.completion into a Messages message object. Returns null, with the
+/// reason in `*error` (when given), when the completion cannot be one: a tool call whose
+/// arguments are no JSON object (tool_input_error) — the gateway answers 502.
 nlohmann::json translate_completion(const nlohmann::json& completion, const std::string& message_id,
-                                    const std::string& model, const TranslatedRequest& request);
+                                    const std::string& model, const TranslatedRequest& request,
+                                    std::string* error = nullptr);
 
 /// A fresh id with `prefix` ("msg", "toolu", "req") and 24 random hex digits.
 std::string new_id(const std::string& prefix);

@@ -133,9 +133,11 @@ TEST_CASE("held whitespace goes before the next real text, in a text block of it
 TEST_CASE("arguments for a call whose block was closed end the stream with an error event, never dropped") {
   TranslatedRequest req;
   SUBCASE("closed by text") {
+    // (Arguments cut short where the text closes the block are an error there already: see
+    // "tool arguments that are no JSON object".)
     StreamTranslator t("msg_late", "m", req);
-    auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": "}}, "call_w")),
-                          chunk({{"content", "oops"}}), chunk(tool_delta(0, {{"arguments", "\"abc\"}"}})),
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": \"a\"}"}}, "call_w")),
+                          chunk({{"content", "oops"}}), chunk(tool_delta(0, {{"arguments", "{\"mode\": \"x\"}"}})),
                           chunk(json::object(), "tool_calls")});
     CHECK(shape(events) ==
           "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, content_block_stop@0, "
@@ -146,10 +148,11 @@ TEST_CASE("arguments for a call whose block was closed end the stream with an er
   }
   SUBCASE("closed by the next call") {
     StreamTranslator t("msg_late2", "m", req);
-    auto events = run(t, {chunk(tool_delta(0, {{"name", "a"}, {"arguments", "{\"x\":"}}, "call_a")),
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "a"}, {"arguments", "{\"x\":1}"}}, "call_a")),
                           chunk(tool_delta(1, {{"name", "b"}, {"arguments", "{}"}}, "call_b")),
-                          chunk(tool_delta(0, {{"arguments", "1}"}})), chunk(json::object(), "tool_calls")});
+                          chunk(tool_delta(0, {{"arguments", "{\"y\":2}"}})), chunk(json::object(), "tool_calls")});
     CHECK(events.back().type == "error");
+    CHECK(events.back().data["error"]["message"].get<std::string>().find("'a' (call_a, content block 0)") != std::string::npos);
     CHECK(t.failed());
   }
 }
@@ -227,4 +230,31 @@ TEST_CASE("the thinking signature is stable and differs between texts; error typ
   CHECK(error_type_for_status(502) == "api_error");
   CHECK(error_type_for_status(503) == "overloaded_error");
   CHECK(error_type_for_status(529) == "overloaded_error");
+}
+
+TEST_CASE("tool arguments that are no JSON object are an error, never input {}") {
+  // Regression: unparseable (or too deeply nested) arguments became `input: {}`, a call that
+  // looks right and is not the one the engine made.
+  TranslatedRequest req;
+  const std::string deep = "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}";
+  for (const std::string& args : {std::string("{\"command\": \"ls"), std::string("[1, 2]"), deep}) {
+    CAPTURE(args.substr(0, 40));
+    json completion = {{"choices", json::array({{{"index", 0}, {"finish_reason", "tool_calls"},
+                                                 {"message", {{"role", "assistant"},
+                                                              {"tool_calls", json::array({{{"id", "call_b"}, {"type", "function"},
+                                                                                           {"function", {{"name", "Bash"}, {"arguments", args}}}}})}}}}})}};
+    std::string why;
+    CHECK(translate_completion(completion, "msg_b", "m", req, &why).is_null());
+    CHECK(why.find("tool call 'Bash' (call_b)") != std::string::npos);
+    CHECK(why.find(args.substr(0, 10)) != std::string::npos);
+
+    StreamTranslator t("msg_bs", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "Bash"}, {"arguments", args}}, "call_b")), chunk(json::object(), "tool_calls")});
+    CHECK(shape(events) == "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, error");
+    CHECK(t.failed());
+  }
+  CHECK(tool_input_error("Bash", "c", deep)->find("nested deeper than 256") != std::string::npos);
+  CHECK(tool_input_error("Bash", "c", "[1]")->find("a JSON array, not an object") != std::string::npos);
+  CHECK_FALSE(tool_input_error("Bash", "c", "").has_value());
+  CHECK_FALSE(tool_input_error("Bash", "c", "{\"a\": 1}").has_value());
 }

@@ -460,6 +460,32 @@ TEST_CASE("hostile engine: content between a tool call's argument fragments reac
   d.check_still_serving("p-served");
 }
 
+TEST_CASE("hostile engine: tool arguments that are no JSON object reach a Messages client as an error, never input {}") {
+  Daemon d({fake_model("p"), "p"});
+  const std::string cut = "{\"content\": \"abc";
+  d.script("bad_args_body", body_script({{"content", nullptr},
+                                         {"tool_calls", json::array({{{"id", "call_b1"}, {"type", "function"},
+                                                                      {"function", {{"name", "write"}, {"arguments", cut}}}}})}},
+                                        "tool_calls"));
+  json body = json::parse(messages_stream_body("p-served", "bad_args_body"));
+  body["stream"] = false;
+  auto r = d.post("/v1/messages", body.dump());
+  CAPTURE(r.body.substr(0, 500));
+  CHECK(r.status == 502);
+  json e = json::parse(r.body, nullptr, false);
+  REQUIRE(e.is_object());
+  CHECK(e["error"]["type"] == "api_error");
+  CHECK(e["error"]["message"].get<std::string>().find("tool call 'write' (call_b1)") != std::string::npos);
+
+  d.script("bad_args_stream", stream_script({tool_chunk(cut, "write", "call_b2")}, "tool_calls"));
+  auto s = d.stream(messages_stream_body("p-served", "bad_args_stream"), nullptr, "/v1/messages");
+  CAPTURE(s.raw.substr(0, 2000));
+  REQUIRE_FALSE(s.events().empty());
+  CHECK(s.events().back()["type"] == "error");
+  for (const auto& ev : s.events()) CHECK(ev["type"] != "content_block_stop");
+  d.check_still_serving("p-served");
+}
+
 
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {
   Daemon d(hostile());
