@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/json_limits.hpp"
+#include "common/stream_limits.hpp"
 
 namespace servedeck::gateway::anthropic {
 
@@ -195,8 +196,15 @@ void StreamTranslator::close_open(std::vector<StreamEvent>& out) {
   held_blank_.clear();
 }
 
+bool StreamTranslator::within_bound(std::size_t bytes, std::vector<StreamEvent>& out) {
+  text_bytes_ += bytes;
+  if (text_bytes_ <= k_max_stream_text_bytes) return true;
+  for (auto& e : fail("api_error", "servedeck: " + stream_text_bound_message())) out.push_back(std::move(e));
+  return false;
+}
+
 void StreamTranslator::append(Kind kind, const std::string& fragment, std::vector<StreamEvent>& out) {
-  if (fragment.empty()) return;
+  if (fragment.empty() || !within_bound(fragment.size(), out)) return;
   std::string text = fragment;
   if (kind == Kind::text && open_ >= 0 && blocks_[static_cast<std::size_t>(open_)].kind == Kind::tool_use) {
     // Engines send the whitespace between tool-call markup as content, even between two
@@ -259,6 +267,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
           out.push_back(std::move(e));
         return out;
       }
+      if (!within_bound(args.size(), out)) return out;
       blocks_[static_cast<std::size_t>(open_)].text += args;
       out.push_back(make("content_block_delta", {{"index", open_},
                                                  {"delta", {{"type", "input_json_delta"}, {"partial_json", args}}}}));

@@ -23,7 +23,9 @@
 // whose block was already closed end the stream with an error event: never dropped. A tool_use
 // block whose arguments are no JSON object (tool_input_error) ends the stream with an error
 // event instead of its content_block_stop: clients parse the arguments into `input`, and
-// neither `{}` nor a parse failure on their side is the call the engine made.
+// neither `{}` nor a parse failure on their side is the call the engine made. The text kept for
+// message() is bounded by k_max_stream_text_bytes (common/stream_limits.hpp): past it, an error
+// event.
 // A non-streaming chat.completion runs through the same state machine (translate_completion).
 //
 // Thread-safety: one translator per response, used from one thread at a time.
@@ -98,6 +100,8 @@ class StreamTranslator {
   void open(Block block, std::vector<StreamEvent>& out);
   void close_open(std::vector<StreamEvent>& out);
   void append(Kind kind, const std::string& text, std::vector<StreamEvent>& out);
+  /// Counts `bytes` more kept text; past k_max_stream_text_bytes fails the stream (into `out`).
+  bool within_bound(std::size_t bytes, std::vector<StreamEvent>& out);
   nlohmann::json block_json(const Block& b) const;
   nlohmann::json usage_json() const;
   std::string stop_reason() const;
@@ -111,6 +115,7 @@ class StreamTranslator {
   std::string finish_reason_;
   std::string stop_string_;         // the engine's matched stop string (choice.stop_reason)
   std::string held_blank_;          // whitespace-only text that came while a tool_use block was open
+  std::size_t text_bytes_ = 0;      // text kept in blocks_ and held_blank_, bytes (≤ k_max_stream_text_bytes)
   nlohmann::json usage_;            // upstream usage (chat shape), null when none
   bool started_ = false;
   bool ended_ = false;

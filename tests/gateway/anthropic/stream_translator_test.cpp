@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_limits.hpp"
 #include "gateway/anthropic/stream_translator.hpp"
 
 using namespace servedeck::gateway::anthropic;
@@ -257,4 +258,23 @@ TEST_CASE("tool arguments that are no JSON object are an error, never input {}")
   CHECK(tool_input_error("Bash", "c", "[1]")->find("a JSON array, not an object") != std::string::npos);
   CHECK_FALSE(tool_input_error("Bash", "c", "").has_value());
   CHECK_FALSE(tool_input_error("Bash", "c", "{\"a\": 1}").has_value());
+}
+
+TEST_CASE("an answer past k_max_stream_text_bytes ends with an error event, never cut silently") {
+  TranslatedRequest req;
+  StreamTranslator t("msg_big", "m", req);
+  (void)t.start();
+  const json piece = chunk({{"content", std::string(std::size_t{16} << 20, 'x')}});
+  std::vector<StreamEvent> last;
+  std::size_t sent = 0;
+  while (!t.ended() && sent <= servedeck::k_max_stream_text_bytes) {
+    last = t.on_chunk(piece);
+    sent += std::size_t{16} << 20;
+  }
+  REQUIRE(t.failed());
+  CHECK(sent > servedeck::k_max_stream_text_bytes);
+  REQUIRE_FALSE(last.empty());
+  CHECK(last.back().type == "error");
+  CHECK(last.back().data["error"]["message"].get<std::string>().find("256 MiB") != std::string::npos);
+  CHECK(t.finish().empty());  // no message_stop after it
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_limits.hpp"
 #include "gateway/responses/stream_translator.hpp"
 
 using namespace servedeck::gateway::responses;
@@ -207,4 +208,23 @@ TEST_CASE("text between two argument fragments of one call: the function_call it
       CHECK(item["arguments"] == "{\"content\": \"abc\"}");
     }
   CHECK(found);
+}
+
+TEST_CASE("an answer past k_max_stream_text_bytes ends as response.failed stream_too_large, never cut silently") {
+  TranslatedRequest req;
+  StreamTranslator t("resp_big", "m", 1, req);
+  (void)t.start();
+  const json piece = chunk({{"reasoning_content", std::string(std::size_t{16} << 20, 'x')}});
+  std::vector<StreamEvent> last;
+  std::size_t sent = 0;
+  while (!t.ended() && sent <= servedeck::k_max_stream_text_bytes) {
+    last = t.on_chunk(piece);
+    sent += std::size_t{16} << 20;
+  }
+  REQUIRE(t.ended());
+  CHECK(sent > servedeck::k_max_stream_text_bytes);
+  REQUIRE_FALSE(last.empty());
+  CHECK(last.back().type == "response.failed");
+  CHECK(t.response()["error"]["code"] == "stream_too_large");
+  CHECK(t.finish().empty());
 }
