@@ -245,9 +245,12 @@ TEST_CASE("hostile: duplicate keys are read one way, the same by the gateway and
 
 TEST_CASE("hostile: HEAD and OPTIONS on every route never run a handler's action") {
   Daemon d(hostile());
-  const std::vector<std::string> routes = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models",
-                                           "/health", "/metrics", "/admin/switch", "/admin/stop", "/admin/status",
-                                           "/admin/logs", "/admin/preflight", "/admin/models", "/nope"};
+  const std::vector<std::string> routes = {"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                           "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+                                           "/v1/models/h-served", "/health", "/metrics", "/admin/switch",
+                                           "/admin/stop", "/admin/status", "/admin/logs", "/admin/preflight",
+                                           "/admin/models", "/nope"};
+  const std::size_t engine_requests = d.engine_log().size();
   for (const auto& path : routes) {
     for (const std::string method : {"HEAD", "OPTIONS"}) {
       CAPTURE(method + " " + path);
@@ -266,6 +269,7 @@ TEST_CASE("hostile: HEAD and OPTIONS on every route never run a handler's action
     }
   }
   CHECK(d.wait_model("h", 2000));  // neither /admin/stop nor /admin/switch ran
+  CHECK(d.engine_log().size() == engine_requests);  // no completion reached the engine
   d.check_still_serving("h-served");
 }
 
