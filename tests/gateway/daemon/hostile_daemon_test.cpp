@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/gateway/daemon/daemon_rig.hpp"
@@ -317,6 +319,34 @@ TEST_CASE("hostile: slow-loris headers, an endless header line and a short body 
     CHECK((r.status() == 400 || r.closed));
   }
   slow.clear();
+  d.check_still_serving("h-served");
+}
+
+TEST_CASE("hostile: more connections than the descriptor limit allows get 503, not a stuck accept") {
+  // Regression: max_connections 4096 was never reconciled with RLIMIT_NOFILE, so under a small
+  // soft limit accept() failed with EMFILE and clients waited in the backlog; the 503 never came.
+  // Hard 300, soft 100: the daemon raises soft to 300 and keeps (300 − 256) / 2 = 22 connections.
+  Daemon::Options o = hostile();
+  o.shell_prefix = "ulimit -Sn 100 && ulimit -Hn 300";
+  Daemon d(o);
+  std::stringstream log;
+  log << std::ifstream(d.dir() + "/daemon.log").rdbuf();
+  CAPTURE(log.str().substr(0, 2000));
+  CHECK(log.str().find("descriptors: soft limit 100 raised to 300 (hard 300); max_connections 22") != std::string::npos);
+  std::vector<std::unique_ptr<RawConn>> conns;
+  for (int i = 0; i < 120; ++i) conns.push_back(std::make_unique<RawConn>(d.port()));
+  int busy = 0, silent = 0;
+  for (auto& c : conns) {
+    auto r = c->read(100);
+    if (r.status() == 503 && r.bytes.find("too_many_connections") != std::string::npos) ++busy;
+    else if (r.bytes.empty()) ++silent;  // held: accepted and waiting for a request
+  }
+  CAPTURE(busy);
+  CAPTURE(silent);
+  CHECK(busy >= 120 - 22);
+  CHECK(busy + silent == 120);
+  conns.clear();
+  REQUIRE_MESSAGE(d.alive(), d.log());
   d.check_still_serving("h-served");
 }
 
