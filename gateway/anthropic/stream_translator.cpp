@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <mutex>
 #include <optional>
-#include <random>
 #include <string_view>
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
 #include "common/stream_limits.hpp"
 
 namespace servedeck::gateway::anthropic {
@@ -63,21 +62,6 @@ std::string error_type_for_status(int status) {
 
 json error_body(const std::string& type, const std::string& message) {
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
-}
-
-std::string new_id(const std::string& prefix) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%08llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b & 0xffffffffULL));
-  return prefix + "_" + buf;
 }
 
 std::optional<std::string> tool_input_error(const std::string& name, const std::string& id, const std::string& arguments) {
@@ -247,7 +231,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
       auto found = tool_blocks_.find(index);
       if (found == tool_blocks_.end()) {
         std::string id = string_field(tc, "id");
-        if (id.empty()) id = new_id("toolu");
+        if (id.empty()) id = random_id("toolu");
         open(Block{Kind::tool_use, "", id, string_field(fn, "name")}, out);
         if (ended_) return out;
         found = tool_blocks_.emplace(index, open_).first;

@@ -134,7 +134,4 @@ nlohmann::json translate_completion(const nlohmann::json& completion, const std:
                                     const std::string& model, const TranslatedRequest& request,
                                     std::string* error = nullptr);
 
-/// A fresh id with `prefix` ("msg", "toolu", "req") and 24 random hex digits.
-std::string new_id(const std::string& prefix);
-
 }  // namespace servedeck::gateway::anthropic

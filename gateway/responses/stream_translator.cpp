@@ -1,10 +1,8 @@
 #include "gateway/responses/stream_translator.hpp"
 
-#include <cstdio>
-#include <mutex>
-#include <random>
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
 #include "common/stream_limits.hpp"
 
 namespace servedeck::gateway::responses {
@@ -18,21 +16,6 @@ std::string StreamEvent::to_sse() const {
   out += dump_safe(data);
   out += "\n\n";
   return out;
-}
-
-std::string new_id(const std::string& prefix) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%08llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b & 0xffffffffULL));
-  return prefix + "_" + buf;
 }
 
 StreamTranslator::StreamTranslator(std::string response_id, std::string model, int64_t created_at,

@@ -106,7 +106,4 @@ nlohmann::json translate_completion(const nlohmann::json& completion, const std:
                                     const std::string& model, int64_t created_at,
                                     const TranslatedRequest& request);
 
-/// A fresh id with `prefix` ("resp", "msg", "rs", "fc") and 24 random hex digits.
-std::string new_id(const std::string& prefix);
-
 }  // namespace servedeck::gateway::responses
