@@ -4,6 +4,7 @@
 
 #include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
+#include "policies/token_math.hpp"
 
 namespace servedeck::policies {
 namespace {
@@ -29,14 +30,15 @@ bool budget_may_overflow(const json& body, int64_t ctx) {
   if (!body.is_object() || ctx <= 0) return false;
   for (const char* k : kBudgetKeys) {
     auto it = body.find(k);
-    if (it != body.end() && it->is_number_integer() && it->get<int64_t>() + prompt_tokens_upper_bound(body) > ctx)
+    if (it != body.end() && it->is_number_integer() &&
+        saturating_add(integer_tokens(*it), prompt_tokens_upper_bound(body)) > ctx)
       return true;
   }
   return false;
 }
 
 int64_t fitted_budget(int64_t budget, int64_t floor, int64_t ctx, int64_t prompt_tokens) {
-  return std::min(budget, std::max(floor, ctx - prompt_tokens));
+  return std::min(budget, std::max(floor, saturating_sub(ctx, prompt_tokens)));
 }
 
 void apply_fit_output_budget(json& body, RequestContext& ctx) {
@@ -47,7 +49,7 @@ void apply_fit_output_budget(json& body, RequestContext& ctx) {
   for (const char* k : kBudgetKeys) {
     auto it = body.find(k);
     if (it == body.end() || !it->is_number_integer()) continue;
-    const int64_t budget = it->get<int64_t>();
+    const int64_t budget = integer_tokens(*it);
     const int64_t fitted = fitted_budget(budget, floor, ctx.model->ctx, *ctx.prompt_tokens);
     if (fitted >= budget) continue;
     *it = fitted;

@@ -4,6 +4,7 @@
 
 #include "policies/json_util.hpp"
 #include "policies/repair_count.hpp"
+#include "policies/token_math.hpp"
 
 namespace servedeck::policies {
 namespace {
@@ -17,14 +18,14 @@ constexpr const char* kBudgetKeys[] = {"max_tokens", "max_completion_tokens"};
 bool budget_below_floor(const json& body, int64_t floor) {
   if (!body.is_object()) return false;
   for (const char* k : kBudgetKeys) {
-    if (body.contains(k) && body[k].is_number_integer() && body[k].get<int64_t>() < floor) return true;
+    if (body.contains(k) && body[k].is_number_integer() && integer_tokens(body[k]) < floor) return true;
   }
   return false;
 }
 
 int64_t raised_budget(int64_t budget, int64_t floor, int64_t ctx, std::optional<int64_t> prompt_tokens) {
   int64_t target = floor;
-  if (ctx > 0 && prompt_tokens) target = std::min(target, ctx - *prompt_tokens);
+  if (ctx > 0 && prompt_tokens) target = std::min(target, saturating_sub(ctx, *prompt_tokens));
   return std::max(budget, target);
 }
 
@@ -33,7 +34,7 @@ void apply_min_output_tokens(json& body, RequestContext& ctx) {
   const int64_t floor = *ctx.model->policies.min_output_tokens;
   for (const char* k : kBudgetKeys) {
     if (!body.contains(k) || !body[k].is_number_integer()) continue;
-    int64_t budget = body[k].get<int64_t>();
+    int64_t budget = integer_tokens(body[k]);
     if (budget >= floor) continue;
     int64_t raised = raised_budget(budget, floor, ctx.model->ctx, ctx.prompt_tokens);
     std::string source;

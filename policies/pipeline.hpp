@@ -105,7 +105,13 @@ class ResponsePipeline {
   ResponseContext& ctx_;
 };
 
-/// Streaming responses: stateful per stream.
+/// The `code` of the error a stream gets when its text passes k_max_stream_text_bytes
+/// (common/stream_limits.hpp): the pipeline keeps a stream's text whole for its repairs.
+inline constexpr std::string_view k_stream_too_large_code = "stream_too_large";
+
+/// Streaming responses: stateful per stream. The text bytes of a stream's chunks
+/// (json_text_bytes) are bounded by k_max_stream_text_bytes: past it error() is set with code
+/// k_stream_too_large_code.
 class StreamPipeline {
  public:
   explicit StreamPipeline(ResponseContext& ctx);

@@ -16,9 +16,11 @@
 // Each chunk grants the context's work budget its text bytes; held text is searched only from
 // where the last search stopped, so the work stays linear in the stream however it is split.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 
+#include "common/stream_limits.hpp"
 #include "policies/answer_rescue.hpp"
 #include "policies/effort_presets.hpp"
 #include "policies/pipeline.hpp"
@@ -90,6 +92,7 @@ struct StreamPipeline::State {
   bool repair_on = false, sanitize = false, coerce = false, rescue = false, mirror = false;
   std::optional<PolicyError> error;
   json last_chunk = json::object();
+  std::uint64_t stream_bytes = 0;  // text bytes of the chunks with choices (json_text_bytes), whole stream
 
   ResponseContext* ctx = nullptr;
 
@@ -446,13 +449,21 @@ const std::optional<PolicyError>& StreamPipeline::error() const { return state_-
 std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
   State& s = *state_;
   if (s.error) return {};
-  ctx_->budget.grant(json_text_bytes(chunk));
+  const std::uint64_t bytes = json_text_bytes(chunk);
+  ctx_->budget.grant(bytes);
   if (!chunk.is_object()) return {chunk};
   s.last_chunk = chunk;
   if (!ctx_->model || !chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) {
     json c = chunk;
     echo_requested_model(c, ctx_->requested_id);
     return {c};
+  }
+  // Everything kept whole below (content_all, reasoning_all, held text and calls) is part of
+  // what the chunks brought.
+  s.stream_bytes += bytes;
+  if (s.stream_bytes > k_max_stream_text_bytes) {
+    s.fail(stream_text_bound_message(), std::string(k_stream_too_large_code));
+    return {};
   }
   std::vector<json> out;
   for (const auto& choice : chunk["choices"]) {
@@ -500,7 +511,16 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
           if (f.contains("name") && f["name"].is_string()) name = f["name"].get<std::string>();
           if (f.contains("arguments") && f["arguments"].is_string()) args = f["arguments"].get<std::string>();
         }
-        if (c.ended) continue;  // a late fragment for a call already closed
+        if (c.ended) {
+          // A fragment for a call already closed (another call came between): its repaired
+          // arguments went out whole, so the fragment can be neither added nor dropped.
+          if (args.empty() && name.empty()) continue;
+          s.fail("the engine sent more of tool call " + std::to_string(i) + " ('" + c.name +
+                     "') after the call had ended (a later call or the finish came between); its arguments "
+                     "were already sent whole",
+                 "tool_call_interleaved");
+          break;
+        }
         s.on_call_delta(c, name, args, tool_deltas);
         if (s.error) break;
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "policies/repair_count.hpp"
+#include "policies/token_math.hpp"
 
 namespace servedeck::policies {
 
@@ -10,7 +11,9 @@ using json = nlohmann::json;
 
 int64_t default_thinking_budget(int64_t cap, std::optional<int64_t> output_budget) {
   if (!output_budget) return cap;
-  return std::min(cap, *output_budget * 3 / 4);
+  // 3/4 of the budget without forming 3 × budget (which overflows past INT64_MAX / 3).
+  const int64_t b = *output_budget;
+  return std::min(cap, b / 4 * 3 + b % 4 * 3 / 4);
 }
 
 void apply_thinking_token_budget(json& body, RequestContext& ctx) {
@@ -29,14 +32,14 @@ void apply_thinking_token_budget(json& body, RequestContext& ctx) {
   if (!cap && config.extra.is_object() && config.extra.contains("thinking_token_budget")) {
     const auto& t = config.extra["thinking_token_budget"];
     if (t.is_object() && t.contains("default_max") && t["default_max"].is_number_integer()) {
-      cap = t["default_max"].get<int64_t>();
+      cap = integer_tokens(t["default_max"]);
     }
   }
   if (!cap) return;
   std::optional<int64_t> budget;
   for (const char* k : {"max_completion_tokens", "max_tokens"}) {
     if (body.contains(k) && body[k].is_number_integer()) {
-      budget = body[k].get<int64_t>();
+      budget = integer_tokens(body[k]);
       break;
     }
   }

@@ -1,11 +1,10 @@
 #include "policies/tool_call_repair.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "common/random_id.hpp"
 #include "policies/json_util.hpp"
 #include "policies/sanitize_tool_tags.hpp"
 #include "policies/tag_markup.hpp"
@@ -57,13 +56,7 @@ bool tool_call_repair_enabled(const registry::PolicyConfig& config) {
   return config.sanitize_tool_tags || config.coerce_tool_argument_types;
 }
 
-std::string new_tool_call_id() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "call_%016llx%08llx", static_cast<unsigned long long>(rng()),
-                static_cast<unsigned long long>(rng() & 0xffffffffull));
-  return buf;
-}
+std::string new_tool_call_id() { return random_id("call"); }
 
 NameResolution resolve_tool_name(std::string_view name, const std::vector<DeclaredTool>& tools, bool sanitize,
                                  WorkBudget* budget) {

@@ -1,15 +1,13 @@
 #include "gateway/admin/admin_api.hpp"
 
-#include <sys/stat.h>
-
 #include <atomic>
-#include <chrono>
-#include <fstream>
+#include <cstdio>
 #include <memory>
 #include <thread>
 
 #include "common/json_limits.hpp"
 #include "common/sse.hpp"
+#include "gateway/admin/log_follower.hpp"
 #include "gateway/supervisor/launch_log.hpp"
 
 namespace servedeck::admin {
@@ -54,31 +52,6 @@ void stream_operation(AdminContext& ctx, const Res& res,
 }
 
 std::atomic<int> g_followers{0};
-
-void follow_log(std::string path, int lines, Res res) {
-  std::string first = supervisor::tail_lines(path, lines);
-  if (!res->start_stream(200, "text/plain; charset=utf-8")) return;
-  if (!first.empty()) res->write(first + "\n");
-  auto size_of = [&path] {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : int64_t{0};
-  };
-  int64_t offset = size_of();
-  while (!res->client_gone()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    int64_t size = size_of();
-    if (size < offset) offset = 0;  // copy-truncated: start over at the new beginning
-    if (size == offset) continue;
-    std::ifstream f(path, std::ios::binary);
-    f.seekg(offset);
-    std::string chunk(static_cast<std::size_t>(size - offset), '\0');
-    f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    chunk.resize(static_cast<std::size_t>(f.gcount()));
-    offset += static_cast<int64_t>(chunk.size());
-    if (!chunk.empty() && !res->write(chunk)) break;
-  }
-  res->end();
-}
 
 int hex(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -179,10 +152,16 @@ std::vector<Route> admin_routes(AdminContext ctx) {
                                     "busy");
                         return;
                       }
-                      std::thread([path, lines, res] {
-                        follow_log(path, lines, res);
+                      try {
+                        std::thread([path, lines, res] {
+                          const std::string error = follow_log(path, lines, res);
+                          if (!error.empty()) std::fprintf(stderr, "servedeck: admin: %s\n", error.c_str());
+                          g_followers.fetch_sub(1);
+                        }).detach();
+                      } catch (const std::exception& e) {  // no thread to be had
                         g_followers.fetch_sub(1);
-                      }).detach();
+                        admin_error(*res, 503, std::string("cannot follow the log now: ") + e.what(), "busy");
+                      }
                     }});
 
   routes.push_back({"POST", "/admin/preflight", [c](http::Request req, Res res) {

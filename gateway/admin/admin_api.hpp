@@ -10,7 +10,9 @@
 //   GET  /admin/status    → application/json: Supervisor::status_json() + {"daemon": {...}}.
 //   GET  /admin/logs?model=M&lines=N&follow=1 → text/plain: the last N lines (default 100) of the
 //                         model's launch log (the current launch when model is empty); with
-//                         follow=1 the response stays open and new log bytes are sent as written.
+//                         follow=1 the response stays open and new log bytes are sent as written
+//                         (admin/log_follower.hpp: at most 1 MiB a read; a failure ends the stream
+//                         with a "servedeck: following … stopped: …" line and is logged).
 //   POST /admin/preflight {"model": "glm53"} → application/json {"report": {...}, "table": "..."}.
 //   GET  /admin/models    → application/json {"models": [{name, served_name, aliases, engine, ctx,
 //                         state}]}.

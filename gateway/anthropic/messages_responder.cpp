@@ -1,6 +1,7 @@
 #include "gateway/anthropic/messages_responder.hpp"
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
 
 namespace servedeck::gateway::anthropic {
 
@@ -54,8 +55,8 @@ MessagesResponder::MessagesResponder(std::shared_ptr<http::Responder> client,
                                      std::shared_ptr<const TranslatedRequest> request, std::string requested_model)
     : client_(std::move(client)),
       request_(std::move(request)),
-      request_id_(new_id("req")),
-      message_id_(new_id("msg")),
+      request_id_(random_id("req")),
+      message_id_(random_id("msg")),
       model_(std::move(requested_model)),
       translator_(message_id_, model_, *request_) {}
 
@@ -74,7 +75,12 @@ void MessagesResponder::send(int status, std::string, std::string body, http::He
                   std::move(extra_headers));
     return;
   }
-  const json msg = translate_completion(completion, message_id_, model_, *request_);
+  std::string why;
+  const json msg = translate_completion(completion, message_id_, model_, *request_, &why);
+  if (msg.is_null()) {
+    client_->send(502, "application/json", dump_safe(error_body("api_error", why)), std::move(extra_headers));
+    return;
+  }
   client_->send(200, "application/json", dump_safe(msg), std::move(extra_headers));
 }
 

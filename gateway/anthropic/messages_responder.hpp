@@ -1,7 +1,8 @@
 // The Messages bridge's response side as an http::Responder: the gateway's chat-completions
 // proxy writes its (normalised, policy-repaired) chat answer into this adapter, which turns it
 // into the Anthropic Messages shape for the real client responder:
-//   send(200, chat.completion)        → the message object (translate_completion)
+//   send(200, chat.completion)        → the message object (translate_completion); 502
+//                                       api_error when a tool call's arguments are no JSON object
 //   send(4xx/5xx, OpenAI envelope)    → the same status with Anthropic's envelope
 //                                       {"type":"error","error":{"type","message"}}
 //   start_stream + write(SSE chunks)  → message_start … message_stop, event by event

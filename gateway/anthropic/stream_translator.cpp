@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <mutex>
-#include <random>
+#include <optional>
+#include <string_view>
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
+#include "common/stream_limits.hpp"
 
 namespace servedeck::gateway::anthropic {
 
@@ -23,6 +25,10 @@ std::string string_field(const json& j, const char* key) {
   if (!j.is_object()) return {};
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool is_blank(std::string_view text) {
+  return text.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
 
 }  // namespace
@@ -58,19 +64,16 @@ json error_body(const std::string& type, const std::string& message) {
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 
-std::string new_id(const std::string& prefix) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%08llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b & 0xffffffffULL));
-  return prefix + "_" + buf;
+std::optional<std::string> tool_input_error(const std::string& name, const std::string& id, const std::string& arguments) {
+  if (arguments.empty()) return std::nullopt;  // a call without arguments: input {}
+  JsonError err;
+  const json input = parse_untrusted(arguments, &err);
+  if (input.is_object()) return std::nullopt;
+  const std::string why = input.is_discarded() ? err.message : std::string("a JSON ") + input.type_name() + ", not an object";
+  constexpr std::size_t k_excerpt = 200;
+  return "servedeck: the engine's arguments for tool call '" + name + "' (" + id + ") cannot be a tool_use input: " +
+         why + " (" + std::to_string(arguments.size()) + " bytes, beginning " + arguments.substr(0, k_excerpt) +
+         (arguments.size() > k_excerpt ? "…" : "") + ")";
 }
 
 StreamTranslator::StreamTranslator(std::string message_id, std::string model, const TranslatedRequest& request)
@@ -115,9 +118,9 @@ json StreamTranslator::block_json(const Block& b) const {
     case Kind::text:
       return {{"type", "text"}, {"text", b.text}};
     case Kind::tool_use: {
-      JsonError err;
-      json input = b.text.empty() ? json::object() : parse_untrusted(b.text, &err);
-      if (!input.is_object()) input = json::object();  // unparseable arguments: the policies found no repair
+      // Only a block whose arguments are a JSON object gets here (tool_input_error).
+      json input = b.text.empty() ? json::object() : parse_untrusted(b.text);
+      if (!input.is_object()) input = json::object();
       return {{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", std::move(input)}};
     }
   }
@@ -144,6 +147,7 @@ std::vector<StreamEvent> StreamTranslator::ping() {
 
 void StreamTranslator::open(Block block, std::vector<StreamEvent>& out) {
   close_open(out);
+  if (ended_) return;
   blocks_.push_back(std::move(block));
   open_ = static_cast<int>(blocks_.size()) - 1;
   const Block& b = blocks_.back();
@@ -159,16 +163,45 @@ void StreamTranslator::open(Block block, std::vector<StreamEvent>& out) {
 void StreamTranslator::close_open(std::vector<StreamEvent>& out) {
   if (open_ < 0) return;
   const Block& b = blocks_[static_cast<std::size_t>(open_)];
+  if (b.kind == Kind::tool_use) {
+    // The client parses the block's partial_json into `input` at content_block_stop: arguments
+    // that are no JSON object would look like a call they are not.
+    if (auto why = tool_input_error(b.name, b.id, b.text)) {
+      open_ = -1;
+      for (auto& e : fail("api_error", *why)) out.push_back(std::move(e));
+      return;
+    }
+  }
   if (b.kind == Kind::thinking)
     out.push_back(make("content_block_delta", {{"index", open_},
                                                {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature(b.text)}}}}));
   out.push_back(make("content_block_stop", {{"index", open_}}));
   open_ = -1;
+  held_blank_.clear();
 }
 
-void StreamTranslator::append(Kind kind, const std::string& text, std::vector<StreamEvent>& out) {
-  if (text.empty()) return;
+bool StreamTranslator::within_bound(std::size_t bytes, std::vector<StreamEvent>& out) {
+  text_bytes_ += bytes;
+  if (text_bytes_ <= k_max_stream_text_bytes) return true;
+  for (auto& e : fail("api_error", "servedeck: " + stream_text_bound_message())) out.push_back(std::move(e));
+  return false;
+}
+
+void StreamTranslator::append(Kind kind, const std::string& fragment, std::vector<StreamEvent>& out) {
+  if (fragment.empty() || !within_bound(fragment.size(), out)) return;
+  std::string text = fragment;
+  if (kind == Kind::text && open_ >= 0 && blocks_[static_cast<std::size_t>(open_)].kind == Kind::tool_use) {
+    // Engines send the whitespace between tool-call markup as content, even between two
+    // argument fragments of one call: it is held (the call stays open), and goes before the
+    // next text that is more than whitespace.
+    if (is_blank(text)) {
+      held_blank_ += text;
+      return;
+    }
+    text = held_blank_ + text;
+  }
   if (open_ < 0 || blocks_[static_cast<std::size_t>(open_)].kind != kind) open(Block{kind, "", "", ""}, out);
+  if (ended_) return;
   blocks_[static_cast<std::size_t>(open_)].text += text;
   json delta = kind == Kind::thinking ? json{{"type", "thinking_delta"}, {"thinking", text}}
                                       : json{{"type", "text_delta"}, {"text", text}};
@@ -187,7 +220,9 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
   std::string reasoning = string_field(delta, "reasoning_content");
   if (reasoning.empty()) reasoning = string_field(delta, "reasoning");
   append(Kind::thinking, reasoning, out);
+  if (ended_) return out;
   append(Kind::text, string_field(delta, "content"), out);
+  if (ended_) return out;
   if (auto calls = delta.find("tool_calls"); calls != delta.end() && calls->is_array()) {
     for (const auto& tc : *calls) {
       if (!tc.is_object()) continue;
@@ -196,14 +231,27 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
       auto found = tool_blocks_.find(index);
       if (found == tool_blocks_.end()) {
         std::string id = string_field(tc, "id");
-        if (id.empty()) id = new_id("toolu");
+        if (id.empty()) id = random_id("toolu");
         open(Block{Kind::tool_use, "", id, string_field(fn, "name")}, out);
+        if (ended_) return out;
         found = tool_blocks_.emplace(index, open_).first;
       }
       // Arguments only ever go into their own block while it is open (engines stream one call
-      // after another); a fragment for a call already closed is dropped.
+      // after another). A fragment for a call whose block is closed (text or another call came
+      // between) cannot be delivered — a block is never reopened — and is never dropped: the
+      // stream fails naming it.
       const std::string args = string_field(fn, "arguments");
-      if (args.empty() || found->second != open_) continue;
+      if (args.empty()) continue;
+      if (found->second != open_) {
+        const Block& closed = blocks_[static_cast<std::size_t>(found->second)];
+        for (auto& e : fail("api_error", "servedeck: the engine sent more arguments for tool call '" + closed.name + "' (" +
+                                             closed.id + ", content block " + std::to_string(found->second) +
+                                             ") after the block was closed by later output; a Messages stream cannot "
+                                             "reopen a block, and the call without them would be wrong"))
+          out.push_back(std::move(e));
+        return out;
+      }
+      if (!within_bound(args.size(), out)) return out;
       blocks_[static_cast<std::size_t>(open_)].text += args;
       out.push_back(make("content_block_delta", {{"index", open_},
                                                  {"delta", {{"type", "input_json_delta"}, {"partial_json", args}}}}));
@@ -218,6 +266,7 @@ std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out = start();
   if (ended_) return out;
   close_open(out);
+  if (ended_) return out;
   ended_ = true;
   const std::string reason = stop_reason();
   out.push_back(make("message_delta",
@@ -252,7 +301,7 @@ json StreamTranslator::message() const {
 }
 
 json translate_completion(const json& completion, const std::string& message_id, const std::string& model,
-                          const TranslatedRequest& request) {
+                          const TranslatedRequest& request, std::string* error) {
   StreamTranslator t(message_id, model, request);
   json chunk = {{"choices", json::array()}};
   if (completion.is_object() && completion.contains("usage")) chunk["usage"] = completion["usage"];
@@ -278,8 +327,13 @@ json translate_completion(const json& completion, const std::string& message_id,
       if (choice.contains(key)) c[key] = choice[key];
     chunk["choices"].push_back(std::move(c));
   }
-  (void)t.on_chunk(chunk);
-  (void)t.finish();
+  std::vector<StreamEvent> events = t.on_chunk(chunk);
+  for (auto& e : t.finish()) events.push_back(std::move(e));
+  if (t.failed()) {
+    for (const auto& e : events)
+      if (e.type == "error" && error) *error = string_field(e.data["error"], "message");
+    return nullptr;
+  }
   return t.message();
 }
 

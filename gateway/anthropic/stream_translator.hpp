@@ -15,6 +15,17 @@
 // message_stop over a dead engine). The block type is tracked per index: a delta is only ever
 // sent into an open block of its own type — text arriving while a tool_use block is open closes
 // it and opens a new text block ("Content block is not a text block" in clients otherwise).
+// Whitespace-only text while a tool_use block is open is held instead (engines send the newline
+// between tool-call markup as content, even between two argument fragments of one call): it
+// prefixes the next text that is more than whitespace, and is dropped when the block closes
+// otherwise (a whitespace-only text block is what Anthropic's API refuses when the client sends
+// the turn back: "text content blocks must contain non-whitespace text"). Arguments for a call
+// whose block was already closed end the stream with an error event: never dropped. A tool_use
+// block whose arguments are no JSON object (tool_input_error) ends the stream with an error
+// event instead of its content_block_stop: clients parse the arguments into `input`, and
+// neither `{}` nor a parse failure on their side is the call the engine made. The text kept for
+// message() is bounded by k_max_stream_text_bytes (common/stream_limits.hpp): past it, an error
+// event.
 // A non-streaming chat.completion runs through the same state machine (translate_completion).
 //
 // Thread-safety: one translator per response, used from one thread at a time.
@@ -22,6 +33,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +100,8 @@ class StreamTranslator {
   void open(Block block, std::vector<StreamEvent>& out);
   void close_open(std::vector<StreamEvent>& out);
   void append(Kind kind, const std::string& text, std::vector<StreamEvent>& out);
+  /// Counts `bytes` more kept text; past k_max_stream_text_bytes fails the stream (into `out`).
+  bool within_bound(std::size_t bytes, std::vector<StreamEvent>& out);
   nlohmann::json block_json(const Block& b) const;
   nlohmann::json usage_json() const;
   std::string stop_reason() const;
@@ -100,17 +114,24 @@ class StreamTranslator {
   std::map<int64_t, int> tool_blocks_;  // chat tool_calls index → block index
   std::string finish_reason_;
   std::string stop_string_;         // the engine's matched stop string (choice.stop_reason)
+  std::string held_blank_;          // whitespace-only text that came while a tool_use block was open
+  std::size_t text_bytes_ = 0;      // text kept in blocks_ and held_blank_, bytes (≤ k_max_stream_text_bytes)
   nlohmann::json usage_;            // upstream usage (chat shape), null when none
   bool started_ = false;
   bool ended_ = false;
   bool failed_ = false;
 };
 
-/// Translates a whole chat.completion into a Messages message object.
-nlohmann::json translate_completion(const nlohmann::json& completion, const std::string& message_id,
-                                    const std::string& model, const TranslatedRequest& request);
+/// Why a tool call's accumulated `arguments` cannot be a tool_use `input` (they are neither
+/// empty nor a JSON object: malformed, nested deeper than k_max_json_depth, or another JSON
+/// type), naming the call and quoting the first 200 bytes; nullopt when they can.
+std::optional<std::string> tool_input_error(const std::string& name, const std::string& id, const std::string& arguments);
 
-/// A fresh id with `prefix` ("msg", "toolu", "req") and 24 random hex digits.
-std::string new_id(const std::string& prefix);
+/// Translates a whole chat.completion into a Messages message object. Returns null, with the
+/// reason in `*error` (when given), when the completion cannot be one: a tool call whose
+/// arguments are no JSON object (tool_input_error) — the gateway answers 502.
+nlohmann::json translate_completion(const nlohmann::json& completion, const std::string& message_id,
+                                    const std::string& model, const TranslatedRequest& request,
+                                    std::string* error = nullptr);
 
 }  // namespace servedeck::gateway::anthropic

@@ -28,6 +28,7 @@
 #include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
 #include "gateway/cli/serve_state.hpp"
+#include "gateway/server/descriptor_limit.hpp"
 #include "gateway/server/gateway.hpp"
 #include "gateway/service/notify.hpp"
 #include "gateway/state/store.hpp"
@@ -157,6 +158,11 @@ int cmd_serve(const Args& a) {
     gateway::GatewayOptions gopt;
     gopt.host = reg.server.listen_host;
     gopt.port = reg.server.listen_port;
+    {
+      const gateway::DescriptorLimit fds = gateway::raise_descriptor_limit();
+      gopt.max_connections = gateway::connections_for_descriptors(fds.soft, http::ServerOptions{}.max_connections);
+      log_line(gateway::describe(fds, gopt.max_connections));
+    }
     gopt.admin_token = admin_token;
     gopt.admin_token_path = admin::admin_token_path(dir);
     // restore_reasoning's memory of each answer's reasoning, shared by every request (declared

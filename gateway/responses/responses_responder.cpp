@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
 
 namespace servedeck::gateway::responses {
 
@@ -13,7 +14,7 @@ ResponsesResponder::ResponsesResponder(std::shared_ptr<http::Responder> client,
                                        StoreTurn store_turn)
     : client_(std::move(client)),
       request_(std::move(request)),
-      id_(new_id("resp")),
+      id_(random_id("resp")),
       translator_(id_, std::move(requested_model), static_cast<int64_t>(std::time(nullptr)), *request_),
       store_turn_(std::move(store_turn)) {}
 

@@ -1,10 +1,9 @@
 #include "gateway/responses/stream_translator.hpp"
 
-#include <cstdio>
-#include <mutex>
-#include <random>
 
 #include "common/json_limits.hpp"
+#include "common/random_id.hpp"
+#include "common/stream_limits.hpp"
 
 namespace servedeck::gateway::responses {
 
@@ -17,21 +16,6 @@ std::string StreamEvent::to_sse() const {
   out += dump_safe(data);
   out += "\n\n";
   return out;
-}
-
-std::string new_id(const std::string& prefix) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%08llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b & 0xffffffffULL));
-  return prefix + "_" + buf;
 }
 
 StreamTranslator::StreamTranslator(std::string response_id, std::string model, int64_t created_at,
@@ -148,7 +132,15 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
       break;
     }
   }
+  // Every byte kept in items_ (for response() and the stored turn) counts against one bound.
+  auto within_bound = [&](std::size_t bytes) {
+    text_bytes_ += bytes;
+    if (text_bytes_ <= k_max_stream_text_bytes) return true;
+    for (auto& e : fail("stream_too_large", stream_text_bound_message())) out.push_back(std::move(e));
+    return false;
+  };
   if (!reasoning.empty()) {
+    if (!within_bound(reasoning.size())) return out;
     if (current_ < 0 || items_[static_cast<std::size_t>(current_)].kind != ItemKind::reasoning)
       open_item(ItemKind::reasoning, out);
     OpenItem& item = items_[static_cast<std::size_t>(current_)];
@@ -158,6 +150,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
   }
   if (delta.contains("content") && delta["content"].is_string() && !delta["content"].get<std::string>().empty()) {
     const std::string text = delta["content"].get<std::string>();
+    if (!within_bound(text.size())) return out;
     if (current_ < 0 || items_[static_cast<std::size_t>(current_)].kind != ItemKind::message)
       open_item(ItemKind::message, out);
     OpenItem& item = items_[static_cast<std::size_t>(current_)];
@@ -192,6 +185,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
       OpenItem& item = items_[static_cast<std::size_t>(found->second)];
       if (fn.contains("arguments") && fn["arguments"].is_string() && !fn["arguments"].get<std::string>().empty()) {
         const std::string args = fn["arguments"].get<std::string>();
+        if (!within_bound(args.size())) return out;
         item.text += args;
         out.push_back(make("response.function_call_arguments.delta",
                            {{"item_id", item.id}, {"output_index", item.output_index}, {"delta", args}}));

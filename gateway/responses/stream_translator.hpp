@@ -10,7 +10,8 @@
 //     function:  response.function_call_arguments.delta… / .done
 //   response.output_item.done,
 //   and last exactly one of response.completed, response.incomplete (finish "length"), or
-//   response.failed (any upstream failure, at any point: field case G32).
+//   response.failed (any upstream failure, at any point: field case G32; and an answer whose
+//   text passes k_max_stream_text_bytes, common/stream_limits.hpp: code stream_too_large).
 // A non-streaming chat.completion is translated through the same state machine
 // (translate_completion), so both paths produce the same output items.
 //
@@ -94,6 +95,7 @@ class StreamTranslator {
   std::map<int, int> tool_index_;     // chat tool_calls index → items_ index
   std::string finish_reason_;
   nlohmann::json usage_;              // upstream usage (chat shape), null when none
+  std::size_t text_bytes_ = 0;        // text kept in items_, bytes (≤ k_max_stream_text_bytes)
   std::string status_ = "in_progress";
   nlohmann::json error_;              // set by fail()
   bool ended_ = false;
@@ -103,8 +105,5 @@ class StreamTranslator {
 nlohmann::json translate_completion(const nlohmann::json& completion, const std::string& response_id,
                                     const std::string& model, int64_t created_at,
                                     const TranslatedRequest& request);
-
-/// A fresh id with `prefix` ("resp", "msg", "rs", "fc") and 24 random hex digits.
-std::string new_id(const std::string& prefix);
 
 }  // namespace servedeck::gateway::responses

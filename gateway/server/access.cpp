@@ -172,20 +172,32 @@ Plane plane_of(std::string_view path) {
 std::string host_of_authority(std::string_view authority) {
   std::string a = lower(trim(authority));
   if (a.empty()) return "";
-  std::string host;
+  std::string host, port;
   if (a.front() == '[') {
     auto close = a.find(']');
     if (close == std::string::npos) return "";
     std::string rest = a.substr(close + 1);
     if (!rest.empty() && rest.front() != ':') return "";
     host = a.substr(1, close - 1);
+    if (!rest.empty()) port = rest.substr(1);
+    // An IPv6 literal: hex digits, ':' and '.' (an embedded IPv4 address), nothing else.
+    if (host.empty() || host.find_first_not_of("0123456789abcdef:.") != std::string::npos) return "";
   } else if (std::count(a.begin(), a.end(), ':') > 1) {
     host = a;  // a bare IPv6 address (no port can be told apart)
+    if (host.find_first_not_of("0123456789abcdef:.") != std::string::npos) return "";
   } else {
-    host = a.substr(0, a.find(':'));
+    const auto colon = a.find(':');
+    host = a.substr(0, colon);
+    if (colon != std::string::npos) port = a.substr(colon + 1);
+    // A registered name or an IPv4 address: letters, digits, '-', '.' and '_' only. Userinfo
+    // ("localhost:80@evil.example" names evil.example), percent-escapes, paths and the
+    // sub-delimiters a browser would never put in a Host are all refused.
+    if (host.empty() || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-._") != std::string::npos)
+      return "";
   }
+  // The port: empty (RFC 3986 allows "host:") or up to five digits.
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return "";
   if (!host.empty() && host.back() == '.') host.pop_back();
-  if (host.find_first_of("/@ \t") != std::string::npos) return "";
   return host;
 }
 

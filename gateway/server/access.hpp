@@ -53,7 +53,9 @@ Plane plane_of(std::string_view path);
 std::optional<http::HeadRejection> check_access(const AccessRules& rules, const http::Request& head);
 
 /// The host part of a Host header value or URL authority, lower-cased, without port, brackets
-/// or a trailing dot: "LocalHost.:8090" → "localhost", "[::1]:8090" → "::1". "" when malformed.
+/// or a trailing dot: "LocalHost.:8090" → "localhost", "[::1]:8090" → "::1". "" when malformed:
+/// any character not valid in host[:port] — userinfo ("localhost:80@evil.example"), '%',
+/// '/', spaces, sub-delimiters — a port that is not up to five digits, or an empty host.
 std::string host_of_authority(std::string_view authority);
 
 /// True for an IPv4 or IPv6 address literal (no brackets, no port).

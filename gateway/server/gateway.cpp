@@ -104,6 +104,7 @@ Gateway::Gateway(const registry::Registry& reg, state::Store& store, SlotControl
   so.host = im.opt.host;
   so.port = im.opt.port;
   so.threads = im.opt.threads;
+  so.max_connections = im.opt.max_connections;
   so.max_body_bytes = reg.server.max_body_bytes;
   so.head_check = [rules = access_rules(reg, im.opt)](const http::Request& head) {
     auto refusal = check_access(rules, head);

@@ -45,6 +45,9 @@ struct GatewayOptions {
   int retry_after_s = 30;      // Retry-After on 503 (queue full, queue timeout, model loading)
   std::string admin_token;     // bearer token of the /admin routes; empty = admin plane closed (403)
   std::string admin_token_path;  // the file the CLI reads it from (named in 401 messages)
+  /// Client connections at once; above → 503 too_many_connections. `servedeck serve` fits it to
+  /// the descriptor limit (descriptor_limit.hpp).
+  std::size_t max_connections = 4096;
 };
 
 class Gateway {

@@ -37,9 +37,21 @@ void Metrics::count_request(std::string_view model, int status) {
   ++requests_[{std::string(model), status}];
 }
 
+std::string metric_label_value(std::string_view v, std::size_t max_bytes) {
+  std::string out(v.substr(0, max_bytes));
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '_';
+  return out;
+}
+
 void Metrics::count_error(std::string_view model, std::string_view code) {
+  std::string label = metric_label_value(code, k_max_label_bytes);
   std::lock_guard lk(mu_);
-  ++errors_[{std::string(model), std::string(code)}];
+  if (!error_codes_.count(label)) {
+    if (error_codes_.size() >= k_max_error_codes) label = "other";
+    else error_codes_.insert(label);
+  }
+  ++errors_[{std::string(model), std::move(label)}];
 }
 
 void Metrics::observe(Histogram& h, double v) {
@@ -83,7 +95,7 @@ void Metrics::count_repair(std::string_view policy, std::string_view model) {
 }
 
 void Metrics::count_unserved(std::string_view path) {
-  std::string key(path.substr(0, 128));
+  std::string key = metric_label_value(path, 128);
   std::lock_guard lk(mu_);
   auto it = unserved_.find(key);
   if (it == unserved_.end() && unserved_.size() >= k_max_unserved_paths) it = unserved_.try_emplace("other", 0).first;
@@ -101,6 +113,12 @@ int64_t Metrics::requests(std::string_view model, int status) const {
   std::lock_guard lk(mu_);
   auto it = requests_.find({std::string(model), status});
   return it == requests_.end() ? 0 : it->second;
+}
+
+int64_t Metrics::errors(std::string_view model, std::string_view code) const {
+  std::lock_guard lk(mu_);
+  auto it = errors_.find({std::string(model), std::string(code)});
+  return it == errors_.end() ? 0 : it->second;
 }
 
 int64_t Metrics::repairs(std::string_view policy, std::string_view model) const {

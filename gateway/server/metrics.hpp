@@ -3,6 +3,8 @@
 //
 //   servedeck_requests_total{model,status}           counter   requests answered, by base model and HTTP status
 //   servedeck_request_errors_total{model,code}       counter   requests that ended with an error, by error code
+//                                                              (the first k_max_error_codes distinct codes,
+//                                                              later ones under code="other")
 //   servedeck_ttft_seconds{model}                    histogram time to first token (first output event), seconds
 //   servedeck_decode_tokens_per_second{model}        histogram completion tokens / (total − TTFT), tok/s
 //   servedeck_in_flight_requests                     gauge     requests being proxied now
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -35,7 +38,16 @@ class Metrics {
   Metrics();
 
   void count_request(std::string_view model, int status);
+  /// A request that ended with error `code` (servedeck's own, or whatever the engine sent). The
+  /// label set is bounded: codes are cut at k_max_label_bytes with bytes outside printable ASCII
+  /// written as '_' (metric_label_value), and past k_max_error_codes distinct codes every new one
+  /// counts under "other".
   void count_error(std::string_view model, std::string_view code);
+  int64_t errors(std::string_view model, std::string_view code) const;
+  /// note: servedeck's own codes (gateway, bridges, policies) are about 60; 128 leaves room for
+  /// an engine's few while an engine that invents a code per error cannot grow the exposition.
+  static constexpr std::size_t k_max_error_codes = 128;
+  static constexpr std::size_t k_max_label_bytes = 64;
   void observe_ttft(std::string_view model, double seconds);
   void observe_decode_rate(std::string_view model, double tokens_per_second);
   void add_in_flight(int delta);
@@ -43,8 +55,8 @@ class Metrics {
   /// The repair counter policies call (policies::RepairCounter has this signature).
   void count_repair(std::string_view policy, std::string_view model);
   /// A request to a path no route serves (a client pointed at an API the gateway lacks). The
-  /// label set is bounded: paths are cut at 128 bytes, and past k_max_unserved_paths distinct
-  /// paths every new one counts under "other".
+  /// label set is bounded: paths are cut at 128 bytes (metric_label_value), and past
+  /// k_max_unserved_paths distinct paths every new one counts under "other".
   void count_unserved(std::string_view path);
   int64_t unserved(std::string_view path) const;
   static constexpr std::size_t k_max_unserved_paths = 32;
@@ -69,6 +81,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::pair<std::string, std::string>, int64_t> errors_;
+  std::set<std::string> error_codes_;  // distinct code labels in errors_ ("other" aside)
   std::map<std::pair<std::string, std::string>, int64_t> repairs_;
   std::map<std::string, int64_t, std::less<>> unserved_;
   std::map<std::string, Histogram, std::less<>> ttft_;
@@ -79,7 +92,14 @@ class Metrics {
   int64_t queued_ = 0;
 };
 
-/// Escapes a Prometheus label value (backslash, double quote, newline).
+/// Escapes a Prometheus label value: backslash, double quote and line feed, the three the text
+/// format requires escaped (exposition format 0.0.4, "label_value").
 std::string prometheus_escape(std::string_view v);
+
+/// A label value from outside text (an engine's error code, a request path): its first
+/// `max_bytes` bytes, each byte outside printable ASCII (controls, DEL, bytes of multi-byte or
+/// invalid UTF-8) written as '_', so the value is valid UTF-8 and one line; prometheus_escape
+/// still escapes it when rendered.
+std::string metric_label_value(std::string_view v, std::size_t max_bytes);
 
 }  // namespace servedeck::gateway

@@ -74,11 +74,13 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     armed_ms_ = ms;
     timer_.async_wait([self = shared_from_this(), gen = ++timer_gen_](error_code ec) {
       if (ec || gen != self->timer_gen_ || self->done_) return;
-      std::string what = self->armed_kind_ == UpstreamFailure::connect_timeout    ? "connect"
-                         : self->armed_kind_ == UpstreamFailure::first_byte_timeout ? "the first byte"
-                                                                                    : "the next event";
-      self->finish(self->armed_kind_, "no " + what + " from the engine within " + std::to_string(self->armed_ms_) +
-                                          " ms (" + self->where() + ")");
+      const std::string within = std::to_string(self->armed_ms_) + " ms";
+      std::string what = self->armed_kind_ == UpstreamFailure::connect_timeout
+                             ? "could not connect to the engine within " + within
+                         : self->armed_kind_ == UpstreamFailure::first_byte_timeout
+                             ? "no first byte from the engine within " + within
+                             : "no event from the engine within " + within + " of the last one";
+      self->finish(self->armed_kind_, what + " (" + self->where() + ")");
     });
   }
 

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include "policies/fit_output_budget.hpp"
 #include "tests/policies/policy_test_support.hpp"
 
@@ -74,4 +77,29 @@ TEST_CASE("budget_may_overflow decides whether the prompt must be counted (a byt
   CHECK(rp.wants_prompt_tokens(small));
   small["max_tokens"] = 100;
   CHECK_FALSE(rp.wants_prompt_tokens(small));
+}
+
+TEST_CASE("budgets near INT64_MAX and hostile prompt counts saturate instead of overflowing") {
+  // Regression: max_tokens near INT64_MAX plus the prompt's bound overflowed (UB; in practice
+  // negative: "fits", so the budget went to the engine uncounted), and a budget above INT64_MAX
+  // (kept unsigned by the parser) read as -1.
+  constexpr int64_t big = std::numeric_limits<int64_t>::max();
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", big}};
+  CHECK(budget_may_overflow(body, 16384));
+  body["max_tokens"] = std::numeric_limits<uint64_t>::max();
+  CHECK(budget_may_overflow(body, 16384));
+  CHECK(fitted_budget(big, 256, 16384, std::numeric_limits<int64_t>::min()) == big);  // ctx − prompt saturates
+  CHECK(fitted_budget(big, 256, 16384, 6000) == 10384);
+
+  auto m = small_model();
+  Counter counter;
+  RequestContext ctx;
+  ctx.model = &m;
+  ctx.count_repair = counter.fn();
+  ctx.prompt_tokens = 6000;
+  apply_fit_output_budget(body, ctx);
+  CHECK(body["max_tokens"] == 10384);
+  json signed_big = {{"max_tokens", big}};
+  apply_fit_output_budget(signed_big, ctx);
+  CHECK(signed_big["max_tokens"] == 10384);
 }

@@ -3,6 +3,9 @@
 // reasoning dialects, echoed-history sanitising.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include "policies/effort_presets.hpp"
 #include "policies/min_output_tokens.hpp"
 #include "policies/pipeline.hpp"
@@ -183,6 +186,21 @@ TEST_CASE("thinking_token_budget: preset default min(10000, 75% of the stated bu
   json b2 = user_body();
   b2["thinking_token_budget"] = 500;
   CHECK_FALSE(unsupported.run(b2).contains("thinking_token_budget"));
+}
+
+TEST_CASE("min_output_tokens and thinking_token_budget saturate on budgets near INT64_MAX and hostile prompt counts") {
+  // Regression: budget × 3 overflowed (UB) for budgets past INT64_MAX / 3, ctx − prompt for a
+  // hostile count, and a budget above INT64_MAX read as -1 ("below the floor": raised).
+  constexpr int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK(default_thinking_budget(10000, big) == 10000);
+  CHECK(default_thinking_budget(big, big) == big / 4 * 3 + 2);  // floor(3 × big / 4)
+  CHECK(default_thinking_budget(10000, 13) == 9);                // floor(39 / 4), as before
+  CHECK(raised_budget(200, 8192, 327680, std::numeric_limits<int64_t>::min()) == 8192);
+  CHECK(raised_budget(200, 8192, 327680, big) == 200);
+  json huge = {{"max_tokens", std::numeric_limits<uint64_t>::max()}};
+  CHECK_FALSE(budget_below_floor(huge, 8192));
+  huge["max_tokens"] = big;
+  CHECK_FALSE(budget_below_floor(huge, 8192));
 }
 
 TEST_CASE("G16: unsupported enable_thinking:false is rewritten onto the lowest accepted effort") {

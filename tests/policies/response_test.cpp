@@ -3,6 +3,7 @@
 // mirror_content, model echo.
 #include <doctest/doctest.h>
 
+#include "common/stream_limits.hpp"
 #include "policies/pipeline.hpp"
 #include "policy_test_support.hpp"
 
@@ -464,4 +465,41 @@ TEST_CASE("policies off: a response passes through unchanged apart from the echo
   auto a = assemble(out);
   CHECK(a.calls[0]["arguments"] == "{\"path</arg_key>\": \"/Users/user/Desktop/project\"}");
   CHECK(r.counter.counts.empty());
+}
+
+TEST_CASE("a fragment for a tool call that already ended fails the stream (never dropped)") {
+  // Call 0 ends when call 1 starts (its repaired arguments are sent whole); a later fragment of
+  // call 0 can be neither added nor dropped.
+  Resp r;
+  auto ctx = r.ctx(tools_request(kSearchTools));
+  StreamPipeline p(ctx);
+  json second = args_chunk("{\"query\":\"b\"}", "search", "c2");
+  second["choices"][0]["delta"]["tool_calls"][0]["index"] = 1;
+  (void)p.on_chunk(args_chunk("{\"query\":\"a", "search", "c1"));
+  (void)p.on_chunk(second);
+  CHECK_FALSE(p.error().has_value());
+  (void)p.on_chunk(args_chunk("\"}"));
+  REQUIRE(p.error().has_value());
+  CHECK(p.error()->code == "tool_call_interleaved");
+  CHECK(p.error()->message.find("tool call 0 ('search')") != std::string::npos);
+  std::optional<PolicyError> err;
+  CHECK(p.finish(err).empty());
+  CHECK(err.has_value());
+}
+
+TEST_CASE("a stream past k_max_stream_text_bytes fails with stream_too_large instead of growing without bound") {
+  // content_all and reasoning_all keep the whole stream for the repairs.
+  Resp r;
+  auto ctx = r.ctx(tools_request(kSearchTools));
+  StreamPipeline p(ctx);
+  const json piece = chunk({{"reasoning_content", std::string(std::size_t{16} << 20, 'x')}});
+  std::size_t sent = 0;
+  while (!p.error() && sent <= k_max_stream_text_bytes) {
+    (void)p.on_chunk(piece);
+    sent += std::size_t{16} << 20;
+  }
+  REQUIRE(p.error().has_value());
+  CHECK(p.error()->code == k_stream_too_large_code);
+  CHECK(p.error()->message.find("256 MiB") != std::string::npos);
+  CHECK(sent >= k_max_stream_text_bytes);  // the chunks' JSON counts too, so 256 MiB of text is past it
 }

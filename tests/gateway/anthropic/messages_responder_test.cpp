@@ -117,9 +117,10 @@ TEST_CASE("a chat event larger than an engine's event ends the Messages stream w
     r.write(chunk({{"role", "assistant"}, {"content", "Hel"}}));
     r.write(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_1"}, {"type", "function"},
                                                 {"function", {{"name", "write"}, {"arguments", ""}}}}})}}));
-    r.write("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"" +
-            std::string(size, 'x'));
-    r.write("\"}}]}}]}\n\n" + chunk(json::object(), "tool_calls") + std::string(sse::k_done));
+    // The arguments {"content": "xxx…"}, as the event's JSON string.
+    r.write("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":"
+            "\"{\\\"content\\\": \\\"" + std::string(size, 'x'));
+    r.write("\\\"}\"}}]}}]}\n\n" + chunk(json::object(), "tool_calls") + std::string(sse::k_done));
     r.end();
     const std::string types = client->types();
     CAPTURE(types);
@@ -159,4 +160,20 @@ TEST_CASE("a non-streamed chat completion is answered as a message object") {
   CHECK(msg["content"] == json::array({{{"type", "text"}, {"text", "Hello."}}}));
   CHECK(msg["stop_reason"] == "end_turn");
   CHECK(msg["usage"]["output_tokens"] == 2);
+}
+
+TEST_CASE("a non-streamed tool call whose arguments do not parse is answered 502 naming the call") {
+  auto client = std::make_shared<RecordingResponder>();
+  MessagesResponder r(client, std::make_shared<TranslatedRequest>(), "tiny-chat");
+  r.send(200, "application/json",
+         R"({"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,)"
+         R"("tool_calls":[{"id":"call_x","type":"function","function":{"name":"Read","arguments":"{\"file_path\": \"/a"}}]}}]})");
+  CHECK(client->status == 502);
+  json e = json::parse(client->body);
+  CHECK(e["type"] == "error");
+  CHECK(e["error"]["type"] == "api_error");
+  const std::string message = e["error"]["message"];
+  CHECK(message.find("tool call 'Read' (call_x)") != std::string::npos);
+  CHECK(message.find("{\"file_path\": \"/a") != std::string::npos);
+  CHECK_FALSE(client->header("request-id").empty());
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_limits.hpp"
 #include "gateway/anthropic/stream_translator.hpp"
 
 using namespace servedeck::gateway::anthropic;
@@ -98,6 +99,65 @@ TEST_CASE("text after an open tool_use block opens a new text block: no text_del
   }
 }
 
+TEST_CASE("whitespace content between two argument fragments of one call is held: the arguments stay whole") {
+  // Regression: header + `{"content": `, content "\n", then `"abc"}` closed the tool_use block at
+  // the newline and dropped the rest of the arguments; the client got invalid partial_json and
+  // a clean message_stop.
+  TranslatedRequest req;
+  StreamTranslator t("msg_ws", "m", req);
+  auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": "}}, "call_w")),
+                        chunk({{"content", "\n"}}), chunk(tool_delta(0, {{"arguments", "\"abc\"}"}})),
+                        chunk({{"content", " \n"}}), chunk(json::object(), "tool_calls")});
+  CHECK(shape(events) ==
+        "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, "
+        "content_block_delta:input_json_delta@0, content_block_stop@0, message_delta, message_stop");
+  std::string partial;
+  for (const auto& e : events)
+    if (e.type == "content_block_delta") partial += e.data["delta"]["partial_json"].get<std::string>();
+  CHECK(json::parse(partial) == json{{"content", "abc"}});
+  json msg = t.message();
+  REQUIRE(msg["content"].size() == 1);
+  CHECK(msg["content"][0]["input"] == json{{"content", "abc"}});
+}
+
+TEST_CASE("held whitespace goes before the next real text, in a text block of its own index") {
+  TranslatedRequest req;
+  StreamTranslator t("msg_ws2", "m", req);
+  auto events = run(t, {chunk(tool_delta(0, {{"name", "Bash"}, {"arguments", "{}"}}, "call_1")), chunk({{"content", "\n\n"}}),
+                        chunk({{"content", "Done."}}), chunk(json::object(), "tool_calls")});
+  CHECK(shape(events) ==
+        "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, content_block_stop@0, "
+        "content_block_start:text@1, content_block_delta:text_delta@1, content_block_stop@1, message_delta, message_stop");
+  CHECK(t.message()["content"][1]["text"] == "\n\nDone.");
+}
+
+TEST_CASE("arguments for a call whose block was closed end the stream with an error event, never dropped") {
+  TranslatedRequest req;
+  SUBCASE("closed by text") {
+    // (Arguments cut short where the text closes the block are an error there already: see
+    // "tool arguments that are no JSON object".)
+    StreamTranslator t("msg_late", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "Write"}, {"arguments", "{\"content\": \"a\"}"}}, "call_w")),
+                          chunk({{"content", "oops"}}), chunk(tool_delta(0, {{"arguments", "{\"mode\": \"x\"}"}})),
+                          chunk(json::object(), "tool_calls")});
+    CHECK(shape(events) ==
+          "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, content_block_stop@0, "
+          "content_block_start:text@1, content_block_delta:text_delta@1, error");
+    CHECK(t.failed());
+    const std::string message = events.back().data["error"]["message"];
+    CHECK(message.find("'Write' (call_w, content block 0)") != std::string::npos);
+  }
+  SUBCASE("closed by the next call") {
+    StreamTranslator t("msg_late2", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "a"}, {"arguments", "{\"x\":1}"}}, "call_a")),
+                          chunk(tool_delta(1, {{"name", "b"}, {"arguments", "{}"}}, "call_b")),
+                          chunk(tool_delta(0, {{"arguments", "{\"y\":2}"}})), chunk(json::object(), "tool_calls")});
+    CHECK(events.back().type == "error");
+    CHECK(events.back().data["error"]["message"].get<std::string>().find("'a' (call_a, content block 0)") != std::string::npos);
+    CHECK(t.failed());
+  }
+}
+
 TEST_CASE("message_start comes exactly once, however often start() or ping() is called") {
   TranslatedRequest req;
   StreamTranslator t("msg_3", "m", req);
@@ -171,4 +231,50 @@ TEST_CASE("the thinking signature is stable and differs between texts; error typ
   CHECK(error_type_for_status(502) == "api_error");
   CHECK(error_type_for_status(503) == "overloaded_error");
   CHECK(error_type_for_status(529) == "overloaded_error");
+}
+
+TEST_CASE("tool arguments that are no JSON object are an error, never input {}") {
+  // Regression: unparseable (or too deeply nested) arguments became `input: {}`, a call that
+  // looks right and is not the one the engine made.
+  TranslatedRequest req;
+  const std::string deep = "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}";
+  for (const std::string& args : {std::string("{\"command\": \"ls"), std::string("[1, 2]"), deep}) {
+    CAPTURE(args.substr(0, 40));
+    json completion = {{"choices", json::array({{{"index", 0}, {"finish_reason", "tool_calls"},
+                                                 {"message", {{"role", "assistant"},
+                                                              {"tool_calls", json::array({{{"id", "call_b"}, {"type", "function"},
+                                                                                           {"function", {{"name", "Bash"}, {"arguments", args}}}}})}}}}})}};
+    std::string why;
+    CHECK(translate_completion(completion, "msg_b", "m", req, &why).is_null());
+    CHECK(why.find("tool call 'Bash' (call_b)") != std::string::npos);
+    CHECK(why.find(args.substr(0, 10)) != std::string::npos);
+
+    StreamTranslator t("msg_bs", "m", req);
+    auto events = run(t, {chunk(tool_delta(0, {{"name", "Bash"}, {"arguments", args}}, "call_b")), chunk(json::object(), "tool_calls")});
+    CHECK(shape(events) == "message_start, content_block_start:tool_use@0, content_block_delta:input_json_delta@0, error");
+    CHECK(t.failed());
+  }
+  CHECK(tool_input_error("Bash", "c", deep)->find("nested deeper than 256") != std::string::npos);
+  CHECK(tool_input_error("Bash", "c", "[1]")->find("a JSON array, not an object") != std::string::npos);
+  CHECK_FALSE(tool_input_error("Bash", "c", "").has_value());
+  CHECK_FALSE(tool_input_error("Bash", "c", "{\"a\": 1}").has_value());
+}
+
+TEST_CASE("an answer past k_max_stream_text_bytes ends with an error event, never cut silently") {
+  TranslatedRequest req;
+  StreamTranslator t("msg_big", "m", req);
+  (void)t.start();
+  const json piece = chunk({{"content", std::string(std::size_t{16} << 20, 'x')}});
+  std::vector<StreamEvent> last;
+  std::size_t sent = 0;
+  while (!t.ended() && sent <= servedeck::k_max_stream_text_bytes) {
+    last = t.on_chunk(piece);
+    sent += std::size_t{16} << 20;
+  }
+  REQUIRE(t.failed());
+  CHECK(sent > servedeck::k_max_stream_text_bytes);
+  REQUIRE_FALSE(last.empty());
+  CHECK(last.back().type == "error");
+  CHECK(last.back().data["error"]["message"].get<std::string>().find("256 MiB") != std::string::npos);
+  CHECK(t.finish().empty());  // no message_stop after it
 }

@@ -280,6 +280,7 @@ class Daemon {
     std::string server_extra;                 // more [server] lines
     std::map<std::string, std::string> env;   // the daemon's extra environment
     bool wait_ready = true;                   // wait for default_model to be ready
+    std::string shell_prefix;                 // sh commands run before exec'ing the daemon ("ulimit -n 300")
   };
 
   explicit Daemon(Options o) : opt_(std::move(o)) {
@@ -307,8 +308,13 @@ class Daemon {
   void start(int listen_timeout_ms = 20000) {
     log_fd_ = ::open((dir_ + "/daemon.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     fs::remove(dir_ + "/state/daemon.json");
-    proc_ = servedeck::supervisor::EngineProcess::spawn(
-        {SERVEDECK_CLI, {SERVEDECK_CLI, "--config", config_, "serve"}, opt_.env, log_fd_});
+    std::vector<std::string> argv = {SERVEDECK_CLI, "--config", config_, "serve"};
+    std::string program = SERVEDECK_CLI;
+    if (!opt_.shell_prefix.empty()) {
+      program = "/bin/sh";
+      argv.insert(argv.begin(), {"sh", "-c", opt_.shell_prefix + " && exec \"$0\" \"$@\""});
+    }
+    proc_ = servedeck::supervisor::EngineProcess::spawn({program, argv, opt_.env, log_fd_});
     REQUIRE_MESSAGE(sdtest::wait_for([&] { return fs::exists(dir_ + "/state/daemon.json"); }, listen_timeout_ms), log());
     auto info = json::parse(std::ifstream(dir_ + "/state/daemon.json"), nullptr, false);
     REQUIRE(info.is_object());

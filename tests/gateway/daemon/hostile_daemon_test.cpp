@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/gateway/daemon/daemon_rig.hpp"
@@ -245,9 +247,12 @@ TEST_CASE("hostile: duplicate keys are read one way, the same by the gateway and
 
 TEST_CASE("hostile: HEAD and OPTIONS on every route never run a handler's action") {
   Daemon d(hostile());
-  const std::vector<std::string> routes = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models",
-                                           "/health", "/metrics", "/admin/switch", "/admin/stop", "/admin/status",
-                                           "/admin/logs", "/admin/preflight", "/admin/models", "/nope"};
+  const std::vector<std::string> routes = {"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                           "/v1/messages", "/v1/messages/count_tokens", "/v1/models",
+                                           "/v1/models/h-served", "/health", "/metrics", "/admin/switch",
+                                           "/admin/stop", "/admin/status", "/admin/logs", "/admin/preflight",
+                                           "/admin/models", "/nope"};
+  const std::size_t engine_requests = d.engine_log().size();
   for (const auto& path : routes) {
     for (const std::string method : {"HEAD", "OPTIONS"}) {
       CAPTURE(method + " " + path);
@@ -266,6 +271,7 @@ TEST_CASE("hostile: HEAD and OPTIONS on every route never run a handler's action
     }
   }
   CHECK(d.wait_model("h", 2000));  // neither /admin/stop nor /admin/switch ran
+  CHECK(d.engine_log().size() == engine_requests);  // no completion reached the engine
   d.check_still_serving("h-served");
 }
 
@@ -313,6 +319,34 @@ TEST_CASE("hostile: slow-loris headers, an endless header line and a short body 
     CHECK((r.status() == 400 || r.closed));
   }
   slow.clear();
+  d.check_still_serving("h-served");
+}
+
+TEST_CASE("hostile: more connections than the descriptor limit allows get 503, not a stuck accept") {
+  // Regression: max_connections 4096 was never reconciled with RLIMIT_NOFILE, so under a small
+  // soft limit accept() failed with EMFILE and clients waited in the backlog; the 503 never came.
+  // Hard 300, soft 100: the daemon raises soft to 300 and keeps (300 − 256) / 2 = 22 connections.
+  Daemon::Options o = hostile();
+  o.shell_prefix = "ulimit -Sn 100 && ulimit -Hn 300";
+  Daemon d(o);
+  std::stringstream log;
+  log << std::ifstream(d.dir() + "/daemon.log").rdbuf();
+  CAPTURE(log.str().substr(0, 2000));
+  CHECK(log.str().find("descriptors: soft limit 100 raised to 300 (hard 300); max_connections 22") != std::string::npos);
+  std::vector<std::unique_ptr<RawConn>> conns;
+  for (int i = 0; i < 120; ++i) conns.push_back(std::make_unique<RawConn>(d.port()));
+  int busy = 0, silent = 0;
+  for (auto& c : conns) {
+    auto r = c->read(100);
+    if (r.status() == 503 && r.bytes.find("too_many_connections") != std::string::npos) ++busy;
+    else if (r.bytes.empty()) ++silent;  // held: accepted and waiting for a request
+  }
+  CAPTURE(busy);
+  CAPTURE(silent);
+  CHECK(busy >= 120 - 22);
+  CHECK(busy + silent == 120);
+  conns.clear();
+  REQUIRE_MESSAGE(d.alive(), d.log());
   d.check_still_serving("h-served");
 }
 
@@ -413,6 +447,79 @@ TEST_CASE("hostile: what the bridges drop is logged bounded, and a client cannot
 }
 
 // --- engine output ----------------------------------------------------------------------------
+
+namespace {
+
+/// A streamed Messages request for `model` whose user turn is "script:NAME", with one tool.
+std::string messages_stream_body(const std::string& model, const std::string& name) {
+  return json{{"model", model},
+              {"max_tokens", 64},
+              {"stream", true},
+              {"messages", {{{"role", "user"}, {"content", "script:" + name}}}},
+              {"tools", {{{"name", "write"}, {"input_schema", {{"type", "object"}, {"properties", {{"content", {{"type", "string"}}}}}}}}}}}
+      .dump();
+}
+
+/// The partial_json of every input_json_delta at content block `index`, joined.
+std::string partial_json_at(const Received& r, int index) {
+  std::string out;
+  for (const auto& e : r.events())
+    if (e.value("type", "") == "content_block_delta" && e["index"] == index && e["delta"]["type"] == "input_json_delta")
+      out += e["delta"]["partial_json"].get<std::string>();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hostile engine: content between a tool call's argument fragments reaches a Messages client whole") {
+  // No policies: the bridge sees the engine's deltas as they came.
+  Daemon d({fake_model("p"), "p"});
+  d.script("split_args", stream_script({tool_chunk("{\"content\": ", "write", "call_s1"), content_chunk("\n"),
+                                        tool_chunk("\"abc\"}")}, "tool_calls"));
+  auto r = d.stream(messages_stream_body("p-served", "split_args"), nullptr, "/v1/messages");
+  CAPTURE(r.raw.substr(0, 3000));
+  CHECK(r.status == 200);
+  REQUIRE_FALSE(r.events().empty());
+  CHECK(r.events().back()["type"] == "message_stop");
+  CHECK(json::parse(partial_json_at(r, 0), nullptr, false) == json{{"content", "abc"}});
+
+  // Text that closes the block before the rest of the arguments: an error event, no message_stop.
+  d.script("late_args", stream_script({tool_chunk("{\"content\": ", "write", "call_s2"), content_chunk("text"),
+                                       tool_chunk("\"abc\"}")}, "tool_calls"));
+  auto late = d.stream(messages_stream_body("p-served", "late_args"), nullptr, "/v1/messages");
+  CAPTURE(late.raw.substr(0, 3000));
+  REQUIRE_FALSE(late.events().empty());
+  CHECK(late.events().back()["type"] == "error");
+  for (const auto& e : late.events()) CHECK(e["type"] != "message_stop");
+  d.check_still_serving("p-served");
+}
+
+TEST_CASE("hostile engine: tool arguments that are no JSON object reach a Messages client as an error, never input {}") {
+  Daemon d({fake_model("p"), "p"});
+  const std::string cut = "{\"content\": \"abc";
+  d.script("bad_args_body", body_script({{"content", nullptr},
+                                         {"tool_calls", json::array({{{"id", "call_b1"}, {"type", "function"},
+                                                                      {"function", {{"name", "write"}, {"arguments", cut}}}}})}},
+                                        "tool_calls"));
+  json body = json::parse(messages_stream_body("p-served", "bad_args_body"));
+  body["stream"] = false;
+  auto r = d.post("/v1/messages", body.dump());
+  CAPTURE(r.body.substr(0, 500));
+  CHECK(r.status == 502);
+  json e = json::parse(r.body, nullptr, false);
+  REQUIRE(e.is_object());
+  CHECK(e["error"]["type"] == "api_error");
+  CHECK(e["error"]["message"].get<std::string>().find("tool call 'write' (call_b1)") != std::string::npos);
+
+  d.script("bad_args_stream", stream_script({tool_chunk(cut, "write", "call_b2")}, "tool_calls"));
+  auto s = d.stream(messages_stream_body("p-served", "bad_args_stream"), nullptr, "/v1/messages");
+  CAPTURE(s.raw.substr(0, 2000));
+  REQUIRE_FALSE(s.events().empty());
+  CHECK(s.events().back()["type"] == "error");
+  for (const auto& ev : s.events()) CHECK(ev["type"] != "content_block_stop");
+  d.check_still_serving("p-served");
+}
+
 
 TEST_CASE("hostile engine: invalid UTF-8 inside an event, and a character cut across reads") {
   Daemon d(hostile());

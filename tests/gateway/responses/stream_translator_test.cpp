@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stream_limits.hpp"
 #include "gateway/responses/stream_translator.hpp"
 
 using namespace servedeck::gateway::responses;
@@ -177,4 +178,53 @@ TEST_CASE("a non-streaming chat.completion translates to the same output items")
   CHECK(r["output"][1]["content"][0]["text"] == "hello");
   CHECK(r["output"][1]["status"] == "completed");
   CHECK(r["usage"]["total_tokens"] == 5);
+}
+
+TEST_CASE("text between two argument fragments of one call: the function_call item keeps every argument") {
+  // The pattern that lost arguments on the Messages bridge: a call item stays open until the
+  // end here, so text between its fragments goes into a message item and the arguments stay whole.
+  TranslatedRequest req;
+  StreamTranslator t("resp_ws", "m", 1, req);
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"id", "call_w"}, {"type", "function"},
+                                                              {"function", {{"name", "write"}, {"arguments", "{\"content\": "}}}}})}})));
+  append(all, t.on_chunk(chunk({{"content", "\n"}})));
+  append(all, t.on_chunk(chunk({{"tool_calls", json::array({{{"index", 0}, {"function", {{"arguments", "\"abc\"}"}}}}})}})));
+  append(all, t.on_chunk(chunk(json::object(), "tool_calls")));
+  append(all, t.finish());
+  std::string deltas, done;
+  for (const auto& e : all) {
+    if (e.type == "response.function_call_arguments.delta") deltas += e.data["delta"].get<std::string>();
+    if (e.type == "response.function_call_arguments.done") done = e.data["arguments"];
+  }
+  CHECK(json::parse(deltas) == json{{"content", "abc"}});
+  CHECK(done == deltas);
+  json r = t.response();
+  CHECK(r["status"] == "completed");
+  bool found = false;
+  for (const auto& item : r["output"])
+    if (item["type"] == "function_call") {
+      found = true;
+      CHECK(item["arguments"] == "{\"content\": \"abc\"}");
+    }
+  CHECK(found);
+}
+
+TEST_CASE("an answer past k_max_stream_text_bytes ends as response.failed stream_too_large, never cut silently") {
+  TranslatedRequest req;
+  StreamTranslator t("resp_big", "m", 1, req);
+  (void)t.start();
+  const json piece = chunk({{"reasoning_content", std::string(std::size_t{16} << 20, 'x')}});
+  std::vector<StreamEvent> last;
+  std::size_t sent = 0;
+  while (!t.ended() && sent <= servedeck::k_max_stream_text_bytes) {
+    last = t.on_chunk(piece);
+    sent += std::size_t{16} << 20;
+  }
+  REQUIRE(t.ended());
+  CHECK(sent > servedeck::k_max_stream_text_bytes);
+  REQUIRE_FALSE(last.empty());
+  CHECK(last.back().type == "response.failed");
+  CHECK(t.response()["error"]["code"] == "stream_too_large");
+  CHECK(t.finish().empty());
 }

@@ -63,6 +63,19 @@ TEST_CASE("access: host names are read from Host values and URL authorities") {
   CHECK(host_of_authority("evil.example") == "evil.example");
   CHECK(host_of_authority("[::1") == "");
   CHECK(host_of_authority("user@evil.example") == "");
+  // Regression: userinfo after the port read as localhost ("localhost:80@evil.example" is
+  // evil.example to a URL parser).
+  CHECK(host_of_authority("localhost:80@evil.com") == "");
+  CHECK(host_of_authority("localhost:@evil.com") == "");
+  CHECK(host_of_authority("[::1]:80@evil.com") == "");
+  for (const char* bad : {"local%68ost", "localhost:8o", "localhost:123456", "local host", "localhost/x", "evil.com\\",
+                          "a,b", "localhost;x", "[::1%25eth0]", "[::g]", "::1@x", ":8090", "[]:80"}) {
+    CAPTURE(bad);
+    CHECK(host_of_authority(bad) == "");
+  }
+  CHECK(host_of_authority("localhost:") == "localhost");
+  CHECK(host_of_authority("my_host.lan:65535") == "my_host.lan");
+  CHECK(host_of_authority("[::ffff:127.0.0.1]:80") == "::ffff:127.0.0.1");
   CHECK(is_ip_literal("192.168.1.5"));
   CHECK(is_ip_literal("fe80::1"));
   CHECK_FALSE(is_ip_literal("localhost"));
@@ -84,6 +97,8 @@ TEST_CASE("access: Host must be an address, localhost or an allowed name (DNS re
     CAPTURE(path);
     CHECK(verdict(r, head("GET", path, {{"Host", "rebind.evil.example:8090"}})) ==
           std::pair<int, std::string>{403, "host_not_allowed"});
+    CHECK(verdict(r, head("GET", path, {{"Host", "localhost:80@evil.example"}})) ==
+          std::pair<int, std::string>{403, "host_not_allowed"});
   }
   r.allowed_hosts = {"workstation.lan"};
   CHECK(verdict(r, head("GET", "/v1/models", {{"Host", "Workstation.LAN:8090"}})).first == 0);
@@ -92,7 +107,8 @@ TEST_CASE("access: Host must be an address, localhost or an allowed name (DNS re
 TEST_CASE("access: a foreign Origin is refused on every plane; local ones and apps pass") {
   auto r = rules();
   const std::pair<int, std::string> refused{403, "origin_not_allowed"};
-  for (const char* origin : {"https://evil.example", "http://192.168.1.9:3000", "null", "http://localhost.evil.example"}) {
+  for (const char* origin : {"https://evil.example", "http://192.168.1.9:3000", "null", "http://localhost.evil.example",
+                             "http://localhost:80@evil.example", "http://127.0.0.1@evil.example/"}) {
     CAPTURE(origin);
     CHECK(verdict(r, head("GET", "/v1/models", {{"Origin", origin}})) == refused);
     CHECK(verdict(r, head("GET", "/health", {{"Origin", origin}})) == refused);

@@ -149,6 +149,7 @@ TEST_CASE("deadlines: time to first byte and the gap between events") {
     CHECK(r.status == 504);
     CHECK(json::parse(r.body)["error"]["code"] == "upstream_first_byte_timeout");
     CHECK(json::parse(r.body)["error"]["type"] == "timeout_error");
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().rfind("no first byte from the engine within 400 ms (", 0) == 0);
   }
   SUBCASE("gap: an error event after content") {
     Rig rig("glm53", 5000, [](registry::Registry& r) { r.models[0].max_gap_ms = 300; });
@@ -160,6 +161,7 @@ TEST_CASE("deadlines: time to first byte and the gap between events") {
     REQUIRE(r.data.size() == 3);
     CHECK(r.event(2)["error"]["code"] == "upstream_gap_timeout");
     CHECK(r.event(2)["error"]["type"] == "timeout_error");
+    CHECK(r.event(2)["error"]["message"].get<std::string>().rfind("no event from the engine within 300 ms of the last one (", 0) == 0);
     CHECK_FALSE(r.done());
   }
 }
