@@ -221,8 +221,9 @@ TEST_CASE("CUDA with experts kept quantised matches the CPU on the same checkpoi
       auto gpu = make_cuda_backend(ck, opt);
       CHECK(gpu->expert_format() == (f == WeightFormat::fp8_block ? ExpertFormat::fp8_block : ExpertFormat::nvfp4));
       CHECK(gpu->expert_block_bytes() == QuantLayout{gpu->expert_format(), 256, 64, 128, 128}.block_bytes());
-      auto cache = gpu->new_cache(64);
-      const auto got = gpu->forward(*cache, ids, true);
+      auto pool = gpu_test::make_pool(*gpu, 64);
+      gpu_test::Seq seq(*gpu, pool);
+      const auto got = seq.forward(ids, true);
       const auto c = cpu::compare_logits(want, got, 4096);
       MESSAGE(std::string(to_string(f)) << " hot " << hot << ": CUDA vs CPU max |dlogit| " << c.max_abs << ", top-1 " << c.top1_agreement);
       CHECK(c.max_abs < 2e-3);
@@ -251,8 +252,9 @@ TEST_CASE("CUDA on fully quantised checkpoints: decode and staged prefill agains
       opt.stage_buffers = 2;
       opt.stage_group = 3;  // several staging groups per layer
       auto gpu = make_cuda_backend(ck, opt);
-      auto cache = gpu->new_cache(64);
-      const auto got = gpu->forward(*cache, ids, true);
+      auto pool = gpu_test::make_pool(*gpu, 64);
+      gpu_test::Seq seq(*gpu, pool);
+      const auto got = seq.forward(ids, true);
       const auto c = cpu::compare_logits(want, got, 4096);
       const std::string label = std::string(to_string(f)) + (staged ? " prefill" : " decode");
       MESSAGE(label << ": rel L2 " << c.rel_l2 << ", top-1 " << c.top1_agreement);
