@@ -72,6 +72,15 @@ void ProxyCall::handle_event(const sse::Event& ev, bool at_end) {
 #endif
   std::string out;
   for (const auto& c : chunks) normalizer_->on_chunk(c, out);
+  if (!normalizer_->bound_error().empty()) {
+    // The normaliser passed a bound on what it keeps: the stream ends here, upstream cancelled.
+    if (!client_started_ && !normalizer_->produced_output())
+      return fail(502, normalizer_->bound_error(), "server_error", "stream_too_large", ErrorSource::engine);
+    error_code_ = "stream_too_large";
+    std::string all = held_ + out;  // `out` ends with the normaliser's error event
+    held_.clear();
+    return end_stream(std::move(all));
+  }
   deliver(std::move(out));
   if (!done_) end_on_policy_error();
 }
@@ -165,7 +174,8 @@ void ProxyCall::finish_stream() {
   deliver(std::move(out));
   if (done_) return;
   out.clear();
-  if (normalizer_->finish(out) == StreamEnd::error) error_code_ = "empty_stream";
+  if (normalizer_->finish(out) == StreamEnd::error)
+    error_code_ = normalizer_->bound_error().empty() ? "empty_stream" : "stream_too_large";
   end_stream(std::move(out));
 }
 

@@ -5,6 +5,7 @@
 
 #include "common/json_limits.hpp"
 #include "common/sse.hpp"
+#include "common/stream_limits.hpp"
 
 namespace servedeck::gateway {
 
@@ -120,6 +121,11 @@ bool StreamNormalizer::normalize_tool_calls(int64_t choice_index, json& tool_cal
     int64_t index = int_or(tc, "index", position);
     ++position;
     if (!tc.is_object()) continue;
+    if (!cs.tools.contains(index) && cs.tools.size() >= k_max_stream_tool_calls) {
+      bound_error_ = "the engine streamed more than " + std::to_string(k_max_stream_tool_calls) +
+                     " tool-call indexes in one choice (k_max_stream_tool_calls)";
+      return false;
+    }
     auto& ts = cs.tools[index];
     const json fn = tc.contains("function") ? tc["function"] : json::object();
     std::string name = string_or(fn, "name");
@@ -144,6 +150,11 @@ bool StreamNormalizer::normalize_tool_calls(int64_t choice_index, json& tool_cal
       // streaming it piecewise) would double the arguments on the client.
       bool resend = !ts.arguments.empty() && args == ts.arguments && !parse_untrusted(ts.arguments).is_discarded();
       if (!resend) {
+        if (args.size() > k_max_stream_text_bytes - argument_bytes_) {
+          bound_error_ = stream_text_bound_message();
+          return false;
+        }
+        argument_bytes_ += args.size();
         nfn["arguments"] = args;
         ts.arguments += args;
       }
@@ -173,6 +184,11 @@ void StreamNormalizer::on_chunk(const json& chunk, std::string& out) {
     int64_t idx = int_or(c, "index", position);
     ++position;
     if (!c.is_object()) continue;
+    if (!choices_.contains(idx) && choices_.size() >= k_max_stream_choices) {
+      bound_error_ = "the engine streamed more than " + std::to_string(k_max_stream_choices) +
+                     " choice indexes (k_max_stream_choices)";
+      break;
+    }
     auto& st = choices_[idx];
     if (auto f = c.find("finish_reason"); f != c.end() && f->is_string() && !f->get_ref<const std::string&>().empty()) {
       st.finish = f->get<std::string>();
@@ -203,7 +219,10 @@ void StreamNormalizer::on_chunk(const json& chunk, std::string& out) {
           } else if (k == "tool_calls") {
             if (!v.is_array()) continue;
             json tcs = v;
-            if (!normalize_tool_calls(idx, tcs)) continue;
+            if (!normalize_tool_calls(idx, tcs)) {
+              if (!bound_error_.empty()) break;
+              continue;
+            }
             nd[k] = std::move(tcs);
             output = true;
             continue;
@@ -234,6 +253,11 @@ void StreamNormalizer::on_chunk(const json& chunk, std::string& out) {
       produced_output_ = true;
       ++output_chunks_;
     }
+  }
+  if (!bound_error_.empty()) {
+    // note: the choices of this chunk before the bound are dropped with it: the stream ends here.
+    fail(bound_error_, "server_error", "stream_too_large", ErrorSource::engine, out);
+    return;
   }
   if (out_choices.empty()) return;
   json e = envelope();

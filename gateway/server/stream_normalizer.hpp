@@ -19,7 +19,11 @@
 //   - both `delta.reasoning` and `delta.reasoning_content` count as output; a reasoning-only
 //     chunk is never dropped (G20);
 //   - a stream with no content, reasoning or tool call at all ends with an error event, not
-//     with [DONE].
+//     with [DONE];
+//   - what it keeps per stream is bounded: the arguments of all tool calls together at
+//     k_max_stream_text_bytes (common/stream_limits.hpp), k_max_stream_choices choices and
+//     k_max_stream_tool_calls tool-call indexes per choice; past a bound the stream ends with a
+//     `stream_too_large` error event naming it, never a silent cut.
 // Also /v1/completions streams (`choices[].text`).
 //
 // Pure: no I/O, no clock. Not thread-safe (one per stream). Never throws on any input.
@@ -37,6 +41,11 @@
 #include "gateway/server/usage_estimate.hpp"
 
 namespace servedeck::gateway {
+
+/// The most choice indexes one normalised stream may carry (an engine answers n <= a few).
+inline constexpr std::size_t k_max_stream_choices = 256;
+/// The most tool-call indexes one choice of a normalised stream may carry.
+inline constexpr std::size_t k_max_stream_tool_calls = 4096;
 
 /// How a stream ended, as the normaliser saw it.
 enum class StreamEnd { none, done, error };
@@ -78,6 +87,9 @@ class StreamNormalizer {
   /// True once the engine sent a finish_reason.
   bool finish_seen() const { return finish_reason_.has_value(); }
   StreamEnd ended() const { return ended_; }
+  /// Non-empty once a chunk passed one of the bounds on what a stream keeps (the message names
+  /// it); on_chunk then ended the stream with a `stream_too_large` error event.
+  const std::string& bound_error() const { return bound_error_; }
   /// Usage as reported by the engine (the last non-null `usage`), if any. Never the synthesised
   /// one: the request log reads this, so an estimate is never logged as engine-reported.
   const std::optional<nlohmann::json>& usage() const { return usage_; }
@@ -130,6 +142,8 @@ class StreamNormalizer {
   bool produced_output_ = false;
   bool emitted_any_ = false;
   int64_t output_chunks_ = 0;
+  std::size_t argument_bytes_ = 0;  // tool-call argument text kept, all choices
+  std::string bound_error_;         // set when a chunk passed a bound; on_chunk ends the stream with it
   StreamEnd ended_ = StreamEnd::none;
 };
 

@@ -2,6 +2,7 @@
 // replaying recorded streams. Asserts exactly what the client receives. This file: streams
 // (endings, errors, retries, deadlines, disconnects, backpressure, stop); routes and switching
 // are in gateway_routes_test.cpp.
+#include "gateway/server/stream_normalizer.hpp"
 #include "tests/gateway/server/gateway_rig.hpp"
 
 using namespace servedeck;
@@ -272,4 +273,25 @@ TEST_CASE("heartbeats continue after the first token whenever nothing was writte
   // 800 ms of engine silence after "a", heartbeats every 100 ms of client silence.
   CHECK(comments_at_b - comments_at_a >= 3);
   for (const auto& c : r.comments) CHECK(c == "waiting for the engine's next event");
+}
+
+TEST_CASE("an engine stream past what the normaliser keeps ends with stream_too_large, nothing after it, logged") {
+  json choices = json::array();
+  for (std::size_t i = 0; i <= gateway::k_max_stream_choices; ++i)
+    choices.push_back({{"index", i}, {"delta", {{"content", "x"}}}, {"finish_reason", nullptr}});
+  const std::string too_many = json{{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", choices}}.dump();
+  Rig rig;
+  rig.engine.push(test::sse_script({role_ev(), content_ev("partial"), too_many, content_ev("never"), "[DONE]"}, 4096));
+  auto r = stream(rig, chat());
+  CHECK(r.status == 200);
+  REQUIRE(r.data.size() >= 3);
+  CHECK(r.event(1)["choices"][0]["delta"]["content"] == "partial");
+  CHECK(r.event(r.data.size() - 1)["error"]["code"] == "stream_too_large");
+  CHECK_FALSE(r.done());
+  // The choices below the bound may pass (the policies forward a chunk's choices one by one); the
+  // 257th index and everything after it never reach the client.
+  CHECK(r.data.size() <= 2 + gateway::k_max_stream_choices + 1);
+  for (std::size_t i = 0; i + 1 < r.data.size(); ++i) CHECK(r.data[i].find("never") == std::string::npos);
+  REQUIRE(wait_for([&] { return rig.store.count_requests("/v1/chat/completions") == 1; }));
+  CHECK(rig.store.recent_requests(1)[0].error_code == "stream_too_large");
 }

@@ -220,3 +220,42 @@ TEST_CASE("garbage chunks never throw") {
     CHECK_NOTHROW(n.on_chunk(json::parse(g), out));
   CHECK_NOTHROW(n.finish(out));
 }
+
+TEST_CASE("what a stream keeps is bounded: past the tool-call or choice bound it ends with stream_too_large") {
+  using servedeck::gateway::k_max_stream_choices;
+  using servedeck::gateway::k_max_stream_tool_calls;
+  auto ends_too_large = [](const std::string& out, std::string_view names) {
+    servedeck::sse::Parser p;
+    auto ev = p.feed(out);
+    REQUIRE_FALSE(ev.empty());
+    CHECK(ev.back().data != "[DONE]");
+    const auto e = json::parse(ev.back().data);
+    CHECK(e["error"]["code"] == "stream_too_large");
+    CHECK(e["error"]["message"].get<std::string>().find(names) != std::string::npos);
+  };
+  SUBCASE("tool-call indexes, one new index a chunk") {
+    StreamNormalizer n({"m", false, true, "s"});
+    std::string out;
+    for (std::size_t i = 0; i <= k_max_stream_tool_calls; ++i) {
+      json tc = {{"index", i}, {"id", "call_" + std::to_string(i)}, {"function", {{"name", "f"}, {"arguments", "{}"}}}};
+      n.on_chunk(json{{"choices", json::array({{{"index", 0}, {"delta", {{"tool_calls", json::array({tc})}}}}})}}, out);
+    }
+    CHECK(n.ended() == StreamEnd::error);
+    CHECK(n.finish(out) == StreamEnd::error);
+    ends_too_large(out, "k_max_stream_tool_calls");
+    // Everything below the bound went through: one event per accepted index, then the error.
+    servedeck::sse::Parser p;
+    CHECK(p.feed(out).size() == k_max_stream_tool_calls + 1);
+  }
+  SUBCASE("choice indexes, all in one chunk") {
+    StreamNormalizer n({"m", false, true, "s"});
+    std::string out;
+    json choices = json::array();
+    for (std::size_t i = 0; i <= k_max_stream_choices; ++i) choices.push_back({{"index", i}, {"delta", {{"content", "x"}}}});
+    n.on_chunk(json{{"choices", choices}}, out);
+    CHECK(n.ended() == StreamEnd::error);
+    ends_too_large(out, "k_max_stream_choices");
+    servedeck::sse::Parser p;
+    CHECK(p.feed(out).size() == 1);  // the chunk that passed the bound is not forwarded
+  }
+}
