@@ -80,6 +80,16 @@ class Responder {
     (void)below;
     cb();
   }
+
+  /// What a responder that translates answers (a bridge to another API) sent instead of the
+  /// status it was given to send(): the status and error code of its own refusal, e.g. 502 when
+  /// an engine's 200 could not be translated. {0, ""} when it sent what it was given. The
+  /// request log and metrics record this one, so a refused answer is never logged as a 200.
+  struct Refusal {
+    int status = 0;
+    std::string error_code;
+  };
+  virtual Refusal refusal() const { return {}; }
 };
 
 using Handler = std::function<void(Request, std::shared_ptr<Responder>)>;

@@ -70,6 +70,8 @@ void MessagesResponder::send(int status, std::string, std::string body, http::He
   JsonError perr;
   const json completion = parse_untrusted(body, &perr);
   if (!completion.is_object()) {
+    refused_code_ = "bad_upstream_body";
+    refused_status_ = 502;
     client_->send(502, "application/json",
                   dump_safe(error_body("api_error", "servedeck: the engine's chat completion could not be read: " + perr.message)),
                   std::move(extra_headers));
@@ -78,10 +80,17 @@ void MessagesResponder::send(int status, std::string, std::string body, http::He
   std::string why;
   const json msg = translate_completion(completion, message_id_, model_, *request_, &why);
   if (msg.is_null()) {
+    refused_code_ = "untranslatable_answer";
+    refused_status_ = 502;
     client_->send(502, "application/json", dump_safe(error_body("api_error", why)), std::move(extra_headers));
     return;
   }
   client_->send(200, "application/json", dump_safe(msg), std::move(extra_headers));
+}
+
+http::Responder::Refusal MessagesResponder::refusal() const {
+  const int status = refused_status_.load();
+  return status == 0 ? Refusal{} : Refusal{status, refused_code_.load()};
 }
 
 bool MessagesResponder::start_stream(int status, std::string content_type, http::Headers extra_headers) {

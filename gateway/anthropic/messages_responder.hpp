@@ -14,6 +14,7 @@
 // Thread-safety: like any Responder; calls are serialised by an internal mutex.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +47,7 @@ class MessagesResponder : public http::Responder {
   void on_disconnect(std::function<void()> cb) override { client_->on_disconnect(std::move(cb)); }
   std::size_t queued_bytes() const override { return client_->queued_bytes(); }
   void when_drained(std::size_t below, std::function<void()> cb) override { client_->when_drained(below, std::move(cb)); }
+  Refusal refusal() const override;
 
  private:
   bool emit(const std::vector<StreamEvent>& events);
@@ -62,6 +64,10 @@ class MessagesResponder : public http::Responder {
   std::mutex mu_;
   bool streaming_ = false;
   bool ended_ = false;
+  // Set when send() answered an error of its own; atomics, so the proxy reads them without mu_
+  // (it may record from a disconnect callback while another thread writes).
+  std::atomic<int> refused_status_{0};
+  std::atomic<const char*> refused_code_{""};
 };
 
 }  // namespace servedeck::gateway::anthropic

@@ -37,6 +37,8 @@ void ResponsesResponder::send(int status, std::string content_type, std::string 
     std::string why = completion.is_discarded() ? perr.message : std::string("not a JSON object");
     json err = {{"error", {{"message", "the engine's chat completion could not be read: " + why}, {"type", "server_error"},
                            {"code", "bad_upstream_body"}, {"param", nullptr}, {"source", "servedeck"}}}};
+    refused_code_ = "bad_upstream_body";
+    refused_status_ = 502;
     client_->send(502, "application/json", dump_safe(err));
     return;
   }
@@ -60,6 +62,11 @@ void ResponsesResponder::send(int status, std::string content_type, std::string 
   json r = translator_.response();
   if (r.value("status", "") != "failed") store_if_completed();
   client_->send(200, "application/json", dump_safe(r), std::move(extra_headers));
+}
+
+http::Responder::Refusal ResponsesResponder::refusal() const {
+  const int status = refused_status_.load();
+  return status == 0 ? Refusal{} : Refusal{status, refused_code_.load()};
 }
 
 bool ResponsesResponder::start_stream(int status, std::string content_type, http::Headers extra_headers) {

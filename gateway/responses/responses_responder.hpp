@@ -13,6 +13,7 @@
 // serialised by an internal mutex (the proxy calls it from one strand anyway).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,7 @@ class ResponsesResponder : public http::Responder {
   void on_disconnect(std::function<void()> cb) override { client_->on_disconnect(std::move(cb)); }
   std::size_t queued_bytes() const override { return client_->queued_bytes(); }
   void when_drained(std::size_t below, std::function<void()> cb) override { client_->when_drained(below, std::move(cb)); }
+  Refusal refusal() const override;
 
   const std::string& response_id() const { return id_; }
 
@@ -64,6 +66,10 @@ class ResponsesResponder : public http::Responder {
   std::mutex mu_;
   bool streaming_ = false;
   bool ended_ = false;
+  // Set when send() answered an error of its own; atomics, so the proxy reads them without mu_
+  // (it may record from a disconnect callback while another thread writes).
+  std::atomic<int> refused_status_{0};
+  std::atomic<const char*> refused_code_{""};
 };
 
 }  // namespace servedeck::gateway::responses

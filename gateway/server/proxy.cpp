@@ -285,6 +285,10 @@ void ProxyCall::on_client_gone() {
 void ProxyCall::record(int status) {
   if (recorded_) return;
   recorded_ = true;
+  if (const auto refused = job_.res->refusal(); refused.status != 0) {  // a bridge answered its own error
+    status = refused.status;
+    if (error_code_.empty()) error_code_ = refused.error_code;
+  }
   shared_.metrics->add_in_flight(-1);
   job_.lease.reset();
   double total = ms_since(job_.start);

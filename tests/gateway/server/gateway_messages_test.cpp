@@ -360,3 +360,17 @@ TEST_CASE("effort-preset aliases work on /v1/messages: the preset's kwargs reach
   CHECK(sent["chat_template_kwargs"]["reasoning_effort"] == "high");
   CHECK(sent["chat_template_kwargs"]["enable_thinking"] == false);  // the client's thinking switch
 }
+
+TEST_CASE("an engine answer the Messages bridge cannot translate is 502 to the client and 502 in the request log") {
+  Rig rig;
+  // Tool arguments that are JSON but no object: no Anthropic `input` can carry them.
+  rig.engine.push(json_script(200, R"({"id":"c","object":"chat.completion","created":1,"model":"glm53-flash","choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"[1,2]"}}]}}]})"));
+  auto r = rig.post("/v1/messages", messages_body("glm", false).dump());
+  CHECK(r.status == 502);
+  CHECK(json::parse(r.body)["error"]["type"] == "api_error");
+  REQUIRE(wait_for([&] { return rig.store.count_requests("/v1/messages") == 1; }));
+  const auto rows = rig.store.recent_requests(1);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].status == 502);
+  CHECK(rows[0].error_code == "untranslatable_answer");
+}
