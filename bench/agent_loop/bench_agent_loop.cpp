@@ -42,6 +42,7 @@
 #include "worker/engine/engine.hpp"
 #include "worker/engine/kv_sequence.hpp"
 #include "worker/engine/sampler.hpp"
+#include "worker/model/qwen3_30b_a3b_shape.hpp"
 
 using namespace servedeck::worker;
 using clk = std::chrono::steady_clock;
@@ -104,29 +105,6 @@ GenerationResult run(Engine& engine, const std::vector<int32_t>& prompt, std::si
 
 double decode_tok_s(const GenerationResult& r) { return r.completion_tokens > 1 && r.decode_s > 0 ? (r.completion_tokens - 1) / r.decode_s : 0; }
 
-ModelDescription qwen3_30b_a3b(int layers) {
-  ModelDescription d;
-  d.model_type = "qwen3_moe";
-  d.num_layers = layers;
-  d.hidden_size = 2048;
-  d.intermediate_size = 6144;
-  d.num_heads = 32;
-  d.num_kv_heads = 4;
-  d.head_dim = 128;
-  d.vocab_size = k_vocab;
-  d.max_position_embeddings = 40960;
-  d.rms_norm_eps = 1e-6;
-  d.rope_theta = 1e6;
-  d.qk_norm = true;
-  d.tie_word_embeddings = false;
-  d.moe.num_experts = 128;
-  d.moe.top_k = 8;
-  d.moe.intermediate_size = 768;
-  d.moe.norm_topk_prob = true;
-  d.layers.assign(static_cast<std::size_t>(layers), LayerDescription{AttentionKind::gqa, MlpKind::moe});
-  return d;
-}
-
 const char* hot_label(int slots) { return slots == 128 ? "all" : slots == 32 ? "25%" : slots == 0 ? "0%" : "?"; }
 
 }  // namespace
@@ -179,7 +157,7 @@ int main(int argc, char** argv) {
   std::size_t pool_tokens = std::max<std::size_t>(2 * longest + 4096, static_cast<std::size_t>(*std::max_element(contexts.begin(), contexts.end())) +
                                                                             static_cast<std::size_t>(std::max(decode, decode_off)) + 4096);
   pool_tokens = (pool_tokens + 15) / 16 * 16;
-  const ModelDescription d = qwen3_30b_a3b(layers);
+  const ModelDescription d = qwen3_30b_a3b_shape(layers);
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 128;
   const std::size_t kvb = static_cast<std::size_t>(d.num_layers) * 2 * 4 * 128 * 2;

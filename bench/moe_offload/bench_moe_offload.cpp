@@ -38,6 +38,7 @@
 #include "worker/cuda/kernels.cuh"
 #include "worker/engine/kv_sequence.hpp"
 #include "worker/engine/sampler.hpp"
+#include "worker/model/qwen3_30b_a3b_shape.hpp"
 #include "bench/moe_offload/decode_trace_report.hpp"
 #include "bench/moe_offload/ceilings.hpp"
 #include "bench/moe_offload/flash_bench.hpp"
@@ -221,29 +222,6 @@ double rss_gib() {
   return 0;
 }
 
-ModelDescription qwen3_30b_a3b(int layers) {
-  ModelDescription d;
-  d.model_type = "qwen3_moe";
-  d.num_layers = layers;
-  d.hidden_size = 2048;
-  d.intermediate_size = 6144;
-  d.num_heads = 32;
-  d.num_kv_heads = 4;
-  d.head_dim = 128;
-  d.vocab_size = 151936;
-  d.max_position_embeddings = 40960;
-  d.rms_norm_eps = 1e-6;
-  d.rope_theta = 1e6;
-  d.qk_norm = true;
-  d.tie_word_embeddings = false;
-  d.moe.num_experts = 128;
-  d.moe.top_k = 8;
-  d.moe.intermediate_size = 768;
-  d.moe.norm_topk_prob = true;
-  d.layers.assign(static_cast<std::size_t>(layers), LayerDescription{AttentionKind::gqa, MlpKind::moe});
-  return d;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,7 +267,7 @@ int main(int argc, char** argv) {
   }
   if (breakdown_only) return 0;
 
-  ModelDescription d = qwen3_30b_a3b(layers);
+  ModelDescription d = qwen3_30b_a3b_shape(layers);
   std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk); "
               "routed experts %s%s\n", layers, experts_name.c_str(),
               experts == cuda::ExpertFormat::bf16 ? "" : " (the bf16 draws quantised in memory)");

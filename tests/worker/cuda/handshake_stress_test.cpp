@@ -21,6 +21,7 @@
 #include "tests/worker/cuda/stress_load.hpp"
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/model/checkpoint.hpp"
+#include "worker/model/qwen3_30b_a3b_shape.hpp"
 #include "worker/model/tiny_model.hpp"
 
 using namespace servedeck::worker;
@@ -115,25 +116,7 @@ TEST_CASE("decode step handshakes under random SM load: logits bit-identical to 
 
 TEST_CASE("decode step handshakes under random SM load: logits bit-identical to an idle GPU's (Qwen3-30B-A3B shape, 2 layers)") {
   gpu_test::skip_without_gpu();
-  ModelDescription d;
-  d.model_type = "qwen3_moe";
-  d.num_layers = 2;
-  d.hidden_size = 2048;
-  d.intermediate_size = 6144;
-  d.num_heads = 32;
-  d.num_kv_heads = 4;
-  d.head_dim = 128;
-  d.vocab_size = 151936;
-  d.max_position_embeddings = 40960;
-  d.rms_norm_eps = 1e-6;
-  d.rope_theta = 1e6;
-  d.qk_norm = true;
-  d.tie_word_embeddings = false;
-  d.moe.num_experts = 128;
-  d.moe.top_k = 8;
-  d.moe.intermediate_size = 768;
-  d.moe.norm_topk_prob = true;
-  d.layers.assign(2, LayerDescription{AttentionKind::gqa, MlpKind::moe});
+  const ModelDescription d = qwen3_30b_a3b_shape(2);
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 128;
   opt.staged_prefill = false;
