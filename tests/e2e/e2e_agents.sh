@@ -26,66 +26,32 @@ for f in "$servedeck" "$worker" "$src/models/tiny-chat/config.json" "$src/models
   [ -e "$f" ] || { echo "FAIL: missing $f (scripts/dev.sh test builds it; npm ci installs the agents)"; exit 1; }
 done
 
-tmp=$(mktemp -d /tmp/servedeck-agents-XXXXXX)
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid"
-    for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-  fi
-  if [ "${E2E_KEEP:-0}" != 1 ]; then rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$tmp/daemon.log" || true; echo "--- engine logs"; tail -20 "$tmp"/state/logs/* 2>/dev/null || true; exit 1; }
+. "$src/tests/e2e/e2e_lib.sh"
+e2e_tmp servedeck-agents
 t_start=$(date +%s)
 step() { echo "--- $1 ($(( $(date +%s) - t_start )) s since start)"; }
 took() { echo "time: $1 took $(( $(date +%s) - $2 )) s"; }
 
 reply="Hello from servedeck's tiny model."
-cat > "$tmp/models.toml" <<TOML
+# ctx 16384 (native_entry's default), as the shipped tiny-chat: smaller than the budgets the agents send.
+{
+  cat <<TOML
 [server]
 listen = "127.0.0.1:0"
 state_dir = "$tmp/state"
 
-[models.tiny-chat]
-engine = "native"
-served_name = "tiny-chat"
-checkpoint = "$src/models/tiny-chat"
-program = "$worker"
-args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "64"]
-port = 0
-ctx = 16384                    # as the shipped tiny-chat: smaller than the budgets the agents send
-validated_ctx = 16384
-kv_cache_bytes_per_token = 512
-requires_gpu = false
-start_timeout_s = 120
+TOML
+  native_entry tiny-chat "$src/models/tiny-chat" 64
+  cat <<TOML
 
 [models.tiny-chat.policies]
 capture = true                 # also needs SERVEDECK_CAPTURE=1 (set below): the engine bodies are checked
 
 # The same with a planted tool call: \`touch ran.txt\` through Bash, then the reply after the result.
-[models.tiny-tool]
-engine = "native"
-served_name = "tiny-tool"
-checkpoint = "$src/models/tiny-tool"
-program = "$worker"
-args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "64"]
-port = 0
-ctx = 16384
-validated_ctx = 16384
-kv_cache_bytes_per_token = 512
-requires_gpu = false
-start_timeout_s = 120
 TOML
-"$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
-SERVEDECK_CAPTURE=1 "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 300); do [ -s "$tmp/state/daemon.json" ] && break; sleep 0.1; done
-[ -s "$tmp/state/daemon.json" ] || fail "daemon did not write daemon.json"
-port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).port)' "$tmp/state/daemon.json")
+  native_entry tiny-tool "$src/models/tiny-tool" 64
+} > "$tmp/models.toml"
+e2e_serve SERVEDECK_CAPTURE=1
 root="http://127.0.0.1:$port"
 "$servedeck" --config "$tmp/models.toml" switch tiny-chat > /dev/null || fail "switch tiny-chat"
 echo "daemon up on port $port, tiny-chat ready"

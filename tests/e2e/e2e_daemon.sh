@@ -17,37 +17,8 @@ for f in "$servedeck" "$worker" "$src/models/tiny/config.json" "$src/models/tiny
   [ -e "$f" ] || { echo "FAIL: missing $f (run scripts/dev.sh test, which builds and prepares it)"; exit 1; }
 done
 
-tmp=$(mktemp -d /tmp/servedeck-e2e-XXXXXX)
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid"
-    for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-  fi
-  if [ "${E2E_KEEP:-0}" != 1 ]; then rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$tmp/daemon.log" || true; echo "--- engine logs"; tail -20 "$tmp"/state/logs/* 2>/dev/null || true; exit 1; }
-
-# native_entry NAME CHECKPOINT DEFAULT_MAX_TOKENS: a [models.NAME] table for the CPU worker.
-native_entry() {
-  cat <<TOML
-[models.$1]
-engine = "native"
-served_name = "$1"
-checkpoint = "$2"
-program = "$worker"
-args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--default-max-tokens", "$3"]
-port = 0
-ctx = 16384
-validated_ctx = 16384
-kv_cache_bytes_per_token = 512
-requires_gpu = false
-start_timeout_s = 120
-TOML
-}
+. "$src/tests/e2e/e2e_lib.sh"
+e2e_tmp servedeck-e2e
 
 {
   cat <<TOML
@@ -69,12 +40,7 @@ TOML
   native_entry tiny-chat "$src/models/tiny-chat" 64
 } > "$tmp/models.toml"
 
-"$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
-SERVEDECK_CAPTURE=1 "$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 300); do [ -s "$tmp/state/daemon.json" ] && break; sleep 0.1; done
-[ -s "$tmp/state/daemon.json" ] || fail "daemon did not write daemon.json"
-port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).port)' "$tmp/state/daemon.json")
+e2e_serve SERVEDECK_CAPTURE=1
 base="http://127.0.0.1:$port/v1"
 echo "daemon up on port $port"
 # A second daemon on the same state directory is refused (it would adopt the first one's engine).

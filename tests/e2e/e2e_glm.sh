@@ -21,18 +21,8 @@ for f in "$servedeck" "$worker" "$qwen3_tok/tokenizer.json" "$node_modules/opena
   [ -e "$f" ] || { echo "FAIL: missing $f (run scripts/dev.sh test, which builds and prepares it)"; exit 1; }
 done
 
-tmp=$(mktemp -d /tmp/servedeck-e2e-glm-XXXXXX)
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid"
-    for _ in $(seq 1 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$daemon_pid" 2>/dev/null || true
-  fi
-  if [ "${E2E_KEEP:-0}" != 1 ]; then rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- daemon log"; tail -40 "$tmp/daemon.log" || true; echo "--- engine logs"; tail -20 "$tmp"/state/logs/* 2>/dev/null || true; exit 1; }
+. "$src/tests/e2e/e2e_lib.sh"
+e2e_tmp servedeck-e2e-glm
 
 for variant in tool chat; do
   "$worker" make-tiny-model --model-type glm4_moe --variant "$variant" --out "$tmp/glm-$variant" --tokenizer-dir "$qwen3_tok" ||
@@ -40,20 +30,8 @@ for variant in tool chat; do
 done
 
 entry() {  # entry NAME CHECKPOINT: a native CPU entry with GLM's parser and policies
+  native_entry "$1" "$2" 64 8192 384 '"--tool-parser", "glm"'
   cat <<TOML
-[models.$1]
-engine = "native"
-served_name = "$1"
-checkpoint = "$2"
-program = "$worker"
-args = ["serve", "--model", "{model}", "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_name}",
-        "--max-model-len", "{ctx}", "--kv-cache-bytes", "{kv_cache_bytes}", "--tool-parser", "glm", "--default-max-tokens", "64"]
-port = 0
-ctx = 8192
-validated_ctx = 8192
-kv_cache_bytes_per_token = 384
-requires_gpu = false
-start_timeout_s = 120
 
 [models.$1.policies]
 sanitize_tool_tags = true
@@ -73,12 +51,7 @@ TOML
   entry tiny-glm "$tmp/glm-chat"
 } > "$tmp/models.toml"
 
-"$servedeck" --config "$tmp/models.toml" lint || fail "lint of the test registry"
-"$servedeck" --config "$tmp/models.toml" serve --port 0 > "$tmp/daemon.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 300); do [ -s "$tmp/state/daemon.json" ] && break; sleep 0.1; done
-[ -s "$tmp/state/daemon.json" ] || fail "daemon did not write daemon.json"
-port=$(node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1])).port)' "$tmp/state/daemon.json")
+e2e_serve
 base="http://127.0.0.1:$port/v1"
 echo "daemon up on port $port"
 
