@@ -15,20 +15,20 @@ std::string WorkBudget::message() const {
 
 std::uint64_t json_text_bytes(const json& j) {
   std::uint64_t bytes = 0;
-  std::vector<const json*> todo{&j};
-  while (!todo.empty()) {
-    const json* v = todo.back();
-    todo.pop_back();
+  std::vector<const json*> pending{&j};
+  while (!pending.empty()) {
+    const json* v = pending.back();
+    pending.pop_back();
     ++bytes;
     if (v->is_string()) {
       bytes += v->get_ref<const std::string&>().size();
     } else if (v->is_object()) {
       for (auto it = v->begin(); it != v->end(); ++it) {
         bytes += it.key().size();
-        todo.push_back(&it.value());
+        pending.push_back(&it.value());
       }
     } else if (v->is_array()) {
-      for (const auto& e : *v) todo.push_back(&e);
+      for (const auto& e : *v) pending.push_back(&e);
     }
   }
   return bytes;

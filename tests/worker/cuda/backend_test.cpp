@@ -45,22 +45,6 @@ std::vector<int32_t> prompt(std::size_t n, std::size_t vocab) {
   return ids;
 }
 
-/// The MoE shape most cases use: 3 layers, hidden 256, 8/2 heads of 32, 16 experts top-4 of 64,
-/// vocab 4096 (small enough for the CPU reference, large enough for several GEMV blocks).
-TinyModelOptions small_moe() {
-  TinyModelOptions o;
-  o.num_layers = 3;
-  o.hidden_size = 256;
-  o.num_heads = 8;
-  o.num_kv_heads = 2;
-  o.head_dim = 32;
-  o.num_experts = 16;
-  o.top_k = 4;
-  o.moe_intermediate_size = 64;
-  o.vocab_size = 4096;
-  return o;
-}
-
 std::size_t argmax(const float* row, std::size_t n) { return static_cast<std::size_t>(std::max_element(row, row + n) - row); }
 
 /// The CPU reference with bf16 K/V, as the CUDA backend keeps.
@@ -96,7 +80,7 @@ std::pair<double, int> compare_to_cpu(Backend& cpu, cuda::CudaBackend& gpu, cons
 TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a MoE checkpoint") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  TinyModelOptions o = small_moe();
+  TinyModelOptions o = gpu_test::small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
   auto cpu = cpu_reference(ck);
@@ -133,7 +117,7 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
   for (const bool mixed : {false, true}) {
     CAPTURE(mixed);
     const std::string dir = temp_dir();
-    TinyModelOptions o = small_moe();
+    TinyModelOptions o = gpu_test::small_moe();
     if (mixed) {
       o.mlp_only_layers = {1};
     } else {
@@ -200,7 +184,7 @@ TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with bot
 TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  write_model(dir, small_moe());
+  write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions on, off;
   on.hot_fraction = off.hot_fraction = 0.5;  // VRAM and host-memory experts both on the path
@@ -232,7 +216,7 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
 TEST_CASE("decode step: forward_greedy is forward's argmax; every sequence replays the one graph with the same logits") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  write_model(dir, small_moe());
+  write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions o;
   o.hot_fraction = 0.5;
@@ -278,7 +262,7 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
   gpu_test::skip_without_gpu();
   for (const bool moe : {false, true}) {
     const std::string dir = temp_dir();
-    TinyModelOptions o = small_moe();
+    TinyModelOptions o = gpu_test::small_moe();
     if (!moe) o.model_type = "qwen3";
     write_model(dir, o);
     Checkpoint ck = Checkpoint::open(dir);
@@ -332,7 +316,7 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
 TEST_CASE("prefill: flash attention turned on after the buffers were sized without it") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  write_model(dir, small_moe());
+  write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions off, on;
   off.flash_attention = false;
@@ -355,7 +339,7 @@ TEST_CASE("prefill: flash attention turned on after the buffers were sized witho
 TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; chunks and staging groups") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  TinyModelOptions o = small_moe();
+  TinyModelOptions o = gpu_test::small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
   auto cpu = cpu_reference(ck);
@@ -416,7 +400,7 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
 TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   gpu_test::skip_without_gpu();
   const std::string dir = temp_dir();
-  write_model(dir, small_moe());
+  write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions res, off, whole;
   res.hot_fraction = 1.0;

@@ -15,8 +15,25 @@
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/engine/kv_sequence.hpp"
+#include "worker/model/tiny_model.hpp"
 
 namespace gpu_test {
+
+/// The MoE shape most CUDA tests use: 3 layers, hidden 256, 8/2 heads of 32, 16 experts top-4 of
+/// 64, vocab 4096 (small enough for the CPU reference, large enough for several GEMV blocks).
+inline servedeck::worker::TinyModelOptions small_moe() {
+  servedeck::worker::TinyModelOptions o;
+  o.num_layers = 3;
+  o.hidden_size = 256;
+  o.num_heads = 8;
+  o.num_kv_heads = 2;
+  o.head_dim = 32;
+  o.num_experts = 16;
+  o.top_k = 4;
+  o.moe_intermediate_size = 64;
+  o.vocab_size = 4096;
+  return o;
+}
 
 inline void skip_without_gpu() {
   if (!servedeck::worker::cuda::cuda_device_available()) {

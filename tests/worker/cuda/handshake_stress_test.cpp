@@ -94,17 +94,7 @@ TEST_CASE("decode step handshakes under random SM load: logits bit-identical to 
   gpu_test::skip_without_gpu();
   char tmpl[] = "/tmp/servedeck-stress-XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
-  TinyModelOptions o;
-  o.num_layers = 3;
-  o.hidden_size = 256;
-  o.num_heads = 8;
-  o.num_kv_heads = 2;
-  o.head_dim = 32;
-  o.num_experts = 16;
-  o.top_k = 4;
-  o.moe_intermediate_size = 64;
-  o.vocab_size = 4096;
-  write_model(tmpl, o);
+  write_model(tmpl, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(tmpl);
   cuda::CudaBackendOptions opt;
   opt.hot_fraction = 0.5;

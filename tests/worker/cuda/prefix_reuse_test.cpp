@@ -42,16 +42,7 @@ std::vector<int32_t> prompt(std::size_t n, std::size_t salt) {
 }
 
 TinyModelOptions small(bool moe) {
-  TinyModelOptions o;
-  o.num_layers = 3;
-  o.hidden_size = 256;
-  o.num_heads = 8;
-  o.num_kv_heads = 2;
-  o.head_dim = 32;
-  o.num_experts = 16;
-  o.top_k = 4;
-  o.moe_intermediate_size = 64;
-  o.vocab_size = static_cast<int>(k_vocab);
+  TinyModelOptions o = gpu_test::small_moe();  // vocab k_vocab
   if (!moe) o.model_type = "qwen3";
   return o;
 }

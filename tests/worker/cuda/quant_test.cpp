@@ -166,16 +166,7 @@ TEST_CASE("quantised expert decode kernels match the dequantised CPU reference, 
 namespace {
 
 TinyModelOptions quant_moe(WeightFormat f) {
-  TinyModelOptions o;
-  o.num_layers = 3;
-  o.hidden_size = 256;
-  o.num_heads = 8;
-  o.num_kv_heads = 2;
-  o.head_dim = 32;
-  o.num_experts = 16;
-  o.top_k = 4;
-  o.moe_intermediate_size = 64;
-  o.vocab_size = 4096;
+  TinyModelOptions o = gpu_test::small_moe();
   o.quantize = f;
   return o;
 }
