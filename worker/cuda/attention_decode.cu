@@ -4,17 +4,21 @@
 // positions for the whole GQA group of its KV head on tensor cores, and the last block of a KV
 // head combines the partials.
 //
-// Block (KV head h, split b), 4 warps:
-//   before the PDL wait: the position, the split's unit range, and each warp's first k_stages
-//     units of 16 K and V rows into its shared-memory ring (cp.async; rows of earlier steps and
-//     of the prefill, never written during this step; the current position's row is zero-filled);
+// Block (KV head h, split b), attention_block_config's warps (12 on a 227 KB-per-block device):
+//   before the PDL wait: the position, the split's unit range, the pool block ids of each
+//     warp's units 32 at a time in its lanes' registers (the next 32 read a window ahead; each
+//     unit's id shuffled to the warp), and each warp's first `stages` units of 16 K and V rows into its
+//     shared-memory ring (cp.async, each lane the same 16-byte chunks of every unit; rows of
+//     earlier steps and of the prefill, never written during this step; the current position's
+//     row is zero-filled);
 //   after it: q/k-norm + RoPE of the group's query heads and of k (fp32), rounded to bf16: Q as
 //     an m16 tile (rows past the group zero), k and v as the current position's row, which the
 //     block whose range holds the position also writes into the pool;
-//   per unit (each warp its own: units w, w + 4, ... of the range): the current row patched in
-//     where it falls, S = Q·Kᵀ (2 n8 tiles × head_dim / 16 k steps of mma.m16n8k16), the online
-//     softmax step of flash_mma.cuh (log2 domain, keys past the position masked, P rounded to
-//     bf16), O += P·V, then the ring slot is refilled with the unit k_stages ahead;
+//   per unit (each warp its own: units w, w + warps, ... of the range): the current row patched
+//     in where it falls, S = Q·Kᵀ (2 n8 tiles × head_dim / 16 k steps of mma.m16n8k16), the
+//     online softmax step of flash_mma.cuh (log2 domain, keys past the position masked in the
+//     position's own unit, P rounded to bf16), O rescaled unless every factor is exactly 1,
+//     O += P·V, then the ring slot is refilled with the unit `stages` ahead;
 //   the warps' (m, l, O) merged in warp order into the block's partial (scratch), then
 //   arrive_last (H1): the last of the KV head's blocks merges the splits in split order, writes
 //   the group's outputs, resets the counter and publishes the group's heads (H2).
@@ -22,6 +26,7 @@
 // accumulation and running max / sum), with every sum in a fixed order.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 
 #include "worker/cuda/dot.cuh"
@@ -42,12 +47,16 @@ using flash::ldmatrix_x4;
 using flash::ldmatrix_x4_trans;
 using flash::mma;
 
-constexpr int k_warps = 4;
+/// Warps per block at most: 12 (384 threads, at most 170 registers each) up to head_dim 128, 8
+/// above it (the head_dim 256 instance needs more registers).
+template <int HDMAX>
+constexpr int max_warps() { return HDMAX <= 128 ? 12 : 8; }
 constexpr int k_unit = 16;  // positions per warp step: the n of two m16n8k16 tiles, the k of one
-/// Ring stages per warp: two units (2 × 8.5 KB at head_dim 128) in flight per warp, 64 KB per
-/// block, so one block per SM streams at HBM speed and leaves room for the o-proj's staged rows
-/// (128 KB, launched at this kernel's start) on the same SM. One where two do not fit.
-constexpr int k_max_stages = 2;
+constexpr int k_max_stages = 2;  // ring stages per warp (cp_async_wait_dynamic waits for 0 or 1 pending)
+
+/// (warps per block, ring stages per warp) in order of preference (attention_block_config;
+/// docs/performance.md, 2026-12-02 "decode attention block").
+constexpr AttentionBlockConfig k_configs[] = {{12, 2}, {8, 2}, {12, 1}, {8, 1}, {4, 2}, {4, 1}};
 
 /// The split's share of the context: `units` 16-position units, `active` splits of `per` units
 /// (the last may be shorter); splits >= active have none. The same on host and device.
@@ -69,15 +78,15 @@ __host__ __device__ inline SplitPlan split_plan(int len, int splits) {
 struct SmemLayout {
   int ld;  // bf16 row stride of Q and the K/V tiles: head_dim + 8 (an odd number of 16-byte lines: ldmatrix without bank conflicts)
   std::size_t q, kv_row, qf, ring, tile, total;
-  __host__ __device__ SmemLayout(int hd, int group, int stages, int splits) {
+  __host__ __device__ SmemLayout(int hd, int group, int warps, int stages, int splits) {
     ld = hd + 8;
     tile = static_cast<std::size_t>(k_unit) * ld * 2;                              // 16 rows of K (or V)
     q = 0;                                                                         // Q: 16 rows
     kv_row = q + tile;                                                             // this position's k, v (bf16)
     qf = kv_row + static_cast<std::size_t>(4) * hd;                                // fp32 q heads, k, v
     ring = qf + static_cast<std::size_t>(group + 2) * hd * 4;
-    const std::size_t ring_bytes = static_cast<std::size_t>(k_warps) * stages * 2 * tile;
-    const std::size_t warp_merge = static_cast<std::size_t>(k_warps) * (16 * hd + 32) * 4;     // each warp's O, m, l
+    const std::size_t ring_bytes = static_cast<std::size_t>(warps) * stages * 2 * tile;
+    const std::size_t warp_merge = static_cast<std::size_t>(warps) * (16 * hd + 32) * 4;       // each warp's O, m, l
     const std::size_t split_merge = static_cast<std::size_t>(splits) * group * 3 * 4 + 64 * 4;  // M, L, weight per (split, row)
     std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
     r = r > split_merge ? r : split_merge;
@@ -92,7 +101,7 @@ __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
 }
 
 template <int HDMAX>
-__global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(const float* __restrict__ qkv, const bf16* __restrict__ qn,
+__global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_paged_kernel(const float* __restrict__ qkv, const bf16* __restrict__ qn,
                                                                                const bf16* __restrict__ kn, PagedKv kv, float* __restrict__ out,
                                                                                AttentionShape s, const int32_t* pos_p,
                                                                                unsigned int* heads_done, int stages) {
@@ -107,8 +116,8 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
   const int hd = s.head_dim, G = s.n_heads / s.n_kv_heads;
   const int kvh = blockIdx.x / s.splits, split = blockIdx.x % s.splits;
   const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t4 = lane % 4;
-  const SmemLayout L(hd, G, stages, s.splits);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t4 = lane % 4, warps = blockDim.x / 32;
+  const SmemLayout L(hd, G, warps, stages, s.splits);
   const int ld = L.ld;
   bf16* Qs = reinterpret_cast<bf16*>(smem + L.q);
   bf16* kb = reinterpret_cast<bf16*>(smem + L.kv_row);
@@ -123,21 +132,46 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
   const bool active = split < P.active;
   const int u_begin = split * P.per, u_end = active ? min(P.units, u_begin + P.per) : u_begin;
   const int first = u_begin + warp;
-  const int n_mine = first < u_end ? (u_end - first + k_warps - 1) / k_warps : 0;
+  const int n_mine = first < u_end ? (u_end - first + warps - 1) / warps : 0;
   bf16* mine = ring + static_cast<size_t>(warp) * stages * 2 * k_unit * ld;
   const int B = kv.block_tokens, chunks = hd / 8;  // 16-byte chunks per row
+  // The pool blocks of the warp's units, 32 at a time: lane l holds the block of unit 32 w + l of
+  // window w (tab), and the next window's (tab_next, loaded a window ahead), so no unit's loads
+  // wait on a table read.
+  auto table_of = [&](int i) { return i < n_mine ? __ldg(kv.table + (first + i * warps) * k_unit / B) : 0; };
+  int tab = table_of(lane), tab_next = table_of(32 + lane);
+  // This lane's 16-byte chunks of a unit's 16 K (and V) rows, the same for every unit: chunk
+  // lane + 32 j is row lrow[j], columns lcol[j] .. + 7 (the division once, not per unit).
+  constexpr int k_slots = k_unit * (HDMAX / 8) / 32;
+  const int unit_chunks = k_unit * chunks;
+  int lrow[k_slots], lcol[k_slots];
+#pragma unroll
+  for (int j = 0; j < k_slots; ++j) {
+    const int c = lane + 32 * j;
+    lrow[j] = c / chunks;
+    lcol[j] = (c % chunks) * 8;
+  }
   auto load = [&](int i) {
-    if (i < n_mine) {
-      const int p0 = (first + i * k_warps) * k_unit;
-      const size_t base = static_cast<size_t>(kv.table[p0 / B]) * B + p0 % B;
+    if (i < n_mine) {  // warp-uniform
+      if (i % 32 == 0 && i > 0) {
+        tab = tab_next;
+        tab_next = table_of(i + 32 + lane);
+      }
+      const int p0 = (first + i * warps) * k_unit;
+      const size_t base = static_cast<size_t>(__shfl_sync(0xffffffffu, tab, i % 32)) * B + p0 % B;
+      const size_t head0 = base * kv_dim + static_cast<size_t>(kvh) * hd;
+      const bf16* ks = kv.k + head0;
+      const bf16* vs = kv.v + head0;
       bf16* Kt = mine + static_cast<size_t>(i % stages) * 2 * k_unit * ld;
       bf16* Vt = Kt + k_unit * ld;
-      for (int c = lane; c < k_unit * chunks; c += 32) {
-        const int r = c / chunks, col = (c % chunks) * 8;
-        const size_t at = (base + r) * kv_dim + static_cast<size_t>(kvh) * hd + col;
-        const bool valid = p0 + r < pos;  // the current position and those after it: zeros
-        cp_async16(Kt + r * ld + col, kv.k + at, valid);
-        cp_async16(Vt + r * ld + col, kv.v + at, valid);
+#pragma unroll
+      for (int j = 0; j < k_slots; ++j) {
+        if (lane + 32 * j < unit_chunks) {
+          const int r = lrow[j], col = lcol[j];
+          const bool valid = p0 + r < pos;  // the current position and those after it: zeros
+          cp_async16(Kt + r * ld + col, ks + r * kv_dim + col, valid);
+          cp_async16(Vt + r * ld + col, vs + r * kv_dim + col, valid);
+        }
       }
     }
     cp_async_commit();  // one group per call, empty or not, so the wait below counts units
@@ -151,7 +185,7 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
   float* wpart = reinterpret_cast<float*>(ring);
   if (active) {  // block-uniform: splits past the context only arrive
   // q heads of the group, k and v of the position: fp32, then bf16.
-  for (int j = warp; j < G + 2; j += k_warps) {
+  for (int j = warp; j < G + 2; j += warps) {
     if (j < G)
       detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(kvh * G + j) * hd, rq, qn != nullptr, qf + static_cast<size_t>(j) * hd,
                                         hd, s.rotary_dim, s.eps, pos, lane);
@@ -194,7 +228,7 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
     __syncwarp();
     bf16* Kt = mine + static_cast<size_t>(i % stages) * 2 * k_unit * ld;
     bf16* Vt = Kt + k_unit * ld;
-    const int u = first + i * k_warps;
+    const int u = first + i * warps;
     if (u == pos_unit) {
       const int r = pos % k_unit;
       for (int c = lane; c < hd; c += 32) {
@@ -216,8 +250,11 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
     }
     uint32_t p[1][4];
     float c0, c1;
-    rows.tile<2>(sc, u * k_unit, true, t4, scale_log2, p, c0, c1);
-    flash::rescale_rows<NF>(o, c0, c1);
+    // Keys past the position are only in the position's own unit.
+    if (u == pos_unit) rows.tile<2>(sc, u * k_unit, true, t4, scale_log2, p, c0, c1);
+    else rows.tile<2>(sc, u * k_unit, false, t4, scale_log2, p, c0, c1);
+    // Once the running maxima settle, most units leave them as they are (factors exactly 1).
+    if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) flash::rescale_rows<NF>(o, c0, c1);
 #pragma unroll
     for (int f = 0; f < NF; f += 2) {
       if (f * 8 < hd) {
@@ -260,9 +297,9 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
     for (int i = threadIdx.x; i < G * (hd + 1); i += blockDim.x) {
       const int r = i / (hd + 1), c = i % (hd + 1);  // c == hd: the row's (M, L)
       float M = -INFINITY;
-      for (int w = 0; w < k_warps; ++w) M = fmaxf(M, wpart[static_cast<size_t>(w) * (16 * hd + 32) + 16 * hd + r]);
+      for (int w = 0; w < warps; ++w) M = fmaxf(M, wpart[static_cast<size_t>(w) * (16 * hd + 32) + 16 * hd + r]);
       float acc = 0.f;
-      for (int w = 0; w < k_warps; ++w) {
+      for (int w = 0; w < warps; ++w) {
         const float* ww = wpart + static_cast<size_t>(w) * (16 * hd + 32);
         const float l = ww[16 * hd + 16 + r];
         if (l > 0.f) acc += (c < hd ? ww[r * hd + c] : l) * exp2f(ww[16 * hd + r] - M);
@@ -337,29 +374,43 @@ __global__ void __launch_bounds__(k_warps * 32) attention_decode_paged_kernel(co
 }
 
 template <int HDMAX>
+AttentionBlockConfig block_config_for(const AttentionShape& s) {
+  const auto kernel = attention_decode_paged_kernel<HDMAX>;
+  const int G = s.n_heads / s.n_kv_heads;
+  for (const AttentionBlockConfig& k : k_configs)
+    if (k.warps <= max_warps<HDMAX>() && detail::fits_smem(kernel, SmemLayout(s.head_dim, G, k.warps, k.stages, s.splits).total)) return k;
+  return k_configs[std::size(k_configs) - 1];
+}
+
+template <int HDMAX>
 void launch_for(const float* qkv, const bf16* q_norm, const bf16* k_norm, const PagedKv& kv, float* out, const AttentionShape& s,
                 const int32_t* pos, cudaStream_t stream, bool pdl, unsigned int* heads_done) {
   const auto kernel = attention_decode_paged_kernel<HDMAX>;
-  const int G = s.n_heads / s.n_kv_heads;
-  int stages = k_max_stages;
-  while (stages > 1 && !detail::fits_smem(kernel, SmemLayout(s.head_dim, G, stages, s.splits).total)) --stages;
-  const SmemLayout L(s.head_dim, G, stages, s.splits);
-  detail::require(detail::fits_smem(kernel, L.total), "launch_attention_decode_paged",
-                  "head_dim " + std::to_string(s.head_dim) + " needs " + std::to_string(L.total) +
-                      " bytes of shared memory per block, more than the device allows");
   static const bool prepared = [&] {
-    // The attribute belongs to the function: the largest layout of this instance (group 16,
-    // k_max_stages, the most splits), capped by the device (allow_dynamic_smem).
-    detail::allow_dynamic_smem(kernel, SmemLayout(HDMAX, 16, k_max_stages, k_attention_max_splits).total);
+    // The attribute belongs to the function: the largest layout of this instance (group 16, the
+    // most warps and stages and splits), capped by the device (allow_dynamic_smem).
+    detail::allow_dynamic_smem(kernel, SmemLayout(HDMAX, 16, max_warps<HDMAX>(), k_max_stages, k_attention_max_splits).total);
     detail::prefer_max_shared(kernel);
     return true;
   }();
   (void)prepared;
-  detail::launch(kernel, s.n_kv_heads * s.splits, k_warps * 32, L.total, stream, pdl, qkv, q_norm, k_norm, kv, out, s, pos, heads_done,
-                 stages);
+  const AttentionBlockConfig c = block_config_for<HDMAX>(s);
+  const SmemLayout L(s.head_dim, s.n_heads / s.n_kv_heads, c.warps, c.stages, s.splits);
+  detail::require(detail::fits_smem(kernel, L.total), "launch_attention_decode_paged",
+                  "head_dim " + std::to_string(s.head_dim) + " needs " + std::to_string(L.total) +
+                      " bytes of shared memory per block, more than the device allows");
+  detail::launch(kernel, s.n_kv_heads * s.splits, c.warps * 32, L.total, stream, pdl, qkv, q_norm, k_norm, kv, out, s, pos, heads_done,
+                 c.stages);
 }
 
 }  // namespace
+
+AttentionBlockConfig attention_block_config(const AttentionShape& s) {
+  if (s.head_dim <= 32) return block_config_for<32>(s);
+  if (s.head_dim <= 64) return block_config_for<64>(s);
+  if (s.head_dim <= 128) return block_config_for<128>(s);
+  return block_config_for<256>(s);
+}
 
 int attention_splits(int n_kv_heads) {
   const int kv = n_kv_heads > 0 ? n_kv_heads : 1;

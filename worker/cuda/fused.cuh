@@ -78,6 +78,16 @@ struct AttentionShape {
   unsigned int* counters;  // device, n_kv_heads, zeroed once (H1, handshakes.cuh: each launch leaves them zero)
 };
 
+/// Warps per block and shared-memory ring stages per warp of launch_attention_decode_paged for
+/// shape `s` on the current device: the first of (12, 2), (8, 2), (12, 1), (8, 1), (4, 2),
+/// (4, 1) that the head_dim's kernel allows (12 warps up to head_dim 128, else 8) and whose
+/// shared memory fits smem_per_block(); (12, 2) at head_dim 128 takes ~220 KB, so a 99 KB card
+/// runs (8, 1). Measured: docs/performance.md, 2026-12-02 "decode attention block".
+struct AttentionBlockConfig {
+  int warps, stages;
+};
+AttentionBlockConfig attention_block_config(const AttentionShape& s);
+
 /// Floats of attention scratch: per query head and split, (max, sum, 2 unused, head_dim partial outputs).
 inline std::size_t attention_scratch_floats(int n_heads, int head_dim, int splits) {
   return static_cast<std::size_t>(n_heads) * static_cast<std::size_t>(splits) * (static_cast<std::size_t>(head_dim) + 4);
@@ -92,7 +102,7 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// pre-RoPE). Applies the per-head RMSNorm (q_norm / k_norm, both null to skip) and RoPE at
 /// *pos, rounds q, k and v to bf16, writes k and v into pool row *pos of `kv`, and attends over
 /// positions [0, *pos] (the block table must cover them). out: (n_heads, head_dim) fp32.
-/// Grid: n_kv_heads × s.splits blocks of 4 warps. The context is cut into 16-position units;
+/// Grid: n_kv_heads × s.splits blocks of attention_block_config(s).warps warps. The context is cut into 16-position units;
 /// split b of KV head h takes a contiguous run of ceil(units / a) units, a = min(splits,
 /// ceil(units / k_attention_min_split_units)) splits in use (the rest exit at once), so the
 /// work per block grows with the context and every K/V row is read once per KV head (its GQA
