@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
     backend->allocate_kv_pool(pool.shape());
     backend->set_hot_slots(128);
     std::vector<int32_t> ids;
-    for (int i = 0; i < max_ctx; ++i) ids.push_back((i * 7919 + 11) % 151643);
+    for (int i = 0; i <= max_ctx; ++i) ids.push_back((i * 7919 + 11) % 151643);  // each row's next token included
     {
       KvSequence writer(pool, true);
       auto tp = clk::now();
