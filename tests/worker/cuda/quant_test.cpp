@@ -204,6 +204,7 @@ TEST_CASE("CUDA with experts kept quantised matches the CPU on the same checkpoi
     Checkpoint ck = Checkpoint::open(dir);
     const auto ids = prompt(40);
     const auto want = cpu_logits(ck, ids);
+    std::vector<float> first;  // the logits at hot fraction 0
     for (const double hot : {0.0, 0.5, 1.0}) {
       CAPTURE(hot);
       CudaBackendOptions opt;
@@ -216,9 +217,16 @@ TEST_CASE("CUDA with experts kept quantised matches the CPU on the same checkpoi
       gpu_test::Seq seq(*gpu, pool);
       const auto got = seq.forward(ids, true);
       const auto c = cpu::compare_logits(want, got, 4096);
-      MESSAGE(std::string(to_string(f)) << " hot " << hot << ": CUDA vs CPU max |dlogit| " << c.max_abs << ", top-1 " << c.top1_agreement);
-      CHECK(c.max_abs < 2e-3);
+      MESSAGE(std::string(to_string(f)) << " hot " << hot << ": CUDA vs CPU rel L2 " << c.rel_l2 << ", max |dlogit| " << c.max_abs
+                                        << ", top-1 " << c.top1_agreement);
+      // The CPU reference keeps fp32 K/V; the CUDA decode attention reads bf16 K/V with bf16 Q
+      // and P (attention_decode.cu), which bounds the agreement as in backend_test.cpp.
+      CHECK(c.rel_l2 < 2e-2);
       CHECK(c.top1_agreement == 1.0);
+      // A hot expert (VRAM) and a missed one (pinned host memory, UVA) go through the same
+      // quantised GEMVs: the logits do not depend on the hot fraction.
+      if (first.empty()) first = got;
+      else CHECK(cpu::compare_logits(first, got, 4096).max_abs == 0.0);
       // Experts stay in their format in host memory: RSS / expert bytes ~ 1.
       CHECK(static_cast<double>(gpu->host_bytes_mapped()) / static_cast<double>(gpu->expert_bytes()) <= 1.05);
     }
