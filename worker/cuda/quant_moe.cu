@@ -37,63 +37,94 @@ __device__ __forceinline__ float2 e2m1x2_scaled(uint32_t b) {
   return __half22float2(*reinterpret_cast<const __half2*>(&pair));
 }
 
-/// Σ over the 16 fp8 weights of one uint4 (columns c0 .. c0+15) of (q · s) · x[c].
-__device__ __forceinline__ float dot16_fp8(uint4 w, float s, const float* x) {
+/// Columns per uint4 of a stored row: 16 fp8 weights, 32 e2m1 weights.
+template <ExpertFormat F>
+constexpr int chunk_cols() { return F == ExpertFormat::fp8_block ? 16 : 32; }
+
+/// Where column `col` of an input vector of `cols` values lives in shared memory: lane l reads
+/// the x of the chunks l, l + 32, ... (chunk_cols<F>() consecutive columns each), so x is stored
+/// in groups of 4 columns with the chunks' groups q side by side: column c of chunk i at
+/// ((c / 4) · n + i) · 4 + c % 4, n = cols / chunk_cols<F>(). Each float4 read of a warp then
+/// covers 512 consecutive bytes (no bank conflicts) where a plain layout puts every lane of a
+/// quarter-warp on the same banks.
+template <ExpertFormat F>
+__device__ __forceinline__ int chunked_x_index(int col, int cols) {
+  constexpr int per = chunk_cols<F>();
+  const int i = col / per, c = col % per;
+  return ((c / 4) * (cols / per) + i) * 4 + c % 4;
+}
+
+/// Σ over the 16 fp8 weights of one uint4 (columns c0 .. c0+15) of (q · s) · x[c]; xc: the
+/// chunk's first group of x (chunked_x_index), gs: floats between its groups.
+__device__ __forceinline__ float dot16_fp8(uint4 w, float s, const float* xc, int gs) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
   float acc = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
+    const float4 x = *reinterpret_cast<const float4*>(xc + i * gs);
     const float2 a = e4m3x2(static_cast<uint16_t>(words[i] & 0xffffu));
     const float2 b = e4m3x2(static_cast<uint16_t>(words[i] >> 16));
-    acc += (a.x * s) * x[4 * i] + (a.y * s) * x[4 * i + 1] + (b.x * s) * x[4 * i + 2] + (b.y * s) * x[4 * i + 3];
+    acc += (a.x * s) * x.x + (a.y * s) * x.y + (b.x * s) * x.z + (b.y * s) * x.w;
   }
   return acc;
 }
 
 /// Σ over the 32 e2m1 weights of one uint4 (two groups of 16) of (e2m1 · s_g) · x[c]; s0, s1
-/// are the groups' scales times 2^14 (see e2m1x2_scaled).
-__device__ __forceinline__ float dot32_fp4(uint4 w, float s0, float s1, const float* x) {
+/// are the groups' scales times 2^14 (see e2m1x2_scaled); xc, gs as dot16_fp8.
+__device__ __forceinline__ float dot32_fp4(uint4 w, float s0, float s1, const float* xc, int gs) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
   float acc = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float s = i < 2 ? s0 : s1;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const float2 v = e2m1x2_scaled((words[i] >> (8 * b)) & 0xffu);
-      acc += (v.x * s) * x[8 * i + 2 * b] + (v.y * s) * x[8 * i + 2 * b + 1];
+    for (int h = 0; h < 2; ++h) {
+      const float4 x = *reinterpret_cast<const float4*>(xc + (2 * i + h) * gs);
+      const float2 v0 = e2m1x2_scaled((words[i] >> (16 * h)) & 0xffu);
+      acc += (v0.x * s) * x.x + (v0.y * s) * x.y;
+      const float2 v1 = e2m1x2_scaled((words[i] >> (16 * h + 8)) & 0xffu);
+      acc += (v1.x * s) * x.z + (v1.y * s) * x.w;
     }
   }
   return acc;
 }
 
-/// This lane's share of row · x for one stored row of `cols` inputs: uint4 chunks lane, lane +
-/// 32, ... (fp8: 16 columns each, nvfp4: 32). w_row: the row's bytes; scales: fp8 the row's
-/// block-row of scale_inv floats (one per bc columns), nvfp4 the row's e4m3 scales (one per 16);
-/// g: nvfp4 weight_scale_2 × 2^14.
-template <ExpertFormat F>
-__device__ __forceinline__ float lane_row_dot(const uint8_t* w_row, const uint8_t* scales, float g, int cols, int bc,
-                                              const float* x, int lane) {
-  const uint4* w = reinterpret_cast<const uint4*>(w_row);
-  float acc = 0.f;
-  if constexpr (F == ExpertFormat::fp8_block) {
-    const int n = cols / 16;
-    const float* s = reinterpret_cast<const float*>(scales);
-    int i = lane;
-    for (; i + 32 < n; i += 64) {  // two loads in flight per lane
-      const uint4 a = w[i], b = w[i + 32];
-      acc += dot16_fp8(a, s[(16 * i) / bc], x + 16 * i);
-      acc += dot16_fp8(b, s[(16 * (i + 32)) / bc], x + 16 * (i + 32));
+/// This lane's share of row · x for R stored rows of `cols` inputs each (R = 2: gate and up,
+/// their loads issued together): uint4 chunks lane, lane + 32, ..., two per row in flight. Each
+/// row's sum runs over its chunks in increasing order. w_row: the rows' bytes; scales: fp8 the
+/// row's block-row of scale_inv floats (one per bc columns), nvfp4 the row's e4m3 scales (one
+/// per 16); g: nvfp4 weight_scale_2 × 2^14; x: the input in chunked_x_index order.
+template <ExpertFormat F, int R>
+__device__ __forceinline__ void lane_rows_dot(const uint8_t* const (&w_row)[R], const uint8_t* const (&scales)[R], const float (&g)[R],
+                                              int cols, int bc, const float* x, int lane, float (&acc)[R]) {
+  constexpr int per = chunk_cols<F>();
+  const int n = cols / per, gs = 4 * n;
+  auto dot = [&](int r, uint4 v, int i) {
+    if constexpr (F == ExpertFormat::fp8_block)
+      return dot16_fp8(v, reinterpret_cast<const float*>(scales[r])[(16 * i) / bc], x + 4 * i, gs);
+    else
+      return dot32_fp4(v, e4m3(scales[r][2 * i]) * g[r], e4m3(scales[r][2 * i + 1]) * g[r], x + 4 * i, gs);
+  };
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  int i = lane;
+  for (; i + 32 < n; i += 64) {
+    uint4 a[R], b[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      a[r] = reinterpret_cast<const uint4*>(w_row[r])[i];
+      b[r] = reinterpret_cast<const uint4*>(w_row[r])[i + 32];
     }
-    if (i < n) acc += dot16_fp8(w[i], s[(16 * i) / bc], x + 16 * i);
-  } else {
-    const int n = cols / 32;
-    for (int i = lane; i < n; i += 32) {
-      const uint4 v = w[i];
-      acc += dot32_fp4(v, e4m3(scales[2 * i]) * g, e4m3(scales[2 * i + 1]) * g, x + 32 * i);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      acc[r] += dot(r, a[r], i);
+      acc[r] += dot(r, b[r], i + 32);
     }
   }
-  return acc;
+  if (i < n) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += dot(r, reinterpret_cast<const uint4*>(w_row[r])[i], i);
+  }
 }
 
 /// Where row r of matrix m (0 gate, 1 up, 2 down) of a block starts, and its scales.
@@ -129,15 +160,20 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable
   extern __shared__ float xs[];
   __shared__ const uint8_t* blocks[32];
   const QuantLayout L = layout_of(t);
-  for (int i = threadIdx.x; i < t.hidden; i += blockDim.x) xs[i] = xn[i];
+  for (int i = threadIdx.x; i < t.hidden; i += blockDim.x) xs[chunked_x_index<F>(i, t.hidden)] = xn[i];
   if (threadIdx.x < k) blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
   __syncthreads();
   const int lane = threadIdx.x % 32, total = k * t.inter;
   for (int gw = blockIdx.x * k_warps + threadIdx.x / 32; gw < total; gw += gridDim.x * k_warps) {
     const int j = gw / t.inter, r = gw % t.inter;
     const RowRef g = row_of<F>(blocks[j], L, 0, r), u = row_of<F>(blocks[j], L, 1, r);
-    const float gs = detail::warp_sum(lane_row_dot<F>(g.w, g.s, g.g, t.hidden, t.block_cols, xs, lane));
-    const float us = detail::warp_sum(lane_row_dot<F>(u.w, u.s, u.g, t.hidden, t.block_cols, xs, lane));
+    const uint8_t* const rows[2] = {g.w, u.w};
+    const uint8_t* const scales[2] = {g.s, u.s};
+    const float globals[2] = {g.g, u.g};
+    float part[2];
+    lane_rows_dot<F, 2>(rows, scales, globals, t.hidden, t.block_cols, xs, lane, part);
+    const float gs = detail::warp_sum(part[0]);
+    const float us = detail::warp_sum(part[1]);
     if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
   }
 }
@@ -151,7 +187,7 @@ __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t,
   __shared__ const uint8_t* blocks[32];
   __shared__ float w[32];
   const QuantLayout L = layout_of(t);
-  for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[i] = act[i];
+  for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[(i / t.inter) * t.inter + chunked_x_index<F>(i % t.inter, t.inter)] = act[i];
   if (threadIdx.x < k) {
     blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
     w[threadIdx.x] = weights[threadIdx.x];
@@ -168,7 +204,12 @@ __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t,
         p[q] = 0.f;
         if (j0 + q < k) {
           const RowRef d = row_of<F>(blocks[j0 + q], L, 2, h);
-          p[q] = lane_row_dot<F>(d.w, d.s, d.g, t.inter, t.block_cols, as + static_cast<std::size_t>(j0 + q) * t.inter, lane);
+          const uint8_t* const rows[1] = {d.w};
+          const uint8_t* const scales[1] = {d.s};
+          const float globals[1] = {d.g};
+          float part[1];
+          lane_rows_dot<F, 1>(rows, scales, globals, t.inter, t.block_cols, as + static_cast<std::size_t>(j0 + q) * t.inter, lane, part);
+          p[q] = part[0];
         }
       }
 #pragma unroll
