@@ -63,7 +63,7 @@ TEST_CASE("the shipped BF16 entry: its offload is its experts' bytes; the hot ca
   REQUIRE(h);
   CHECK(h->verdict == Verdict::pass);
   CHECK(h->reading == "hot 32 of 128 experts x 48 layers = 13.5 GiB");
-  CHECK(has(h->message, "resident 2.9 GiB + hot 13.5 GiB + staging 1.1 GiB + KV 3.0 GiB = 20.5 GiB"));
+  CHECK(has(h->message, "resident 2.9 GiB + hot 13.5 GiB + staging 1.1 GiB + KV 1.5 GiB = 19.0 GiB"));
 }
 
 TEST_CASE("an FP8 checkpoint under a BF16 entry's offload warns with both figures") {
@@ -115,7 +115,7 @@ TEST_CASE("hot cache: util too small warns with the breakdown; a VRAM budget cap
   const CheckResult* h = find(r, "hot_cache");
   REQUIRE(h);
   CHECK(h->verdict == Verdict::warn);
-  CHECK(has(h->message, "= 20.5 GiB > util 0.1 x 140.4 GiB = 14.0 GiB"));
+  CHECK(has(h->message, "= 19.0 GiB > util 0.1 x 140.4 GiB = 14.0 GiB"));
   m.args.push_back("--vram-budget-gib");
   m.args.push_back("10");
   r = run_preflight(shipped(), m, fr, 0);
