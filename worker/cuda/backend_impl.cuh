@@ -16,6 +16,7 @@
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
+#include "worker/cuda/router_sigmoid.cuh"
 #include "worker/offload/expert_store.hpp"
 
 namespace servedeck::worker::cuda {
@@ -26,11 +27,18 @@ using bf16 = __nv_bfloat16;
 
 /// Device weights of one layer. qkv: q, k and v projections concatenated at load into one
 /// ((n_heads + 2 n_kv_heads) head_dim, hidden) matrix so one GEMV/GEMM computes all three.
+/// With a YaRN attention factor m != 1 the rotated dims carry m from load on (fold_yarn_scale,
+/// cuda_backend_load.cu): the q_norm / k_norm entries [0, rotary_dim) with QK-norm, else those
+/// rows of q and k in qkv and in qkv_bias; RoPE then runs on plain cos/sin.
 struct LayerDev {
   const bf16 *input_norm, *qkv, *o, *q_norm, *k_norm, *post_norm;
   const bf16 *router, *mlp_gate, *mlp_up, *mlp_down;
   bool moe;
   const float* router_folded = nullptr;  // (n_experts, hidden + q_dim) fp32, fold_router_weights; null: not folded
+  const float* qkv_bias = nullptr;       // ((n_heads + 2 n_kv_heads) head_dim) fp32, VRAM; attention_bias only
+  const float* router_bias = nullptr;    // (n_experts) fp32 e_score_correction_bias, VRAM; sigmoid router only
+  const bf16* shared_gate_up = nullptr;  // (2 shared_inter, hidden) bf16 gate rows then up rows, VRAM; shared expert only
+  const bf16* shared_down = nullptr;     // (hidden, shared_inter) bf16, VRAM
 };
 
 /// One batch of a prefill MoE layer's routed experts (at most stage_group, consecutive in the
@@ -118,6 +126,8 @@ struct CudaBackend::Impl {
   std::vector<std::string> warnings;
   // Decode activations (device).
   float *x, *xn, *qkv, *attn, *router_logits, *route_w, *act, *g, *u, *h, *logits;
+  float* shared_gu = nullptr;   // (2 shared_inter) the shared expert's gate|up outputs; null without one
+  float* shared_act = nullptr;  // (shared_inter) its SwiGLU
   int32_t *route_ids, *d_token, *d_pos;
   // The step's counters, one allocation zeroed once (handshakes.cuh): [0] the epoch, [1] the
   // unfolded router's last-block counter, then per MoE layer the heads (H2) and logits (H3)
@@ -173,9 +183,25 @@ struct CudaBackend::Impl {
   int kv_dim() const { return static_cast<int>(d.num_kv_heads * d.head_dim); }
   int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int rotary_dim() const;
+  /// The shared expert's width (moe.shared_intermediate_size), 0 without one.
+  int shared_inter() const { return static_cast<int>(d.moe.shared_experts > 0 ? d.moe.shared_intermediate_size : 0); }
   AttentionShape attention_shape() const;
+  /// The sigmoid router's parameters for layer L (router_sigmoid.cuh).
+  SigmoidRouter sigmoid_router(const detail::LayerDev& L) const {
+    return SigmoidRouter{L.router_bias, static_cast<int>(d.moe.n_group), static_cast<int>(d.moe.topk_group), d.moe.norm_topk_prob,
+                         static_cast<float>(d.moe.routed_scaling_factor)};
+  }
+  /// The shared expert of a MoE layer's decode step, if it has one (shared_expert.cu): out +=
+  /// down(silu(gate xn) * up xn) for xn (hidden) fp32, the post-attention-normed row (the
+  /// router's xn_out). Three launches in stream order after the routed down.
+  void shared_expert_decode(const detail::LayerDev& L, const float* xn_row, float* out);
+  /// The same for a prefill chunk's n rows (shared_expert.cu): pre.x += down(silu(gate xb) * up
+  /// xb) over pre.xb (n, hidden) bf16, through cuBLAS and pre.gu / pre.act.
+  void shared_expert_prefill(const detail::LayerDev& L, int n);
 
   const bf16* place(const std::vector<uint16_t>& host);
+  /// As place, fp32 values (biases) into the same arena.
+  const float* place_f32(const std::vector<float>& host);
   std::size_t resident_elems() const;
   void allocate_activations();
   /// One decode step, graph-capturable: every layer, final norm + lm_head into `logits`, and

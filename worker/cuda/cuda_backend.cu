@@ -26,9 +26,7 @@ namespace servedeck::worker::cuda {
 using bf16 = __nv_bfloat16;
 using detail::LayerDev;
 
-int CudaBackend::Impl::rotary_dim() const {
-  return static_cast<int>(std::lround(d.rotary_fraction * static_cast<double>(d.head_dim))) / 2 * 2;
-}
+int CudaBackend::Impl::rotary_dim() const { return static_cast<int>(d.rotary_dim()); }
 
 AttentionShape CudaBackend::Impl::attention_shape() const {
   return AttentionShape{static_cast<int>(d.num_heads), static_cast<int>(d.num_kv_heads), static_cast<int>(d.head_dim),
@@ -118,13 +116,27 @@ const __nv_bfloat16* CudaBackend::Impl::place(const std::vector<uint16_t>& host)
   return reinterpret_cast<const bf16*>(arena + at);
 }
 
+const float* CudaBackend::Impl::place_f32(const std::vector<float>& host) {
+  const std::size_t bytes = host.size() * 4, at = (arena_used + 255) / 256 * 256;
+  if (at + bytes > arena_bytes) throw std::logic_error("cuda backend: resident arena overflow");
+  CUDA_CHECK(cudaMemcpy(arena + at, host.data(), bytes, cudaMemcpyHostToDevice));
+  arena_used = at + bytes;
+  return reinterpret_cast<const float*>(arena + at);
+}
+
 std::size_t CudaBackend::Impl::resident_elems() const {
   std::size_t n = static_cast<std::size_t>(d.vocab_size) * hidden() * (d.tie_word_embeddings ? 1 : 2) + hidden();
   for (const auto& l : d.layers) {
     n += 2 * static_cast<std::size_t>(hidden()) + 2 * static_cast<std::size_t>(d.head_dim);
     n += static_cast<std::size_t>(hidden()) * (2 * q_dim() + 2 * kv_dim());
-    if (l.mlp == MlpKind::moe) n += static_cast<std::size_t>(d.moe.num_experts) * hidden();
-    else n += 3 * static_cast<std::size_t>(d.intermediate_size) * hidden();
+    if (d.attention_bias) n += 2 * static_cast<std::size_t>(qkv_dim());  // fp32: two bf16 slots each
+    if (l.mlp == MlpKind::moe) {
+      n += static_cast<std::size_t>(d.moe.num_experts) * hidden();
+      if (d.moe.router == RouterKind::sigmoid_bias_topk) n += 2 * static_cast<std::size_t>(d.moe.num_experts);
+      n += 3 * static_cast<std::size_t>(shared_inter()) * hidden();
+    } else {
+      n += 3 * static_cast<std::size_t>(d.intermediate_size) * hidden();
+    }
   }
   return n + 256 * (16 * d.layers.size() + 8);  // alignment slack
 }
@@ -140,6 +152,10 @@ void CudaBackend::Impl::allocate_activations() {
   f(&router_logits, static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1)));
   f(&route_w, topk); f(&act, topk * inter);
   f(&g, dense); f(&u, dense); f(&h, dense); f(&logits, static_cast<std::size_t>(d.vocab_size));
+  if (shared_inter() > 0) {
+    f(&shared_gu, 2 * static_cast<std::size_t>(shared_inter()));
+    f(&shared_act, static_cast<std::size_t>(shared_inter()));
+  }
   dev(&route_ids, topk * sizeof(int32_t));
   // Token and position side by side: one host→device copy per decode step.
   dev(&d_token, 2 * sizeof(int32_t));
@@ -157,7 +173,10 @@ void CudaBackend::Impl::allocate_activations() {
   f(&attn_scratch, attention_scratch_floats(static_cast<int>(d.num_heads), static_cast<int>(d.head_dim), attn_splits));
   dev(&attn_counters, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int));
   CUDA_CHECK(cudaMemset(attn_counters, 0, static_cast<std::size_t>(d.num_heads) * sizeof(unsigned int)));
-  const std::vector<float> freq = rope_inv_freq(static_cast<float>(d.rope_theta), rotary_dim());
+  // The CPU backend's table (ModelDescription::rope_inv_freq: plain, or YaRN-blended), as is; the
+  // YaRN attention factor is in the weights (LayerDev).
+  std::vector<float> freq = d.rope_inv_freq();
+  if (freq.empty()) freq.assign(1, 0.f);
   f(&inv_freq, freq.size());
   CUDA_CHECK(cudaMemcpy(inv_freq, freq.data(), freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   h_scalars = static_cast<int32_t*>(host_alloc(3 * sizeof(int32_t)));
@@ -179,6 +198,9 @@ StepSync CudaBackend::Impl::step_sync(int si) const {
 // folded (L.router_folded, fold_routers at load) writes the o-proj's sum into the residual
 // stream's other buffer, so the router can read the residual before it, and runs the handshakes
 // H2-H4 (handshakes.cuh); otherwise the unfolded router follows the o-proj in PDL order.
+// glm4_moe: the q|k|v GEMV adds the bias, the sigmoid router (router_sigmoid.cuh) is never
+// folded, and the shared expert adds three launches after the down (gate|up GEMV, SwiGLU, down
+// GEMV into the residual).
 void CudaBackend::Impl::step() {
   const int H = hidden();
   const float eps = static_cast<float>(d.rms_norm_eps);
@@ -192,7 +214,7 @@ void CudaBackend::Impl::step() {
     const bool fold = L.moe && L.router_folded != nullptr;
     const int si = moe_index[li];
     const StepSync sync = L.moe ? step_sync(si) : StepSync{};
-    launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl);
+    launch_norm_gemv_bf16(L.qkv, xin, L.input_norm, eps, qkv, qkv_dim(), H, false, nullptr, stream, pdl, L.qkv_bias);
     launch_attention_decode_paged(qkv, L.q_norm, L.k_norm, layer_kv(l), attn, shape, d_pos, stream, pdl,
                                   fold ? sync.heads_done : nullptr);
     float* xout = fold ? (xin == x ? x_alt : x) : xin;
@@ -202,10 +224,17 @@ void CudaBackend::Impl::step() {
       const RouterOutputs ro{router_logits, route_ids, route_w, router_done,
                              store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
                              layer_counts + static_cast<std::size_t>(si) * E};
+      // The unfolded router: post-attention norm (into xn) + router GEMV + the pick.
+      auto route = [&] {
+        if (d.moe.router == RouterKind::sigmoid_bias_topk)
+          launch_router_sigmoid_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, sigmoid_router(L), ro, stream, pdl);
+        else
+          launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+      };
       if (store->format() != ExpertFormat::bf16) {
         // Quantised experts (never folded): the unfolded router, then gate/up and the down
         // dequantising in registers (quant_moe.cuh), launched without PDL.
-        launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+        route();
         launch_moe_gate_up_quant(store->table(si), xn, route_ids, K, act, stream);
         launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
       } else {
@@ -213,11 +242,13 @@ void CudaBackend::Impl::step() {
           launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
           launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
         } else {
-          launch_router_fused(L.router, xout, L.post_norm, eps, xn, E, H, K, d.moe.norm_topk_prob, ro, stream, pdl);
+          route();
           launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);
         }
         launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
       }
+      // glm4_moe's shared expert on the unfolded router's xn (the sigmoid router never folds).
+      shared_expert_decode(L, xn, xout);
     } else {
       const int I = static_cast<int>(d.intermediate_size);
       launch_norm_gemv_bf16(L.mlp_gate, xout, L.post_norm, eps, g, I, H, false, nullptr, stream);
@@ -289,7 +320,7 @@ CudaBackend::~CudaBackend() {
                   static_cast<void*>(m.attn), static_cast<void*>(m.router_logits), static_cast<void*>(m.route_w),
                   static_cast<void*>(m.act), static_cast<void*>(m.step_counters), static_cast<void*>(m.d_pick),
                   static_cast<void*>(m.argmax_scratch.values), static_cast<void*>(m.argmax_scratch.indices),
-                  static_cast<void*>(m.argmax_scratch.counter), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
+                  static_cast<void*>(m.argmax_scratch.counter), static_cast<void*>(m.inv_freq), static_cast<void*>(m.attn_scratch), static_cast<void*>(m.attn_counters), static_cast<void*>(m.shared_gu), static_cast<void*>(m.shared_act), static_cast<void*>(m.g), static_cast<void*>(m.u), static_cast<void*>(m.h),
                   static_cast<void*>(m.logits), static_cast<void*>(m.route_ids), static_cast<void*>(m.d_token),
                   static_cast<void*>(m.counters), static_cast<void*>(m.layer_counts)})
     if (p) cudaFree(p);

@@ -1,4 +1,5 @@
-// The CUDA backend of the worker (Backend, worker/engine/backend.hpp) for qwen3_moe and qwen3:
+// The CUDA backend of the worker (Backend, worker/engine/backend.hpp) for qwen3_moe, qwen3 and
+// glm4_moe (sigmoid router, shared expert, q/k/v bias, partial rotary), plain or YaRN RoPE:
 // attention, norms, router, embeddings and lm_head resident in VRAM (bf16); routed experts in
 // the expert store (worker/offload/expert_store.hpp): pinned host memory read through UVA, with
 // a per-layer hot-expert cache in VRAM. The KV pool: bf16 in VRAM, paged (the engine's block

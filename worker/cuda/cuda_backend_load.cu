@@ -16,6 +16,7 @@
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/load_weights.cuh"
 #include "worker/cuda/quant_layout.cuh"
 #include "worker/model/quantize.hpp"
 #include "worker/offload/expert_store.hpp"
@@ -23,143 +24,20 @@
 namespace servedeck::worker::cuda {
 
 using detail::LayerDev;
+using detail::f32_to_bf16_bits;
+using detail::fill_random;
+using detail::fold_yarn_scale;
+using detail::quantise_into;
+using detail::to_bf16;
+using detail::to_f32;
+using detail::write_quantised;
 
-namespace {
-
-using bf16 = __nv_bfloat16;
-
-uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float f16_bits_to_f32(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {  // subnormal
-      float f = std::ldexp(static_cast<float>(mant), -24);
-      std::memcpy(&u, &f, 4);
-      u |= sign;
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-/// Converts a checkpoint tensor to bf16 into `dst` (element count must match); a quantised
-/// weight is dequantised (fp32, then rounded to bf16).
-void to_bf16(const WeightRef& t, uint16_t* dst, std::size_t count) {
-  if (!t.info) throw std::runtime_error("cuda backend: missing tensor");
-  if (t.quant) {
-    const QuantizedWeight& q = *t.quant;
-    if (static_cast<std::size_t>(q.rows * q.cols) != count)
-      throw std::runtime_error("cuda backend: weight '" + q.module + "' has " + std::to_string(q.rows * q.cols) +
-                               " elements, expected " + std::to_string(count));
-    std::vector<float> row(static_cast<std::size_t>(q.cols));
-    for (int64_t r = 0; r < q.rows; ++r) {
-      dequantize_rows(q, r, 1, row.data());
-      for (int64_t c = 0; c < q.cols; ++c) dst[r * q.cols + c] = f32_to_bf16_bits(row[static_cast<std::size_t>(c)]);
-    }
-    return;
-  }
-  if (t.info->element_count() != count)
-    throw std::runtime_error("cuda backend: tensor '" + t.info->name + "' has " + std::to_string(t.info->element_count()) +
-                             " elements, expected " + std::to_string(count));
-  const std::byte* src = t.bytes.data();
-  switch (t.info->dtype) {
-    case Dtype::bf16: std::memcpy(dst, src, count * 2); break;
-    case Dtype::f16:
-      for (std::size_t i = 0; i < count; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = f32_to_bf16_bits(f16_bits_to_f32(h));
-      }
-      break;
-    case Dtype::f32:
-      for (std::size_t i = 0; i < count; ++i) {
-        float f;
-        std::memcpy(&f, src + 4 * i, 4);
-        dst[i] = f32_to_bf16_bits(f);
-      }
-      break;
-    case Dtype::f8_e4m3:
-    case Dtype::u8:
-      throw std::logic_error("cuda backend: tensor '" + t.info->name + "' is quantised but has no quantisation description");
-  }
-}
-
-/// Writes matrix m (0 gate, 1 up, 2 down) of a quantised expert block from the checkpoint's
-/// stored tensors (layout: quant_layout.cuh). Preconditions: w.quant has the layout's format.
-void write_quantised(const QuantLayout& L, int m, const QuantizedWeight& q, std::byte* block) {
-  const std::size_t w_at = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
-  const std::size_t s_at = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
-  std::memcpy(block + w_at, q.weight.bytes.data(), q.weight.bytes.size());
-  if (L.format == ExpertFormat::nvfp4) {
-    std::memcpy(block + s_at, q.scale.bytes.data(), q.scale.bytes.size());
-    std::memcpy(block + L.globals() + 4 * static_cast<std::size_t>(m), &q.global_scale, 4);
-    return;
-  }
-  const std::size_t n = q.scale.info->element_count();
-  for (std::size_t i = 0; i < n; ++i) {  // scale_inv as f32 (a BF16 one widened)
-    float f;
-    if (q.scale.info->dtype == Dtype::f32) {
-      std::memcpy(&f, q.scale.bytes.data() + 4 * i, 4);
-    } else {
-      uint16_t b;
-      std::memcpy(&b, q.scale.bytes.data() + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(b) << 16;
-      std::memcpy(&f, &u, 4);
-    }
-    std::memcpy(block + s_at + 4 * i, &f, 4);
-  }
-}
-
-/// Quantises fp32 matrix m (rows x cols) of an expert into block (layout L), as the published
-/// quantisers do (worker/model/quantize.hpp): the benchmark's synthesised experts.
-void quantise_into(const QuantLayout& L, int m, const float* w, int rows, int cols, std::byte* block) {
-  const std::size_t w_at = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
-  const std::size_t s_at = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
-  if (L.format == ExpertFormat::fp8_block) {
-    const auto q = quantize_fp8_block(w, rows, cols, L.br, L.bc);
-    std::memcpy(block + w_at, q.weight.data(), q.weight.size());
-    std::memcpy(block + s_at, q.scale_inv.data(), q.scale_inv.size() * 4);
-  } else {
-    const auto q = quantize_nvfp4(w, rows, cols);
-    std::memcpy(block + w_at, q.weight.data(), q.weight.size());
-    std::memcpy(block + s_at, q.scale.data(), q.scale.size());
-    std::memcpy(block + L.globals() + 4 * static_cast<std::size_t>(m), &q.global_scale, 4);
-  }
-}
-
-/// Deterministic uniform bf16 in [-scale, scale] (splitmix64), for synthetic weights.
-void fill_random(uint16_t* dst, std::size_t count, uint64_t seed, float scale) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (std::size_t i = 0; i < count; ++i) {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float u = static_cast<float>(z >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
-    dst[i] = f32_to_bf16_bits((2.f * u - 1.f) * scale);
-  }
-}
-
-}  // namespace
 
 namespace {
 
 using Source = std::function<void(const std::string& what, uint16_t* dst, std::size_t count, float fan_in)>;
+/// fp32 values of a small tensor (biases: "layer L q_bias" / k_bias / v_bias / router_bias).
+using Source32 = std::function<void(const std::string& what, float* dst, std::size_t count)>;
 
 // Every MoE layer's router folded through its post-attention norm and o-proj (fold_router_weights),
 // for the decode step's launch_router_folded, when the shapes allow it (the preconditions of
@@ -169,6 +47,9 @@ using Source = std::function<void(const std::string& what, uint16_t* dst, std::s
 void fold_routers(CudaBackend::Impl& m) {
   const ModelDescription& d = m.d;
   const int E = static_cast<int>(d.moe.num_experts), K = static_cast<int>(d.moe.top_k), H = m.hidden(), Q = m.q_dim();
+  // The fold ranks softmax probabilities, which the factor 1/rms does not reorder; the sigmoid
+  // router's choice (sigmoid + bias) it would.
+  if (d.moe.router != RouterKind::softmax_topk) return;
   std::size_t n_moe = 0;
   for (const auto& L : m.layers) n_moe += L.moe ? 1 : 0;
   if (n_moe == 0 || E < K || E > 1024 || E > H || K < 1 || K > 32 || H % 8 != 0 || H > 2048 || Q % 4 != 0) return;
@@ -188,7 +69,7 @@ void fold_routers(CudaBackend::Impl& m) {
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
-std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src,
+std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendOptions opt, const Source& src, const Source32& src32,
                                          const std::function<void(int layer, int expert, std::byte* block)>& expert_src,
                                          const QuantLayout& layout) {
   if (const std::string why = cuda_backend_unsupported(d); !why.empty()) throw ConfigError(why);
@@ -229,26 +110,59 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
   m->embed = upload("embed", static_cast<std::size_t>(d.vocab_size) * H, 1.f);
   m->lm_head = d.tie_word_embeddings ? m->embed : upload("lm_head", static_cast<std::size_t>(d.vocab_size) * H, static_cast<float>(H));
   m->final_norm = upload("final_norm", H, 0.f);
+  const float yarn_m = d.rope_scaling.kind == RopeScalingKind::yarn ? static_cast<float>(d.rope_scaling.attention_factor) : 1.f;
   int moe_layers = 0;
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
     LayerDev L{};
     L.input_norm = upload(p + "input_norm", H, 0.f);
     {  // q | k | v concatenated: one GEMV (decode) or GEMM (prefill) computes all three
-      const std::size_t nq = static_cast<std::size_t>(m->q_dim()) * H, nkv = static_cast<std::size_t>(m->kv_dim()) * H;
+      const std::size_t Q = static_cast<std::size_t>(m->q_dim()), KV = static_cast<std::size_t>(m->kv_dim());
+      const std::size_t nq = Q * H, nkv = KV * H, hd = static_cast<std::size_t>(d.head_dim);
       std::vector<uint16_t> host(nq + 2 * nkv);
       src(p + "q", host.data(), nq, static_cast<float>(H));
       src(p + "k", host.data() + nq, nkv, static_cast<float>(H));
       src(p + "v", host.data() + nq + nkv, nkv, static_cast<float>(H));
+      std::vector<float> bias;
+      if (d.attention_bias) {
+        bias.resize(Q + 2 * KV);
+        src32(p + "q_bias", bias.data(), Q);
+        src32(p + "k_bias", bias.data() + Q, KV);
+        src32(p + "v_bias", bias.data() + Q + KV, KV);
+      }
+      std::vector<uint16_t> qn, kn;
+      if (d.qk_norm) {
+        qn.resize(hd);
+        kn.resize(hd);
+        src(p + "q_norm", qn.data(), hd, 0.f);
+        src(p + "k_norm", kn.data(), hd, 0.f);
+      }
+      if (yarn_m != 1.f)
+        fold_yarn_scale(yarn_m, static_cast<int>(hd), m->rotary_dim(), m->q_dim(), m->kv_dim(), H, host.data(),
+                        d.attention_bias ? &bias : nullptr, d.qk_norm ? qn.data() : nullptr, d.qk_norm ? kn.data() : nullptr);
       L.qkv = m->place(host);
+      if (d.attention_bias) L.qkv_bias = m->place_f32(bias);
+      L.q_norm = d.qk_norm ? m->place(qn) : nullptr;
+      L.k_norm = d.qk_norm ? m->place(kn) : nullptr;
     }
     L.o = upload(p + "o", H * static_cast<std::size_t>(m->q_dim()), static_cast<float>(m->q_dim()));
-    L.q_norm = d.qk_norm ? upload(p + "q_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
-    L.k_norm = d.qk_norm ? upload(p + "k_norm", static_cast<std::size_t>(d.head_dim), 0.f) : nullptr;
     L.post_norm = upload(p + "post_norm", H, 0.f);
     L.moe = d.layers[l].mlp == MlpKind::moe;
     if (L.moe) {
-      L.router = upload(p + "router", static_cast<std::size_t>(d.moe.num_experts) * H, static_cast<float>(H));
+      const std::size_t E = static_cast<std::size_t>(d.moe.num_experts);
+      L.router = upload(p + "router", E * H, static_cast<float>(H));
+      if (d.moe.router == RouterKind::sigmoid_bias_topk) {
+        std::vector<float> rb(E);
+        src32(p + "router_bias", rb.data(), E);
+        L.router_bias = m->place_f32(rb);
+      }
+      if (const std::size_t I = static_cast<std::size_t>(m->shared_inter()); I > 0) {
+        std::vector<uint16_t> gu(2 * I * H);
+        src(p + "shared_gate", gu.data(), I * H, static_cast<float>(H));
+        src(p + "shared_up", gu.data() + I * H, I * H, static_cast<float>(H));
+        L.shared_gate_up = m->place(gu);
+        L.shared_down = upload(p + "shared_down", H * I, static_cast<float>(I));
+      }
       m->moe_index.push_back(moe_layers++);
     } else {
       const std::size_t I = static_cast<std::size_t>(d.intermediate_size);
@@ -366,9 +280,17 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackend
     if (f == "mlp_gate") return L.mlp_gate;
     if (f == "mlp_up") return L.mlp_up;
     if (f == "mlp_down") return L.mlp_down;
+    if (f == "shared_gate") return L.shared.gate;
+    if (f == "shared_up") return L.shared.up;
+    if (f == "shared_down") return L.shared.down;
+    if (f == "q_bias") return plain(L.q_bias);
+    if (f == "k_bias") return plain(L.k_bias);
+    if (f == "v_bias") return plain(L.v_bias);
+    if (f == "router_bias") return plain(L.router_bias);
     throw std::logic_error("cuda backend: no tensor for " + what);
   };
   Source src = [&](const std::string& what, uint16_t* dst, std::size_t count, float) { to_bf16(tensor_for(what), dst, count); };
+  Source32 src32 = [&](const std::string& what, float* dst, std::size_t count) { to_f32(tensor_for(what), dst, count); };
   std::vector<int> moe_layers;
   for (std::size_t l = 0; l < d.layers.size(); ++l)
     if (d.layers[l].mlp == MlpKind::moe) moe_layers.push_back(static_cast<int>(l));
@@ -388,7 +310,7 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const Checkpoint& ck, CudaBackend
     to_bf16(w.up, b16 + n, n);
     to_bf16(w.down, b16 + 2 * n, n);
   };
-  auto impl = build(d, opt, src, experts, layout);
+  auto impl = build(d, opt, src, src32, experts, layout);
   impl->warnings.insert(impl->warnings.begin(), warnings.begin(), warnings.end());
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
@@ -427,7 +349,9 @@ std::unique_ptr<CudaBackend> make_synthetic_cuda_backend(const ModelDescription&
     quantise_into(layout, 1, f.data() + I * H, static_cast<int>(I), static_cast<int>(H), block);
     quantise_into(layout, 2, f.data() + 2 * I * H, static_cast<int>(H), static_cast<int>(I), block);
   };
-  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, experts, layout)));
+  // Biases (q|k|v, the router's correction bias) of a synthetic model are zero.
+  Source32 src32 = [](const std::string&, float* dst, std::size_t count) { std::fill(dst, dst + count, 0.f); };
+  return std::unique_ptr<CudaBackend>(new CudaBackend(build(d, opt, src, src32, experts, layout)));
 }
 
 std::unique_ptr<Backend> make_cuda_backend_from_dir(const std::string& dir, CudaBackendOptions opt) {

@@ -139,14 +139,15 @@ template <int HD, bool TwoBlocks>
 __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1) flash_attention_prefill_kernel(const float* __restrict__ q, int ldq,
                                                                          const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                                                          float* __restrict__ out, int ldo, int n, int pos0,
-                                                                         int n_kv_heads, float scale_log2) {
+                                                                         int n_kv_heads, int subgroups, float scale_log2) {
   using L = Layout<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* const Ks = reinterpret_cast<bf16*>(smem);  // [buffer][key][ld]
   bf16* const Vs = Ks + 2 * L::tile;
   const int G = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
-  const int kvh = blockIdx.y, h = kvh * G + warp, kv_dim = n_kv_heads * HD;
+  // Block row y: KV head y / subgroups, query heads y·G .. y·G + G − 1 (G = the block's heads).
+  const int kvh = blockIdx.y / subgroups, h = blockIdx.y * G + warp, kv_dim = n_kv_heads * HD;
   // Heaviest tiles (most keys) first: the causal work grows with the query index.
   const int q0 = (gridDim.x - 1 - blockIdx.x) * k_rows;
   const int last_key = pos0 + (q0 + k_rows - 1 < n ? q0 + k_rows - 1 : n - 1);
@@ -229,10 +230,22 @@ std::size_t mma_smem(int group) {
   return TwoBlocks ? Layout<HD>::smem_q_shared(group) : Layout<HD>::smem;
 }
 
+/// Query heads one block of `kernel` serves for a GQA group of `group` (FlashKernel,
+/// flash_attention.cuh): wgmma 8 or 4 (group a multiple of 4), the mma kernels the group itself up to 8, above
+/// it the group's largest divisor <= 8 (12 → 6, 16 → 8). The group's heads are split over
+/// group / block_heads blocks that each stream the KV head's tiles.
+int block_heads(FlashKernel kernel, int group) {
+  if (kernel == FlashKernel::wgmma) return group % 8 == 0 ? 8 : 4;
+  int g = group < 8 ? group : 8;
+  while (group % g != 0) --g;
+  return g;
+}
+
 template <int HD, bool TwoBlocks>
 void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                int group, cudaStream_t stream) {
-  const std::size_t smem = mma_smem<HD, TwoBlocks>(group);
+  const int heads = block_heads(TwoBlocks ? FlashKernel::mma_two_blocks : FlashKernel::mma, group), subgroups = group / heads;
+  const std::size_t smem = mma_smem<HD, TwoBlocks>(heads);
   // Per launch (cheap): the attribute is per device, and a backend may run on any device.
   CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
@@ -240,22 +253,24 @@ void launch_hd(const float* q, int ldq, const bf16* kc, const bf16* vc, float* o
   if constexpr (TwoBlocks)
     CUDA_CHECK(cudaFuncSetAttribute(flash_attention_prefill_kernel<HD, TwoBlocks>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
-  const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads));
+  const dim3 grid(static_cast<unsigned>((n + k_rows - 1) / k_rows), static_cast<unsigned>(n_kv_heads * subgroups));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HD)) * 1.4426950408889634);  // log2 e
-  flash_attention_prefill_kernel<HD, TwoBlocks><<<grid, 32 * group, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
-                                                                                   scale_log2);
+  flash_attention_prefill_kernel<HD, TwoBlocks><<<grid, 32 * heads, smem, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads,
+                                                                                   subgroups, scale_log2);
   detail::check_launch();
 }
 
-/// The wgmma kernel (flash_wgmma.cuh) for head_dim 128 and group 4 or 8.
+/// The wgmma kernel (flash_wgmma.cuh) for head_dim 128 and a group that is a multiple of 4
+/// (blocks of 8 or 4 of its heads, block_heads).
 void launch_wgmma(const float* q, int ldq, const bf16* kc, const bf16* vc, float* out, int ldo, int n, int pos0, int n_kv_heads,
                   int group, cudaStream_t stream) {
   CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k_wg_smem_bytes)));
-  const int bq = wg_block_queries(group);
-  const dim3 grid(static_cast<unsigned>((n + bq - 1) / bq), static_cast<unsigned>(n_kv_heads));
+  const int heads = block_heads(FlashKernel::wgmma, group), subgroups = group / heads;
+  const int bq = wg_block_queries(heads);
+  const dim3 grid(static_cast<unsigned>((n + bq - 1) / bq), static_cast<unsigned>(n_kv_heads * subgroups));
   const float scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k_wg_hd)) * 1.4426950408889634);  // log2 e
-  flash_wgmma_prefill_kernel<<<grid, 32 * k_wg_warps, k_wg_smem_bytes, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, group,
-                                                                                 scale_log2);
+  flash_wgmma_prefill_kernel<<<grid, 32 * k_wg_warps, k_wg_smem_bytes, stream>>>(q, ldq, kc, vc, out, ldo, n, pos0, n_kv_heads, heads,
+                                                                                 subgroups, scale_log2);
   detail::check_launch();
 }
 
@@ -269,8 +284,10 @@ std::atomic<int>& wgmma_probe_result() {
 std::size_t kernel_smem(FlashKernel kernel, int hd, int group) {
   switch (kernel) {
     case FlashKernel::wgmma: return k_wg_smem_bytes;
-    case FlashKernel::mma_two_blocks:
-      return hd == 32 ? mma_smem<32, true>(group) : hd == 64 ? mma_smem<64, true>(group) : mma_smem<128, true>(group);
+    case FlashKernel::mma_two_blocks: {
+      const int heads = block_heads(kernel, group);
+      return hd == 32 ? mma_smem<32, true>(heads) : hd == 64 ? mma_smem<64, true>(heads) : mma_smem<128, true>(heads);
+    }
     case FlashKernel::mma: break;
   }
   return hd == 32 ? mma_smem<32, false>(group) : hd == 64 ? mma_smem<64, false>(group) : mma_smem<128, false>(group);
@@ -316,13 +333,13 @@ bool flash_wgmma_available() {
 
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim) {
   return (head_dim == 32 || head_dim == 64 || head_dim == 128) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
-         n_heads / n_kv_heads >= 1 && n_heads / n_kv_heads <= 8;
+         n_heads / n_kv_heads >= 1 && n_heads / n_kv_heads <= 16;
 }
 
 bool flash_kernel_runs(FlashKernel kernel, int n_heads, int n_kv_heads, int head_dim) {
   if (!flash_attention_supported(n_heads, n_kv_heads, head_dim)) return false;
   const int group = n_heads / n_kv_heads;
-  if (kernel == FlashKernel::wgmma && !(head_dim == k_wg_hd && (group == 4 || group == 8) && flash_wgmma_available())) return false;
+  if (kernel == FlashKernel::wgmma && !(head_dim == k_wg_hd && group % 4 == 0 && flash_wgmma_available())) return false;
   // The kernels' static shared memory is a few bytes; 1 KB is left for it.
   return kernel_smem(kernel, head_dim, group) + 1024 <= detail::smem_per_block();
 }
@@ -344,9 +361,9 @@ void launch_flash_attention_prefill(const float* q, int ldq, const bf16* k, cons
                                     int n_heads, int n_kv_heads, int head_dim, cudaStream_t stream, FlashKernel kernel) {
   using detail::require;
   require(flash_attention_supported(n_heads, n_kv_heads, head_dim), "launch_flash_attention_prefill",
-          "head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads with n_heads / n_kv_heads in [1, 8], got head_dim " +
+          "head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads with n_heads / n_kv_heads in [1, 16], got head_dim " +
               std::to_string(head_dim) + ", heads " + std::to_string(n_heads) + " / " + std::to_string(n_kv_heads));
-  require(n_kv_heads <= 65535, "launch_flash_attention_prefill", "n_kv_heads must be <= 65535, got " + std::to_string(n_kv_heads));
+  require(n_kv_heads <= 4095, "launch_flash_attention_prefill", "n_kv_heads must be <= 4095, got " + std::to_string(n_kv_heads));
   require(n > 0 && pos0 >= 0, "launch_flash_attention_prefill",
           "n must be positive and pos0 non-negative, got " + std::to_string(n) + ", " + std::to_string(pos0));
   require(ldq >= n_heads * head_dim && ldo >= n_heads * head_dim && ldq % 2 == 0 && ldo % 2 == 0, "launch_flash_attention_prefill",

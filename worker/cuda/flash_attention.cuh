@@ -32,7 +32,11 @@ enum class FlashKernel {
   /// Hopper warpgroup MMA (flash_wgmma.cuh; sm_90a builds only): 16 warps (four warpgroups) per
   /// block, 16·16 / G queries × the group's heads, each K/V tile in shared memory serving 256
   /// query rows; S and O by wgmma.mma_async from shared memory, 128 registers, 129 KB. head_dim 128
-  /// with group 4 or 8 on a compute capability 9.0 device running sm_90a code.
+  /// with a group that is a multiple of 4 on a compute capability 9.0 device running sm_90a code.
+  /// A group above 8 (GLM-4.5-Air: 12, up to 16) is split over blocks of 8 or 4 of its heads
+  /// (12 → 3 × 4, 16 → 2 × 8) that each stream the KV head's tiles: every tile still serves 256
+  /// query rows, so the K/V traffic per query row is that of group 4 or 8. The mma kernels split
+  /// such a group likewise into blocks of its largest divisor <= 8 heads (12 → 2 × 6).
   wgmma,
 };
 
@@ -46,7 +50,7 @@ const char* to_string(FlashKernel kernel);
 bool flash_wgmma_available();
 
 /// True when `kernel` runs this shape (flash_attention_supported) on the current device: wgmma
-/// needs head_dim 128, group 4 or 8 and flash_wgmma_available(); every kernel needs its shared
+/// needs head_dim 128, a group that is a multiple of 4 and flash_wgmma_available(); every kernel needs its shared
 /// memory to fit the block (detail::smem_per_block, fused_launch.cuh).
 bool flash_kernel_runs(FlashKernel kernel, int n_heads, int n_kv_heads, int head_dim);
 
@@ -55,7 +59,8 @@ bool flash_kernel_runs(FlashKernel kernel, int n_heads, int n_kv_heads, int head
 FlashKernel flash_kernel_for(int n_heads, int n_kv_heads, int head_dim);
 
 /// True when launch_flash_attention_prefill handles this shape: head_dim 32, 64 or 128 and
-/// n_heads a multiple of n_kv_heads with n_heads / n_kv_heads <= 8 (one warp per query head of a group).
+/// n_heads a multiple of n_kv_heads with n_heads / n_kv_heads <= 16 (one warp per query head; a
+/// group above 8 is split over several blocks, see FlashKernel).
 bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 
 /// out[i, h·hd : (h+1)·hd] = softmax_j(q_i,h · k_j / sqrt(hd)) · v_j over keys j in [0, pos0 + i],
@@ -74,7 +79,7 @@ bool flash_attention_supported(int n_heads, int n_kv_heads, int head_dim);
 /// backend_test.cpp state the measured sizes); the cuBLAS path (TF32 on an fp32 copy of the rows) is the
 /// closer one.
 /// The kernel is flash_kernel_for's (see FlashKernel).
-/// Throws std::invalid_argument when !flash_attention_supported, n_kv_heads > 65535, n <= 0,
+/// Throws std::invalid_argument when !flash_attention_supported, n_kv_heads > 4095, n <= 0,
 /// pos0 < 0, ldq/ldo odd or shorter than n_heads · head_dim, k/v not 16-byte aligned, or
 /// q/out not 8-byte aligned.
 void launch_flash_attention_prefill(const float* q, int ldq, const __nv_bfloat16* k, const __nv_bfloat16* v, float* out,

@@ -7,8 +7,8 @@
 // and flash_wgmma_probe_kernel reports 0, so flash_kernel_for picks an mma.sync kernel
 // (flash_attention.cu).
 //
-// G = 4 or 8 heads per KV head (the group). Warp w of a warpgroup owns rows 16w .. 16w + 15 of the
-// warpgroup's M = 64 tile (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for
+// G = 4 or 8 heads per block (a GQA group, or a part of a larger one). Warp w of a warpgroup
+// owns rows 16w .. 16w + 15 of the warpgroup's M = 64 tile (PTX ISA, "Register Fragments and Shared Memory Matrix Layouts" for
 // wgmma .m64nNk16), and here those 16 rows are the 16 queries of the warp's head: the warpgroup's
 // tile is 4 heads × 16 queries, and each row's causal mask, softmax state and output are exactly
 // those of the warp's m16 tile in the mma.sync kernels (SoftmaxRows is reused unchanged).
@@ -176,14 +176,16 @@ __host__ __device__ constexpr int wg_block_queries(int group) { return k_wg_rows
 /// 64 rows × 256 bytes in the K tile's swizzled layout.
 constexpr std::size_t k_wg_smem_bytes = k_wg_smem + 4 * k_wg_tile_bytes;
 
-/// The wgmma kernel: head_dim 128, group G = n_heads / n_kv_heads in {4, 8}, blockDim
-/// 32·k_wg_warps, grid (ceil(n / wg_block_queries(G)), n_kv_heads), k_wg_smem_bytes of dynamic
-/// shared memory. Same arguments and output as flash_attention_prefill_kernel
-/// (flash_attention.cu) plus the group. Q in shared memory (SS wgmma for S), <= 128 registers so
-/// 16 warps fit, each K/V tile serving 256 query rows.
+/// The wgmma kernel: head_dim 128, G heads per block in {4, 8} (a GQA group of G · subgroups
+/// query heads shares a KV head: block row y serves KV head y / subgroups and its query heads
+/// y·G .. y·G + G − 1), blockDim 32·k_wg_warps, grid (ceil(n / wg_block_queries(G)), n_kv_heads ·
+/// subgroups), k_wg_smem_bytes of dynamic shared memory. Same arguments and output as
+/// flash_attention_prefill_kernel (flash_attention.cu) plus G and subgroups. Q in shared memory
+/// (SS wgmma for S), <= 128 registers so 16 warps fit, each K/V tile serving 256 query rows.
 __global__ void __launch_bounds__(k_wg_warps * 32, 1)
     flash_wgmma_prefill_kernel(const float* __restrict__ q, int ldq, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
-                               float* __restrict__ out, int ldo, int n, int pos0, int n_kv_heads, int G, float scale_log2) {
+                               float* __restrict__ out, int ldo, int n, int pos0, int n_kv_heads, int G, int subgroups,
+                               float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char wg_smem[];
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(wg_smem));
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(k_wg_warps * 32, 1)
   // base + 64 KB + i·16 KB.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int kvh = blockIdx.y, h = kvh * G + warp % G, kv_dim = n_kv_heads * k_wg_hd;
+  const int kvh = blockIdx.y / subgroups, h = blockIdx.y * G + warp % G, kv_dim = n_kv_heads * k_wg_hd;
   const int bq = wg_block_queries(G);
   // Heaviest tiles (most keys) first, as the mma.sync kernels.
   const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(k_wg_warps * 32, 1)
   }
   store_rows(out, ldo, o, rows.l0, rows.l1, wq0, n, static_cast<size_t>(h) * k_wg_hd, g, t4);
 #else
-  (void)q, (void)ldq, (void)kc, (void)vc, (void)out, (void)ldo, (void)n, (void)pos0, (void)n_kv_heads, (void)G, (void)scale_log2;
+  (void)q, (void)ldq, (void)kc, (void)vc, (void)out, (void)ldo, (void)n, (void)pos0, (void)n_kv_heads, (void)G, (void)subgroups, (void)scale_log2;
   __trap();  // built without sm_90a: the launcher checks flash_wgmma_probe_kernel first and never gets here
 #endif
 }

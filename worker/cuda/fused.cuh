@@ -46,8 +46,11 @@ namespace servedeck::worker::cuda {
 /// W and x 16-byte aligned, norm_w 8-byte aligned (std::invalid_argument otherwise).
 /// When xn_out is non-null, block 0 also writes the normalised x there (in floats). With pdl and
 /// accumulate, y may be read before waiting for the predecessor (as launch_gemv_bf16_pdl).
+/// bias: (out) fp32 or null; when set, y = bias + W · x̂ (glm4_moe's q|k|v bias; read before the
+/// wait), and accumulate must be false (std::invalid_argument).
 void launch_norm_gemv_bf16(const __nv_bfloat16* W, const float* x, const __nv_bfloat16* norm_w, float eps, float* y,
-                           int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false);
+                           int out, int in, bool accumulate, float* xn_out, cudaStream_t stream, bool pdl = false,
+                           const float* bias = nullptr);
 
 /// One layer's K and V in the paged KV pool (CudaBackend::allocate_kv_pool), bf16: position p of
 /// a sequence lives in pool row table[p / block_tokens] · block_tokens + p % block_tokens, and

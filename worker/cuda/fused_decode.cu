@@ -30,7 +30,8 @@ using detail::block_rmsnorm_to_shared;
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __restrict__ W, const float* __restrict__ x,
                                                               const bf16* __restrict__ nw, float eps, float* __restrict__ y,
-                                                              int out, int in, int accumulate, float* __restrict__ xn_out) {
+                                                              int out, int in, int accumulate, float* __restrict__ xn_out,
+                                                              const float* __restrict__ res) {
   SERVEDECK_TRACE_BLOCK();
   extern __shared__ float4 dyn4[];
   float* xs = reinterpret_cast<float*>(dyn4);
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(WARPS * 32) norm_gemv_kernel(const bf16* __res
   for (int row = row0; row < out; row += gridDim.x * WARPS) {
     const bf16* wr = W + static_cast<size_t>(row) * in;
     const float acc = warp_sum(row == row0 ? detail::lane_dot_prefetched(pre, wr, xs, in, lane) : lane_dot(wr, xs, in, lane));
-    if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
+    if (lane == 0) y[row] = accumulate ? (res != nullptr ? res[row] : y[row]) + acc : acc;
   }
 }
 
@@ -204,8 +205,11 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim) {
 }
 
 void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, float eps, float* y, int out, int in,
-                           bool accumulate, float* xn_out, cudaStream_t stream, bool pdl) {
+                           bool accumulate, float* xn_out, cudaStream_t stream, bool pdl, const float* bias) {
   using detail::require;
+  require(bias == nullptr || !accumulate, "launch_norm_gemv_bf16", "a bias cannot be combined with accumulate");
+  // y = bias + W x̂: the kernels' accumulation from `res` (bias is a weight: read before the wait).
+  const bool acc = accumulate || bias != nullptr;
   require(out > 0 && in > 0, "launch_norm_gemv_bf16", "out and in must be positive, got " + std::to_string(out) + ", " + std::to_string(in));
   require(in % 8 == 0 && in <= 12288, "launch_norm_gemv_bf16", "in must be a multiple of 8 and <= 12288, got " + std::to_string(in));
   require(detail::aligned16(W) && detail::aligned16(x), "launch_norm_gemv_bf16", "W and x must be 16-byte aligned");
@@ -217,13 +221,13 @@ void launch_norm_gemv_bf16(const bf16* W, const float* x, const bf16* norm_w, fl
   // "q|k|v x first"). It applies to every staged launch here: also the dense MLP's gate and up.
   constexpr int pieces = 1, x_first = 4;
   // The norm weights of 2 or 4 float4 per thread (256 threads) are loaded before the wait.
-  if (in <= 2048 ? launch_staged<2>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, x_first)
-      : in <= 4096 ? launch_staged<4>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces, nullptr, false, x_first)
-                   : launch_staged<-1>(stream, pdl, W, x, norm_w, eps, y, out, in, accumulate, xn_out, pieces))
+  if (in <= 2048 ? launch_staged<2>(stream, pdl, W, x, norm_w, eps, y, out, in, acc, xn_out, pieces, bias, false, x_first)
+      : in <= 4096 ? launch_staged<4>(stream, pdl, W, x, norm_w, eps, y, out, in, acc, xn_out, pieces, bias, false, x_first)
+                   : launch_staged<-1>(stream, pdl, W, x, norm_w, eps, y, out, in, acc, xn_out, pieces, bias))
     return;
   const std::size_t smem = static_cast<std::size_t>(in) * sizeof(float);
   allow_dynamic_smem(norm_gemv_kernel<8>, 12288 * sizeof(float));  // the precondition's largest `in`
-  launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, accumulate ? 1 : 0, xn_out);
+  launch(norm_gemv_kernel<8>, grid_for(out, 8), 256, smem, stream, pdl, W, x, norm_w, eps, y, out, in, acc ? 1 : 0, xn_out, bias);
 }
 
 void launch_gemv_bf16_pdl(const bf16* W, const float* x, float* y, int out, int in, bool accumulate, cudaStream_t stream,

@@ -119,25 +119,35 @@ __global__ void __launch_bounds__(256) router_logits_tiled_kernel(const bf16* __
 // (norm + RoPE in place; k heads also append k and v). Eight heads per block, not one: a 16k-row
 // chunk is 82k blocks instead of 655k.
 constexpr int k_rope_heads_per_block = 8;
-__global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, PagedKv kv, AttentionShape s, int pos0) {
+__global__ void qk_rope_append_kernel(float* qkv, const bf16* qn, const bf16* kn, PagedKv kv, AttentionShape s, int pos0,
+                                      const float* __restrict__ bias) {
   const int r = blockIdx.x, head = blockIdx.y * blockDim.y + threadIdx.y, lane = threadIdx.x, hd = s.head_dim;
   if (head >= s.n_heads + s.n_kv_heads) return;  // the whole warp: the helpers below sync per warp only
   const int q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, width = q_dim + 2 * kv_dim;
   float* row = qkv + static_cast<size_t>(r) * width;
   const int pos = pos0 + r;
+  // The q|k|v bias (glm4_moe), before the norm: element i of a head is lane i % 32's.
+  auto add_bias = [&](float* x, int at) {
+    if (bias == nullptr) return;
+    for (int i = lane; i < hd; i += 32) x[i] += bias[at + i];
+    __syncwarp();
+  };
   if (head < s.n_heads) {
     float* v = row + static_cast<size_t>(head) * hd;
+    add_bias(v, head * hd);
     detail::norm_rope_head(v, qn, v, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
   } else {
     const int kvh = head - s.n_heads;
     float* k = row + q_dim + static_cast<size_t>(kvh) * hd;
+    add_bias(k, q_dim + kvh * hd);
     detail::norm_rope_head(k, kn, k, hd, s.rotary_dim, s.eps, s.inv_freq, pos, lane);
     const float* v = row + q_dim + kv_dim + static_cast<size_t>(kvh) * hd;
+    const float* vb = bias != nullptr ? bias + q_dim + kv_dim + kvh * hd : nullptr;
     const int B = kv.block_tokens;
     const size_t at = (static_cast<size_t>(kv.table[pos / B]) * B + pos % B) * kv_dim + static_cast<size_t>(kvh) * hd;
     for (int i = lane; i < hd; i += 32) {
       kv.k[at + i] = __float2bfloat16_rn(k[i]);
-      kv.v[at + i] = __float2bfloat16_rn(v[i]);
+      kv.v[at + i] = __float2bfloat16_rn(vb != nullptr ? v[i] + vb[i] : v[i]);
     }
   }
 }
@@ -285,14 +295,14 @@ void launch_rmsnorm_rows_bf16(const float* x, const bf16* w, bf16* y, int rows, 
 }
 
 void launch_qk_rope_append_rows(float* qkv, const bf16* q_norm, const bf16* k_norm, const PagedKv& kv, const AttentionShape& s,
-                                int rows, int pos0, cudaStream_t stream) {
+                                int rows, int pos0, cudaStream_t stream, const float* bias) {
   detail::require(s.head_dim > 0 && s.head_dim <= 256 && rows > 0, "launch_qk_rope_append_rows",
                   "head_dim must be in (0, 256] and rows positive, got " + std::to_string(s.head_dim) + ", " + std::to_string(rows));
   detail::require(s.rotary_dim >= 0 && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0, "launch_qk_rope_append_rows",
                   "rotary_dim must be even and in [0, head_dim], got " + std::to_string(s.rotary_dim));
   const unsigned head_blocks = static_cast<unsigned>((s.n_heads + s.n_kv_heads + k_rope_heads_per_block - 1) / k_rope_heads_per_block);
   qk_rope_append_kernel<<<dim3(static_cast<unsigned>(rows), head_blocks), dim3(32, k_rope_heads_per_block), 0, stream>>>(
-      qkv, q_norm, k_norm, kv, s, pos0);
+      qkv, q_norm, k_norm, kv, s, pos0, bias);
   detail::check_launch();
 }
 

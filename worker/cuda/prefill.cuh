@@ -33,9 +33,11 @@ void launch_router_logits_rows(const __nv_bfloat16* R, const float* xn, float* l
 /// qkv: (rows, (n_heads + 2 n_kv_heads) head_dim) fp32 of tokens at positions pos0 + r. In
 /// place: per-head q/k RMSNorm (both null to skip) and RoPE; then writes k and v of each row,
 /// rounded to bf16, into the pool row of position pos0 + r (kv's block table must cover it).
-/// head_dim <= 256.
+/// head_dim <= 256. bias: ((n_heads + 2 n_kv_heads) head_dim) fp32 or null; when set it is added
+/// to q and k before their norm and RoPE and to v as it is written (q of the rows in qkv then
+/// carries it; their v part does not).
 void launch_qk_rope_append_rows(float* qkv, const __nv_bfloat16* q_norm, const __nv_bfloat16* k_norm, const PagedKv& kv,
-                                const AttentionShape& s, int rows, int pos0, cudaStream_t stream);
+                                const AttentionShape& s, int rows, int pos0, cudaStream_t stream, const float* bias = nullptr);
 
 /// k_out / v_out row p = the pool's K / V row of position p (kv's block table), p < rows: the
 /// contiguous copy of a layer's context the prefill attention reads (bf16 for the flash kernel,

@@ -8,7 +8,9 @@
 //   head: S = K·Qᵀ strided-batched over its query heads, causal softmax, O = P·V, TF32 tensor
 //   cores on an fp32 copy); o-proj GEMM accumulated into the residual; RMSNorm
 //   rows; router logits from the fp32 normalised rows (as decode: a bf16-rounded router input
-//   flips near-tied choices) + top-k.
+//   flips near-tied choices) + top-k (softmax, or glm4_moe's sigmoid router: router_sigmoid.cuh).
+//   glm4_moe: the q|k|v bias is added with the RoPE pass, and the shared expert runs as a dense
+//   SwiGLU of the chunk (shared_expert.cu) before the routed experts.
 //   MoE: the routing ids come back to the host (the expert GEMM sizes are host arguments), rows
 //   are sorted by expert (stable in token order), gathered, and each routed expert runs gate|up
 //   GEMM → SwiGLU → down GEMM into fp32 partial rows. Hot experts are read from the VRAM cache in
@@ -104,6 +106,7 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   const std::size_t E = static_cast<std::size_t>(std::max<int64_t>(d.moe.num_experts, 1));
   const std::size_t Im = static_cast<std::size_t>(std::max<int64_t>(d.moe.intermediate_size, 8));
   const std::size_t Id = static_cast<std::size_t>(std::max<int64_t>(d.intermediate_size, 8));
+  const std::size_t Is = static_cast<std::size_t>(shared_inter());  // the shared expert's gate|up and SwiGLU rows
   const std::size_t group = static_cast<std::size_t>(d.num_heads / d.num_kv_heads);
   const std::size_t qb = std::min<std::size_t>(n, k_attn_query_block);
   auto alloc = [&](std::size_t bytes) {
@@ -135,8 +138,8 @@ void CudaBackend::Impl::ensure_prefill_buffers(int chunk, std::size_t capacity) 
   pre.slot = static_cast<int32_t*>(alloc(n * K * 4));
   pre.tokens = static_cast<int32_t*>(alloc(n * 4));
   pre.xp = static_cast<bf16*>(alloc(n * K * H * 2));
-  pre.gu = static_cast<float*>(alloc(std::max(n * K * 2 * Im, n * 2 * Id) * 4));
-  pre.act = static_cast<bf16*>(alloc(std::max(n * K * Im, n * Id) * 2));
+  pre.gu = static_cast<float*>(alloc(std::max({n * K * 2 * Im, n * 2 * Id, n * 2 * Is}) * 4));
+  pre.act = static_cast<bf16*>(alloc(std::max({n * K * Im, n * Id, n * Is}) * 2));
   pre.partial = static_cast<float*>(alloc(n * K * H * 4));
   pre.stage.clear();
   if (store)
@@ -188,7 +191,7 @@ void CudaBackend::Impl::prefill_chunk(std::span<const int32_t> toks, int pos0) {
     launch_rmsnorm_rows_bf16(pre.x, L.input_norm, pre.xb, n, H, eps, stream);
     gemm(L.qkv, qkv_dim(), H, pre.xb, n, H, pre.qkv, qkv_dim(), 0.f);
     const PagedKv kv = layer_kv(l);
-    launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, kv, shape, n, pos0, stream);
+    launch_qk_rope_append_rows(pre.qkv, L.q_norm, L.k_norm, kv, shape, n, pos0, stream, L.qkv_bias);
     // The attention kernels read the layer's context contiguously: one gather pass over the
     // pool's rows (the flash kernel's bf16 tiles, or fp32 for cuBLAS; at 64K positions 128 MB
     // per layer, a few percent of the chunk's attention time).
@@ -208,6 +211,9 @@ void CudaBackend::Impl::prefill_chunk(std::span<const int32_t> toks, int pos0) {
       prefill_attention_out(l, split_row, n, 1);
     }
     if (L.moe) {
+      // The shared expert (glm4_moe) first: the GPU computes it while the host waits for the
+      // routing ids in prefill_moe.
+      shared_expert_prefill(L, n);
       prefill_profile.mark(l, 2, stream);
       prefill_moe(moe_index[li], n, split ? 2 : 1, split_row, l);
     } else {
@@ -265,9 +271,14 @@ void CudaBackend::Impl::prefill_attention_out(int l, int r0, int r1, int part) {
   if (!L.moe) return;
   const int si = moe_index[static_cast<std::size_t>(l)];
   launch_router_logits_rows(L.router, pre.xn32 + r * H, pre.logits + r * E, m, E, H, stream);
-  launch_router_topk_rows(pre.logits + r * E, m, E, K, d.moe.norm_topk_prob, pre.ids + r * K, pre.route_w + r * K,
-                          store->device_hot_flags() + static_cast<std::size_t>(si) * E, counters,
-                          layer_counts + static_cast<std::size_t>(si) * E, stream);
+  const uint8_t* hot = store->device_hot_flags() + static_cast<std::size_t>(si) * E;
+  unsigned long long* lc = layer_counts + static_cast<std::size_t>(si) * E;
+  if (d.moe.router == RouterKind::sigmoid_bias_topk)
+    launch_router_sigmoid_rows(pre.logits + r * E, m, E, K, sigmoid_router(L), pre.ids + r * K, pre.route_w + r * K, hot, counters, lc,
+                               stream);
+  else
+    launch_router_topk_rows(pre.logits + r * E, m, E, K, d.moe.norm_topk_prob, pre.ids + r * K, pre.route_w + r * K, hot, counters,
+                            lc, stream);
   // The expert GEMM sizes are host arguments: the part's ids go to the host, once per part.
   CUDA_CHECK(cudaMemcpyAsync(pre.h_ids + r * K, pre.ids + r * K, static_cast<std::size_t>(m) * K * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));

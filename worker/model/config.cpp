@@ -273,15 +273,18 @@ std::vector<float> ModelDescription::rope_inv_freq() const {
 }
 
 std::string cuda_backend_unsupported(const ModelDescription& d) {
+  // The kernels' own limits (worker/cuda: attention_decode, router_sigmoid, the routers).
   std::vector<std::string> why;
-  if (d.model_type == "glm4_moe")
-    why.push_back("model_type glm4_moe (sigmoid router, shared expert, q/k/v bias, partial rotary)");
-  if (d.rope_scaling.kind != RopeScalingKind::none)
-    why.push_back("rope_scaling " + std::string(to_string(d.rope_scaling.kind)));
+  const std::int64_t group = d.num_kv_heads > 0 ? d.num_heads / d.num_kv_heads : 0;
+  if (group > 16) why.push_back("a GQA group of " + std::to_string(group) + " query heads per KV head (at most 16)");
+  const bool moe = std::any_of(d.layers.begin(), d.layers.end(), [](const LayerDescription& l) { return l.mlp == MlpKind::moe; });
+  if (moe && d.moe.num_experts > 1024) why.push_back(std::to_string(d.moe.num_experts) + " experts (at most 1024)");
+  if (moe && d.moe.router == RouterKind::sigmoid_bias_topk && d.moe.n_group > 64)
+    why.push_back("n_group " + std::to_string(d.moe.n_group) + " (the sigmoid router takes at most 64 groups)");
   if (why.empty()) return {};
   std::string s = "the CUDA backend does not run ";
   for (std::size_t i = 0; i < why.size(); ++i) s += (i ? ", " : "") + why[i];
-  return s + " yet; use --backend cpu";
+  return s + "; use --backend cpu";
 }
 
 std::string supported_model_types() {

@@ -103,11 +103,11 @@ struct ModelDescription {
   std::int64_t kv_bytes_per_token_f32() const;
 };
 
-/// Why the CUDA backend cannot run `d` yet, or "" when it can: glm4_moe (sigmoid router, shared
-/// expert, q/k/v bias, partial rotary) and YaRN scaling (its kernels take a plain inverse-frequency
-/// table and no attention factor). The CPU backend runs both. Checked by the worker before any
-/// device memory is taken and again by the CUDA backend's loader, so the refusal is a clear
-/// start-up error.
+/// Why the CUDA backend cannot run `d`, or "" when it can: shapes past its kernels' limits (a
+/// GQA group above 16 query heads per KV head, more than 1024 experts, a sigmoid router of more
+/// than 64 groups). It runs qwen3_moe, qwen3 and glm4_moe, with plain or YaRN RoPE. Checked by
+/// the worker before any device memory is taken and again by the CUDA backend's loader, so the
+/// refusal is a clear start-up error.
 std::string cuda_backend_unsupported(const ModelDescription& d);
 
 /// The model_types this build can run, for error messages: "qwen3_moe, qwen3, glm4_moe".

@@ -5,9 +5,11 @@
 // 2^-9) and fp32 accumulation — and the output (a weighted mean of v in [-1, 1]) may be off by
 // ~1e-3: relative L2 < 3e-3, max |error| < 5e-3. A second case states how far bf16 inputs move
 // the output from fp32 attention (the price of bf16 numerics, not a kernel error). Shapes cover
-// head_dim 32/64/128, groups 1/4/8, chunks not a multiple of the 16-query tile, queries after
+// head_dim 32/64/128, groups 1/4/8 and the groups split over several blocks per KV head, 12
+// (GLM-4.5-Air's 96 / 8; wgmma 3 × 4 heads, the mma kernels 2 × 6) and 16 (2 × 8), chunks not a
+// multiple of the 16-query tile, queries after
 // an earlier chunk (pos0 > 0) and more than one 64-key tile. Every FlashKernel the device runs
-// for the shape (flash_kernel_runs: wgmma needs head_dim 128, group 4 or 8 and an sm_90a build;
+// for the shape (flash_kernel_runs: wgmma needs head_dim 128, a group that is a multiple of 4 and an sm_90a build;
 // each needs its shared memory to fit, so under SERVEDECK_CUDA_SMEM_PER_BLOCK=101376 group 8 at
 // head_dim 128 runs mma alone, as on a 99 KB card) runs every case with the same tolerances and
 // must equal mma within 1e-5 (wgmma adds its products in the tensor core's order; on the H200
@@ -71,7 +73,8 @@ TEST_CASE("flash prefill attention matches a double-precision reference") {
   MESSAGE("wgmma kernel in this build for this device: "
           << std::string(flash_wgmma_available() ? "yes" : "no (wgmma and wgmma_wide run two_blocks)"));
   for (const Shape s : {Shape{8, 2, 32, 50, 30}, Shape{32, 4, 128, 70, 0}, Shape{4, 4, 64, 17, 100}, Shape{16, 2, 128, 33, 140},
-                        Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}, Shape{8, 2, 128, 40, 20}}) {
+                        Shape{32, 4, 128, 300, 0}, Shape{32, 4, 128, 97, 45}, Shape{8, 2, 128, 40, 20},
+                        Shape{24, 2, 128, 97, 45}, Shape{16, 1, 128, 70, 20}, Shape{12, 1, 64, 50, 30}, Shape{24, 2, 32, 33, 0}}) {
     CAPTURE(s.n_heads);
     CAPTURE(s.hd);
     CAPTURE(s.n);
@@ -136,12 +139,14 @@ TEST_CASE("flash prefill attention: the kernel choice follows the device and the
   CHECK(std::string(to_string(FlashKernel::mma)) == "mma");
   CHECK(std::string(to_string(FlashKernel::mma_two_blocks)) == "mma_two_blocks");
   CHECK(std::string(to_string(FlashKernel::wgmma)) == "wgmma");
-  // wgmma only at head_dim 128 with group 4 or 8, and only with sm_90a code for this device.
+  // wgmma only at head_dim 128 with a group that is a multiple of 4, and only with sm_90a code for this device.
   CHECK_FALSE(flash_kernel_runs(FlashKernel::wgmma, 8, 2, 64));
   CHECK_FALSE(flash_kernel_runs(FlashKernel::wgmma, 16, 8, 128));
   const bool wgmma_here = flash_kernel_runs(FlashKernel::wgmma, 32, 4, 128);
   if (!flash_wgmma_available()) CHECK_FALSE(wgmma_here);  // with sm_90a code it also needs its 129 KB
   CHECK(wgmma_here == (flash_kernel_for(32, 4, 128) == FlashKernel::wgmma));
+  CHECK(wgmma_here == (flash_kernel_for(96, 8, 128) == FlashKernel::wgmma));  // group 12: 3 blocks of 4 heads
+  CHECK_FALSE(flash_kernel_runs(FlashKernel::wgmma, 20, 2, 128));             // group 10
   CHECK(flash_kernel_runs(FlashKernel::mma, 32, 4, 128));
   CHECK(flash_kernel_for(8, 2, 64) != FlashKernel::wgmma);
   // A kernel that cannot run the shape here is refused, naming it.
@@ -156,11 +161,13 @@ TEST_CASE("flash prefill attention: the kernel choice follows the device and the
 TEST_CASE("flash prefill attention refuses shapes it does not handle, naming them") {
   gpu_test::skip_without_gpu();
   CHECK_FALSE(flash_attention_supported(8, 2, 96));
-  CHECK_FALSE(flash_attention_supported(32, 2, 128));  // group 16 > 8
+  CHECK_FALSE(flash_attention_supported(34, 2, 128));  // group 17 > 16
+  CHECK(flash_attention_supported(32, 2, 128));        // group 16
+  CHECK(flash_attention_supported(96, 8, 128));        // group 12
   CHECK(flash_attention_supported(32, 4, 128));
   CHECK_THROWS_WITH_AS(launch_flash_attention_prefill(nullptr, 768, nullptr, nullptr, nullptr, 768, 4, 0, 8, 2, 96, nullptr),
                        "launch_flash_attention_prefill: head_dim must be 32, 64 or 128 and n_heads a multiple of n_kv_heads "
-                       "with n_heads / n_kv_heads in [1, 8], got head_dim 96, heads 8 / 2",
+                       "with n_heads / n_kv_heads in [1, 16], got head_dim 96, heads 8 / 2",
                        std::invalid_argument);
   CHECK_THROWS_AS(launch_flash_attention_prefill(nullptr, 512, nullptr, nullptr, nullptr, 512, 0, 0, 8, 2, 32, nullptr),
                   std::invalid_argument);
