@@ -109,7 +109,8 @@ void check_against_cpu(const TinyModelOptions& o, const char* what, std::size_t 
     const double rel = gpu_test::compare(want, got, what, 1.0);
     int top1 = 0;
     for (std::size_t p = 0; p < n; ++p) top1 += argmax(want.data() + p * k_vocab) == argmax(got.data() + p * k_vocab);
-    MESSAGE(what << (staged ? ", prefill path" : ", decode path") << ": relative L2 " << rel << ", top-1 " << top1 << "/" << n);
+    // A std::string first: doctest's MESSAGE prints a leading const char* as a pointer.
+    MESSAGE(std::string(what) << (staged ? ", prefill path" : ", decode path") << ": relative L2 " << rel << ", top-1 " << top1 << "/" << n);
     CHECK(rel < bound.rel);
     CHECK(top1 * 100 >= static_cast<int>(n) * bound.top1_percent);
     const auto next = sg.forward(std::vector<int32_t>{17}, false);
@@ -299,8 +300,7 @@ TEST_CASE("glm4_moe on CUDA: GQA groups 12 and 16 through the flash prefill at h
     o.num_heads = heads;  // one KV head: groups of 12 and 16
     o.num_kv_heads = 1;
     o.head_dim = 128;
-    MESSAGE("flash kernel for group " << heads << ": "
-                                      << cuda::to_string(cuda::flash_kernel_for(heads, 1, 128)));
+    MESSAGE(std::string("flash kernel for group ") << heads << ": " << cuda::to_string(cuda::flash_kernel_for(heads, 1, 128)));
     CHECK(cuda::flash_attention_supported(heads, 1, 128));
     // 80 positions: more than one 64-key tile.
     check_against_cpu(o, heads == 12 ? "group 12 flash prefill" : "group 16 flash prefill", 80);
