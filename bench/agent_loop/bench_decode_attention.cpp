@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/moe_offload/ceilings.hpp"
+#include "bench/moe_offload/graph_timing.hpp"
 #include "worker/cuda/cuda_check.hpp"
 #include "worker/cuda/fused.cuh"
 
@@ -85,34 +86,8 @@ int main(int argc, char** argv) {
   const cuda::AttentionBlockConfig bc = cuda::attention_block_config(shape);
   std::printf("attention: %d blocks per KV head of %d warps, %d ring stages per warp\n", splits, bc.warps, bc.stages);
 
-  // µs of one graph launch of body(0..k_layers-1), median of 7 after one warm-up.
-  auto graph_us = [&](const std::function<void(int)>& body) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < k_layers; ++l) body(l);
-    CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    std::vector<double> ts;
-    for (int r = 0; r < 8; ++r) {
-      CUDA_CHECK(cudaEventRecord(a, st));
-      CUDA_CHECK(cudaGraphLaunch(ge, st));
-      CUDA_CHECK(cudaEventRecord(b, st));
-      CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (r > 0) ts.push_back(ms * 1000.0);
-    }
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
-    CUDA_CHECK(cudaGraphExecDestroy(ge));
-    CUDA_CHECK(cudaGraphDestroy(g));
-    std::sort(ts.begin(), ts.end());
-    return ts[ts.size() / 2];
-  };
+  // µs a layer: body(0..k_layers-1) as one graph, median of 7 launches after a warm-up.
+  auto layer_us = [&](const std::function<void(int)>& body) { return servedeck::bench::graph_us_per_call(st, k_layers, body, 8); };
   auto attention = [&](int l) {
     cuda::launch_attention_decode_paged(qkv, nw, nw, cuda::PagedKv{kp[static_cast<std::size_t>(l)], vp[static_cast<std::size_t>(l)], table, k_block},
                                         attn, shape, pos, st, true);
@@ -120,18 +95,17 @@ int main(int argc, char** argv) {
   auto oproj = [&](int l) {
     cuda::launch_gemv_bf16_pdl(o_w + static_cast<std::size_t>(l) * k_hidden * k_q_dim, attn, x, k_hidden, k_q_dim, true, st, true);
   };
-  const double oproj_us = graph_us(oproj) / k_layers;
+  const double oproj_us = layer_us(oproj);
   std::printf("o-proj alone: %.2f us a layer (%.1f%% of HBM)\n", oproj_us, 100.0 * 2.0 * k_hidden * k_q_dim / oproj_us / 1e3 / c.hbm_gbs);
   std::printf("%8s %10s %10s %9s %8s %14s %12s\n", "context", "us/layer", "KV MB", "GB/s", "of HBM", "+o-proj us", "step ms x48");
   for (const int ctx : contexts) {
     const int32_t p = ctx - 1;  // attends over positions [0, ctx)
     CUDA_CHECK(cudaMemcpy(pos, &p, 4, cudaMemcpyHostToDevice));
-    const double us = graph_us(attention) / k_layers;
-    const double both = graph_us([&](int l) {
-                          attention(l);
-                          oproj(l);
-                        }) /
-                        k_layers;
+    const double us = layer_us(attention);
+    const double both = layer_us([&](int l) {
+      attention(l);
+      oproj(l);
+    });
     const double mb = static_cast<double>(ctx) * k_kv_dim * 2 * 2 / 1e6;
     std::printf("%8d %10.2f %10.2f %9.0f %7.1f%% %14.2f %12.3f\n", ctx, us, mb, mb / us * 1e3, 100.0 * mb / us * 1e3 / c.hbm_gbs, both,
                 both * k_layers / 1e3);

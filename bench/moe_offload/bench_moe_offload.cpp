@@ -41,6 +41,7 @@
 #include "worker/model/qwen3_30b_a3b_shape.hpp"
 #include "bench/moe_offload/decode_trace_report.hpp"
 #include "bench/moe_offload/ceilings.hpp"
+#include "bench/moe_offload/graph_timing.hpp"
 #include "bench/moe_offload/flash_bench.hpp"
 
 using namespace servedeck::worker;
@@ -51,11 +52,6 @@ using servedeck::bench::measure_ceilings;
 namespace {
 
 double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 /// Per-kernel breakdown of one decode layer on the benchmark shapes: each fused launch timed
 /// as a CUDA graph of `reps` back-to-back PDL launches (as in the decode graph), each launch on
@@ -121,32 +117,7 @@ void kernel_breakdown(double hbm_gbs) {
   CUDA_CHECK(cudaMemset(acount, 0, 32 * 4));
   const cuda::AttentionShape shape{32, 4, 128, 128, 1e-6f, freq, splits, ascratch, acount};
   // µs per body(i) call: the n calls captured as one graph, median of 5 timed launches.
-  auto graph_us = [&](int n, const std::function<void(int)>& body) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; ++i) body(i);
-    CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    std::vector<double> ts;
-    for (int r = 0; r < 6; ++r) {
-      CUDA_CHECK(cudaEventRecord(a, st));
-      CUDA_CHECK(cudaGraphLaunch(ge, st));
-      CUDA_CHECK(cudaEventRecord(b, st));
-      CUDA_CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (r > 0) ts.push_back(ms * 1000.0 / n);
-    }
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
-    CUDA_CHECK(cudaGraphExecDestroy(ge));
-    CUDA_CHECK(cudaGraphDestroy(g));
-    return median(ts);
-  };
+  auto graph_us = [&](int n, const std::function<void(int)>& body) { return servedeck::bench::graph_us_per_call(st, n, body); };
   auto time_graph = [&](const char* name, double bytes, int n, const std::function<void(int)>& body) {
     const double us = graph_us(n, body);
     std::printf("%-28s %9.2f %10.2f %9.0f %8.1f%%\n", name, us, bytes / 1e6, bytes / us / 1e3, 100 * bytes / us / 1e3 / hbm_gbs);
