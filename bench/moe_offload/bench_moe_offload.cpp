@@ -17,6 +17,8 @@
 //   --experts: the routed experts' format; fp8 (128x128 blocks) and nvfp4 quantise the synthesised
 //   bf16 experts in memory (the published quantisers' arithmetic), and the roofline counts that
 //   format's bytes. --breakdown 0 skips the per-kernel breakdown; --long-prompt 0 the "all @4k" row.
+//   --config PATH: another model's config.json instead of the Qwen3-30B-A3B shape, cut to --layers
+//   (e.g. bench/moe_offload/glm-4.5-air/config.json; the breakdown keeps the Qwen3 shapes).
 //   (writes JSON to $OUT if set)
 #include <sys/resource.h>
 
@@ -199,10 +201,11 @@ int main(int argc, char** argv) {
   int decode = 256, prompt = 128, layers = 48, prefill_max = 16384, stage_buffers = 16, long_prompt = 4096;
   bool breakdown_only = false, breakdown = true;
   cuda::ExpertFormat experts = cuda::ExpertFormat::bf16;
-  std::string experts_name = "bf16";
+  std::string experts_name = "bf16", config_path;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--decode") decode = std::atoi(argv[i + 1]);
+    else if (a == "--config") config_path = argv[i + 1];
     else if (a == "--prompt") prompt = std::atoi(argv[i + 1]);
     else if (a == "--layers") layers = std::atoi(argv[i + 1]);
     else if (a == "--prefill-max") prefill_max = std::atoi(argv[i + 1]);
@@ -238,10 +241,11 @@ int main(int argc, char** argv) {
   }
   if (breakdown_only) return 0;
 
-  ModelDescription d = qwen3_30b_a3b_shape(layers);
-  std::printf("model: Qwen3-30B-A3B shape, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk); "
-              "routed experts %s%s\n", layers, experts_name.c_str(),
-              experts == cuda::ExpertFormat::bf16 ? "" : " (the bf16 draws quantised in memory)");
+  ModelDescription d = config_path.empty() ? qwen3_30b_a3b_shape(layers) : model_cut_to_layers(load_model_config(config_path), layers);
+  std::printf("model: %s, %d layers, weights SYNTHESISED in memory from seed 1 (no checkpoint on disk); routed experts %s%s\n",
+              config_path.empty() ? "Qwen3-30B-A3B shape" : (d.model_type + " shape of " + config_path).c_str(), layers,
+              experts_name.c_str(), experts == cuda::ExpertFormat::bf16 ? "" : " (the bf16 draws quantised in memory)");
+  const int token_mod = static_cast<int>(std::min<std::int64_t>(151643, d.vocab_size));  // prompt ids below both vocabularies
   auto t0 = clk::now();
   cuda::CudaBackendOptions opt;
   opt.hot_slots = 0;
@@ -262,7 +266,7 @@ int main(int argc, char** argv) {
   const double block = static_cast<double>(backend->expert_block_bytes());
   // VRAM bytes read per decoded token outside the experts: everything resident except the
   // embedding table (one row) — attention, router and norm weights, and lm_head.
-  const double dense_bytes = static_cast<double>(backend->resident_bytes()) - 151936.0 * 2048 * 2;
+  const double dense_bytes = static_cast<double>(backend->resident_bytes()) - static_cast<double>(d.vocab_size) * static_cast<double>(d.hidden_size) * 2;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("\n%-10s %9s %10s %12s %14s %13s %12s %9s %10s %10s\n", "hot", "hit_rate", "tok/s", "prefill128 t/s", "PCIe MB/token",
               "roofline t/s", "achieved", "ms/token", "GPU ms", "GPU achvd");
@@ -284,7 +288,7 @@ int main(int argc, char** argv) {
     backend->set_use_pdl(pdl);
     KvSequence cache(pool, false);
     std::vector<int32_t> ids;
-    for (int i = 0; i < row.prompt; ++i) ids.push_back((i * 7919 + 11) % 151643);
+    for (int i = 0; i < row.prompt; ++i) ids.push_back((i * 7919 + 11) % token_mod);
     auto tp = clk::now();
     auto logits = forward_sequence(*backend, cache, ids, false);
     const double prefill_s = seconds_since(tp);
@@ -342,9 +346,9 @@ int main(int argc, char** argv) {
   std::vector<int> sizes;
   for (int n : {512, 4096, 16384})
     if (n <= prefill_max) sizes.push_back(n);
-  auto prompt_ids = [](int n) {
+  auto prompt_ids = [token_mod](int n) {
     std::vector<int32_t> ids;
-    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 17) % 151643);
+    for (int i = 0; i < n; ++i) ids.push_back((i * 7919 + 17) % token_mod);
     return ids;
   };
   auto prefill_once = [&](const std::vector<int32_t>& ids) {

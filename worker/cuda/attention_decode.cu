@@ -106,8 +106,9 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
                                                                                AttentionShape s, const int32_t* pos_p,
                                                                                unsigned int* heads_done, int stages) {
   SERVEDECK_TRACE_BLOCK();
-  // The o-proj may launch at once (handshakes.cuh, launch order): it stages its rows while this
-  // kernel streams the context.
+  // The o-proj may launch at once (handshakes.cuh, launch order): its blocks stage their rows on
+  // SMs with room beside this kernel's blocks (none beside a 12-warp, 2-stage block of ~220 KB:
+  // they start as these finish).
   detail::trigger_dependents();
   constexpr int NF = HDMAX / 8;  // accumulator column groups of 8
   extern __shared__ float4 dyn4[];

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 namespace servedeck::worker {
 
@@ -332,6 +333,16 @@ ModelDescription load_model_config(const std::string& path) {
   json cfg = json::parse(ss.str(), nullptr, false);
   if (cfg.is_discarded()) throw ConfigError(path + ": not valid JSON");
   return parse_model_config(cfg, path);
+}
+
+ModelDescription model_cut_to_layers(ModelDescription d, int layers) {
+  if (layers < 1 || layers > d.num_layers)
+    throw std::invalid_argument("model_cut_to_layers: " + std::to_string(layers) + " layers asked of a model of " +
+                                std::to_string(d.num_layers));
+  d.num_layers = layers;
+  d.layers.resize(static_cast<std::size_t>(layers));
+  d.first_k_dense_replace = std::min<std::int64_t>(d.first_k_dense_replace, layers);
+  return d;
 }
 
 }  // namespace servedeck::worker

@@ -123,4 +123,9 @@ ModelDescription parse_model_config(const nlohmann::json& config, std::string_vi
 /// Reads and parses `path`. Throws ConfigError.
 ModelDescription load_model_config(const std::string& path);
 
+/// `d` cut to its first `layers` decoder layers (dense and MoE as they were; the benchmarks'
+/// models that do not fit the GPU machine whole). std::invalid_argument unless 1 <= layers <=
+/// d.num_layers.
+ModelDescription model_cut_to_layers(ModelDescription d, int layers);
+
 }  // namespace servedeck::worker

@@ -76,6 +76,26 @@ TEST_CASE("GLM-4.5-Air's config.json: every field that shapes the forward pass")
   CHECK(d.kv_bytes_per_token_f32() == 46 * 2 * 8 * 128 * 4);
 }
 
+TEST_CASE("the benchmark's GLM-4.5-Air config.json is the published one; cut to fewer layers it keeps the dense first layer") {
+  const ModelDescription file = load_model_config(std::string(SERVEDECK_SOURCE_DIR) + "/bench/moe_offload/glm-4.5-air/config.json");
+  const ModelDescription d = parse_model_config(glm45_air_config());
+  CHECK(file.num_layers == d.num_layers);
+  CHECK(file.hidden_size == d.hidden_size);
+  CHECK(file.num_heads == d.num_heads);
+  CHECK(file.moe.intermediate_size == d.moe.intermediate_size);
+  CHECK(file.vocab_size == d.vocab_size);
+  const ModelDescription cut = model_cut_to_layers(d, 20);
+  CHECK(cut.num_layers == 20);
+  REQUIRE(cut.layers.size() == 20);
+  CHECK(cut.layers[0].mlp == MlpKind::dense);
+  CHECK(cut.layers[1].mlp == MlpKind::moe);
+  CHECK(cut.layers[19].mlp == MlpKind::moe);
+  CHECK(cut.first_k_dense_replace == 1);
+  CHECK(model_cut_to_layers(d, 1).layers[0].mlp == MlpKind::dense);
+  CHECK_THROWS_AS(model_cut_to_layers(d, 0), std::invalid_argument);
+  CHECK_THROWS_AS(model_cut_to_layers(d, 47), std::invalid_argument);
+}
+
 TEST_CASE("GLM-4.5's differences: QK-norm, routed_scaling_factor 2.5, three dense layers; class defaults") {
   json cfg = glm45_air_config();
   cfg["hidden_size"] = 5120;
