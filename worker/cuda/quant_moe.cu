@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "worker/cuda/dot.cuh"
 #include "worker/cuda/launch_check.cuh"
@@ -99,31 +100,49 @@ __device__ __forceinline__ void lane_rows_dot(const uint8_t* const (&w_row)[R], 
                                               int cols, int bc, const float* x, int lane, float (&acc)[R]) {
   constexpr int per = chunk_cols<F>();
   const int n = cols / per, gs = 4 * n;
-  auto dot = [&](int r, uint4 v, int i) {
+  // A chunk's scale: fp8 its block's scale_inv float; nvfp4 the 16-bit pair of e4m3 scales of its
+  // two groups, one 2-byte load per lane (a warp's loads cover 64 contiguous bytes: one request
+  // where two byte loads were two over host memory), issued with the chunk's weights.
+  using Scale = std::conditional_t<F == ExpertFormat::fp8_block, float, uint16_t>;
+  auto scale_of = [&](int r, int i) -> Scale {
+    if constexpr (F == ExpertFormat::fp8_block) return reinterpret_cast<const float*>(scales[r])[(16 * i) / bc];
+    else return reinterpret_cast<const uint16_t*>(scales[r])[i];
+  };
+  auto dot = [&](int r, uint4 v, Scale sc, int i) {
     if constexpr (F == ExpertFormat::fp8_block)
-      return dot16_fp8(v, reinterpret_cast<const float*>(scales[r])[(16 * i) / bc], x + 4 * i, gs);
+      return dot16_fp8(v, sc, x + 4 * i, gs);
     else
-      return dot32_fp4(v, e4m3(scales[r][2 * i]) * g[r], e4m3(scales[r][2 * i + 1]) * g[r], x + 4 * i, gs);
+      return dot32_fp4(v, e4m3(static_cast<uint8_t>(sc & 0xffu)) * g[r], e4m3(static_cast<uint8_t>(sc >> 8)) * g[r], x + 4 * i, gs);
   };
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
   int i = lane;
   for (; i + 32 < n; i += 64) {
     uint4 a[R], b[R];
+    Scale sa[R], sb[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       a[r] = reinterpret_cast<const uint4*>(w_row[r])[i];
       b[r] = reinterpret_cast<const uint4*>(w_row[r])[i + 32];
+      sa[r] = scale_of(r, i);
+      sb[r] = scale_of(r, i + 32);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      acc[r] += dot(r, a[r], i);
-      acc[r] += dot(r, b[r], i + 32);
+      acc[r] += dot(r, a[r], sa[r], i);
+      acc[r] += dot(r, b[r], sb[r], i + 32);
     }
   }
   if (i < n) {
+    uint4 a[R];
+    Scale sa[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] += dot(r, reinterpret_cast<const uint4*>(w_row[r])[i], i);
+    for (int r = 0; r < R; ++r) {
+      a[r] = reinterpret_cast<const uint4*>(w_row[r])[i];
+      sa[r] = scale_of(r, i);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += dot(r, a[r], sa[r], i);
   }
 }
 
