@@ -19,8 +19,10 @@
 //     online softmax step of flash_mma.cuh (log2 domain, keys past the position masked in the
 //     position's own unit, P rounded to bf16), O rescaled unless every factor is exactly 1,
 //     O += P·V, then the ring slot is refilled with the unit `stages` ahead;
-//   the warps' (m, l, O) merged in warp order into the block's partial (scratch), then
-//   arrive_last (H1): the last of the KV head's blocks merges the splits in split order, writes
+//   the (m, l, O) of the warps with units merged in warp order into the block's partial
+//   (scratch), each (warp, row) weight computed once; then arrive_last (H1): the last of the KV
+//   head's blocks merges the splits in split order (one thread per row and four columns, a
+//   running maximum, the partials' loads 16 splits at a time), writes
 //   the group's outputs, resets the counter and publishes the group's heads (H2).
 // Numerics: those of the flash prefill kernels (flash_attention.cuh: bf16 Q, K, V and P, fp32
 // accumulation and running max / sum), with every sum in a fixed order.
@@ -53,6 +55,7 @@ template <int HDMAX>
 constexpr int max_warps() { return HDMAX <= 128 ? 12 : 8; }
 constexpr int k_unit = 16;  // positions per warp step: the n of two m16n8k16 tiles, the k of one
 constexpr int k_max_stages = 2;  // ring stages per warp (cp_async_wait_dynamic waits for 0 or 1 pending)
+constexpr int k_merge_batch = 16;  // splits whose partials one thread of the merging block loads at once
 
 /// (warps per block, ring stages per warp) in order of preference (attention_block_config;
 /// docs/performance.md, 2026-12-02 "decode attention block").
@@ -78,7 +81,7 @@ __host__ __device__ inline SplitPlan split_plan(int len, int splits) {
 struct SmemLayout {
   int ld;  // bf16 row stride of Q and the K/V tiles: head_dim + 8 (an odd number of 16-byte lines: ldmatrix without bank conflicts)
   std::size_t q, kv_row, qf, ring, tile, total;
-  __host__ __device__ SmemLayout(int hd, int group, int warps, int stages, int splits) {
+  __host__ __device__ SmemLayout(int hd, int group, int warps, int stages) {
     ld = hd + 8;
     tile = static_cast<std::size_t>(k_unit) * ld * 2;                              // 16 rows of K (or V)
     q = 0;                                                                         // Q: 16 rows
@@ -86,10 +89,9 @@ struct SmemLayout {
     qf = kv_row + static_cast<std::size_t>(4) * hd;                                // fp32 q heads, k, v
     ring = qf + static_cast<std::size_t>(group + 2) * hd * 4;
     const std::size_t ring_bytes = static_cast<std::size_t>(warps) * stages * 2 * tile;
-    const std::size_t warp_merge = static_cast<std::size_t>(warps) * (16 * hd + 32) * 4;       // each warp's O, m, l
-    const std::size_t split_merge = static_cast<std::size_t>(splits) * group * 3 * 4 + 64 * 4;  // M, L, weight per (split, row)
-    std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
-    r = r > split_merge ? r : split_merge;
+    // Each warp's O, m, l, then the (warp, row) weights and each row's maximum.
+    const std::size_t warp_merge = (static_cast<std::size_t>(warps) * (16 * hd + 32) + 16 * warps + 16) * 4;
+    const std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
     total = ring + r;
   }
 };
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   const int kvh = blockIdx.x / s.splits, split = blockIdx.x % s.splits;
   const int kv_dim = s.n_kv_heads * hd, q_dim = s.n_heads * hd;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, t4 = lane % 4, warps = blockDim.x / 32;
-  const SmemLayout L(hd, G, warps, stages, s.splits);
+  const SmemLayout L(hd, G, warps, stages);
   const int ld = L.ld;
   bf16* Qs = reinterpret_cast<bf16*>(smem + L.q);
   bf16* kb = reinterpret_cast<bf16*>(smem + L.kv_row);
@@ -178,8 +180,8 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     cp_async_commit();  // one group per call, empty or not, so the wait below counts units
   };
   for (int i = 0; i < stages; ++i) load(i);
-  const detail::RopeHeadPrefetch rq = detail::prefetch_rope_head(qn, s.inv_freq, hd, s.rotary_dim, lane);
-  const detail::RopeHeadPrefetch rk = detail::prefetch_rope_head(kn, s.inv_freq, hd, s.rotary_dim, lane);
+  const detail::RopeHeadPrefetch rq = detail::prefetch_rope_head(qn, s.inv_freq, hd, s.rotary_dim, pos, lane);
+  const detail::RopeHeadPrefetch rk = detail::prefetch_rope_head(kn, s.inv_freq, hd, s.rotary_dim, pos, lane);
   detail::wait_for_predecessor();
   const int stride = hd + 4;  // floats per (split, row) partial: M, L, 2 unused, O (16-byte aligned)
   float* head_part = s.scratch + static_cast<size_t>(kvh) * s.splits * G * stride;
@@ -189,10 +191,10 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   for (int j = warp; j < G + 2; j += warps) {
     if (j < G)
       detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(kvh * G + j) * hd, rq, qn != nullptr, qf + static_cast<size_t>(j) * hd,
-                                        hd, s.rotary_dim, s.eps, pos, lane);
+                                        hd, s.rotary_dim, s.eps, lane);
     else if (j == G)
       detail::norm_rope_head_prefetched(qkv + q_dim + static_cast<size_t>(kvh) * hd, rk, kn != nullptr, qf + static_cast<size_t>(G) * hd,
-                                        hd, s.rotary_dim, s.eps, pos, lane);
+                                        hd, s.rotary_dim, s.eps, lane);
     else
       for (int i = lane; i < hd; i += 32) qf[static_cast<size_t>(G + 1) * hd + i] = qkv[q_dim + kv_dim + kvh * hd + i];
   }
@@ -206,6 +208,7 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     vb[i] = __float2bfloat16_rn(qf[static_cast<size_t>(G + 1) * hd + i]);
   }
   __syncthreads();
+  SERVEDECK_TRACE_STAGED();  // trace builds: q, k and v ready (the end of the post-wait prologue)
   const int pos_unit = pos / k_unit;
   if (pos_unit >= u_begin && pos_unit < u_end) {  // this block's range holds the position: append it
     const size_t row = static_cast<size_t>(kv.table[pos / B]) * B + pos % B;
@@ -270,10 +273,17 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   }
   flash::cp_async_wait<0>();
   __syncthreads();  // the ring is free: it holds the warps' partials from here on
+  SERVEDECK_TRACE_SUMMED();  // trace builds: every warp's units done
 
-  // Each warp's (m, l, O) for rows g and g + 8 (this lane's), then the block's partial per row.
-  {
-    float* w = wpart + static_cast<size_t>(warp) * (16 * hd + 32);
+  // Each warp with units writes its (m, l, O) for rows g and g + 8 (this lane's); then each
+  // (warp, row) weight exp2(m_w - M) once (M: the row's maximum over those warps; 0 where l_w is
+  // 0), and the block's partial per row as the weighted sum over the warps in warp order.
+  const int used = min(warps, u_end - u_begin);  // warp w has units iff w < u_end - u_begin
+  const int wstride = 16 * hd + 32;              // floats per warp: O (16 x hd), m (16), l (16)
+  float* wgt = wpart + static_cast<size_t>(warps) * wstride;  // (warp, row) weights, then M per row
+  float* rowmax = wgt + 16 * warps;
+  if (warp < used) {
+    float* w = wpart + static_cast<size_t>(warp) * wstride;
     const int g = lane / 4;
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
@@ -293,22 +303,26 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     }
   }
   __syncthreads();
+  for (int i = threadIdx.x; i < used * G; i += blockDim.x) {
+    const int w = i / G, r = i % G;
+    float M = -INFINITY;
+    for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + 16 * hd + r]);
+    const float* ww = wpart + static_cast<size_t>(w) * wstride;
+    wgt[w * 16 + r] = ww[16 * hd + 16 + r] > 0.f ? exp2f(ww[16 * hd + r] - M) : 0.f;
+    if (w == 0) rowmax[r] = M;
+  }
+  __syncthreads();
   {
     float* part = head_part + static_cast<size_t>(split) * G * stride;
     for (int i = threadIdx.x; i < G * (hd + 1); i += blockDim.x) {
       const int r = i / (hd + 1), c = i % (hd + 1);  // c == hd: the row's (M, L)
-      float M = -INFINITY;
-      for (int w = 0; w < warps; ++w) M = fmaxf(M, wpart[static_cast<size_t>(w) * (16 * hd + 32) + 16 * hd + r]);
+      const int off = c < hd ? r * hd + c : 16 * hd + 16 + r;
       float acc = 0.f;
-      for (int w = 0; w < warps; ++w) {
-        const float* ww = wpart + static_cast<size_t>(w) * (16 * hd + 32);
-        const float l = ww[16 * hd + 16 + r];
-        if (l > 0.f) acc += (c < hd ? ww[r * hd + c] : l) * exp2f(ww[16 * hd + r] - M);
-      }
+      for (int w = 0; w < used; ++w) acc += wpart[static_cast<size_t>(w) * wstride + off] * wgt[w * 16 + r];
       if (c < hd) {
         part[static_cast<size_t>(r) * stride + 4 + c] = acc;
       } else {
-        part[static_cast<size_t>(r) * stride] = M;
+        part[static_cast<size_t>(r) * stride] = rowmax[r];
         part[static_cast<size_t>(r) * stride + 1] = acc;
       }
     }
@@ -316,55 +330,41 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   }  // active
   if (!detail::arrive_last(s.counters, kvh, static_cast<unsigned>(s.splits), is_last)) return;
 
-  // The last block of the KV head: merge the active splits in split order (reads through L2).
-  float* sm = reinterpret_cast<float*>(ring);  // (M, L, weight) per (split, row), then 1 / L per row
+  // The last block of the KV head: each thread merges the active splits of one row's four
+  // columns in split order, its loads (M, L and the four O values of every split, through L2)
+  // issued k_merge_batch splits at a time, the running maximum rescaling as it goes.
   const int A = P.active;
-  for (int i = threadIdx.x; i < A * G; i += blockDim.x) {
-    sm[3 * i] = __ldcg(head_part + static_cast<size_t>(i) * stride);
-    sm[3 * i + 1] = __ldcg(head_part + static_cast<size_t>(i) * stride + 1);
-  }
-  __syncthreads();
-  float* inv = sm + 3 * A * G;
-  for (int r = threadIdx.x; r < G; r += blockDim.x) {
-    float MM = -INFINITY;
-    for (int b = 0; b < A; ++b) MM = fmaxf(MM, sm[3 * (b * G + r)]);
-    float LL = 0.f;
-    for (int b = 0; b < A; ++b) {
-      const float l = sm[3 * (b * G + r) + 1];
-      const float wgt = l > 0.f ? exp2f(sm[3 * (b * G + r)] - MM) : 0.f;
-      sm[3 * (b * G + r) + 2] = wgt;
-      LL += l * wgt;
-    }
-    inv[r] = 1.f / LL;
-  }
-  __syncthreads();
   const int q4 = hd / 4;
   for (int i = threadIdx.x; i < G * q4; i += blockDim.x) {
     const int r = i / q4, c = (i % q4) * 4;
+    float MM = -INFINITY, LL = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    int b = 0;
-    for (; b + 8 <= A; b += 8) {  // eight splits' loads in flight
-      float4 v[8];
+    for (int b0 = 0; b0 < A; b0 += k_merge_batch) {
+      float2 ml[k_merge_batch];
+      float4 v[k_merge_batch];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __ldcg(reinterpret_cast<const float4*>(head_part + static_cast<size_t>((b + j) * G + r) * stride + 4 + c));
+      for (int j = 0; j < k_merge_batch; ++j) {
+        if (b0 + j < A) {
+          const float* pr = head_part + static_cast<size_t>((b0 + j) * G + r) * stride;
+          ml[j] = __ldcg(reinterpret_cast<const float2*>(pr));
+          v[j] = __ldcg(reinterpret_cast<const float4*>(pr + 4 + c));
+        }
+      }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float wgt = sm[3 * ((b + j) * G + r) + 2];
-        acc.x += v[j].x * wgt;
-        acc.y += v[j].y * wgt;
-        acc.z += v[j].z * wgt;
-        acc.w += v[j].w * wgt;
+      for (int j = 0; j < k_merge_batch; ++j) {
+        if (b0 + j < A && ml[j].y > 0.f) {
+          const float mn = fmaxf(MM, ml[j].x);
+          const float old = exp2f(MM - mn), w = exp2f(ml[j].x - mn);  // MM = -inf at first: old = 0
+          LL = LL * old + ml[j].y * w;
+          acc.x = acc.x * old + v[j].x * w;
+          acc.y = acc.y * old + v[j].y * w;
+          acc.z = acc.z * old + v[j].z * w;
+          acc.w = acc.w * old + v[j].w * w;
+          MM = mn;
+        }
       }
     }
-    for (; b < A; ++b) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(head_part + static_cast<size_t>(b * G + r) * stride + 4 + c));
-      const float wgt = sm[3 * (b * G + r) + 2];
-      acc.x += v.x * wgt;
-      acc.y += v.y * wgt;
-      acc.z += v.z * wgt;
-      acc.w += v.w * wgt;
-    }
-    const float il = inv[r];
+    const float il = 1.f / LL;
     *reinterpret_cast<float4*>(out + static_cast<size_t>(kvh * G + r) * hd + c) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
   }
   if (threadIdx.x == 0) s.counters[kvh] = 0u;  // H1's reset, by the block that completed the count
@@ -379,7 +379,7 @@ AttentionBlockConfig block_config_for(const AttentionShape& s) {
   const auto kernel = attention_decode_paged_kernel<HDMAX>;
   const int G = s.n_heads / s.n_kv_heads;
   for (const AttentionBlockConfig& k : k_configs)
-    if (k.warps <= max_warps<HDMAX>() && detail::fits_smem(kernel, SmemLayout(s.head_dim, G, k.warps, k.stages, s.splits).total)) return k;
+    if (k.warps <= max_warps<HDMAX>() && detail::fits_smem(kernel, SmemLayout(s.head_dim, G, k.warps, k.stages).total)) return k;
   return k_configs[std::size(k_configs) - 1];
 }
 
@@ -389,14 +389,14 @@ void launch_for(const float* qkv, const bf16* q_norm, const bf16* k_norm, const 
   const auto kernel = attention_decode_paged_kernel<HDMAX>;
   static const bool prepared = [&] {
     // The attribute belongs to the function: the largest layout of this instance (group 16, the
-    // most warps and stages and splits), capped by the device (allow_dynamic_smem).
-    detail::allow_dynamic_smem(kernel, SmemLayout(HDMAX, 16, max_warps<HDMAX>(), k_max_stages, k_attention_max_splits).total);
+    // most warps and stages), capped by the device (allow_dynamic_smem).
+    detail::allow_dynamic_smem(kernel, SmemLayout(HDMAX, 16, max_warps<HDMAX>(), k_max_stages).total);
     detail::prefer_max_shared(kernel);
     return true;
   }();
   (void)prepared;
   const AttentionBlockConfig c = block_config_for<HDMAX>(s);
-  const SmemLayout L(s.head_dim, s.n_heads / s.n_kv_heads, c.warps, c.stages, s.splits);
+  const SmemLayout L(s.head_dim, s.n_heads / s.n_kv_heads, c.warps, c.stages);
   detail::require(detail::fits_smem(kernel, L.total), "launch_attention_decode_paged",
                   "head_dim " + std::to_string(s.head_dim) + " needs " + std::to_string(L.total) +
                       " bytes of shared memory per block, more than the device allows");

@@ -72,28 +72,32 @@ __device__ __forceinline__ float lane_dot(const __nv_bfloat16* row, const float*
   return lane_dot_from(reinterpret_cast<const uint4*>(row), reinterpret_cast<const float4*>(x), n / 8, lane, 0.f);
 }
 
-/// norm_rope_head's constants for one lane, loaded early (before waiting for the previous
-/// kernel: they are never written): its norm weights (elements lane + 32 i, i < 8) and inverse
-/// frequencies (lane + 32 m, m < 4; rotary / 2 <= 128).
+/// norm_rope_head's constants for one lane at position pos, loaded and computed early (before
+/// waiting for the previous kernel: the weights and frequencies are never written, the position
+/// is the host's): its norm weights (elements lane + 32 i, i < 8) and the cosine and sine of
+/// pos · inv_freq[lane + 32 m] (m < 4; rotary / 2 <= 128), so no sincosf is left after the wait.
 struct RopeHeadPrefetch {
   float nw[8];
-  float freq[4];
+  float cs[4], sn[4];
 };
 
 __device__ __forceinline__ RopeHeadPrefetch prefetch_rope_head(const __nv_bfloat16* nw, const float* inv_freq, int hd, int rotary,
-                                                               int lane) {
+                                                               int pos, int lane) {
   RopeHeadPrefetch p;
 #pragma unroll
   for (int i = 0; i < 8; ++i) p.nw[i] = nw != nullptr && lane + 32 * i < hd ? __bfloat162float(nw[lane + 32 * i]) : 0.f;
 #pragma unroll
-  for (int m = 0; m < 4; ++m) p.freq[m] = lane + 32 * m < rotary / 2 ? inv_freq[lane + 32 * m] : 0.f;
+  for (int m = 0; m < 4; ++m) {
+    const float f = lane + 32 * m < rotary / 2 ? inv_freq[lane + 32 * m] : 0.f;
+    sincosf(static_cast<float>(pos) * f, &p.sn[m], &p.cs[m]);
+  }
   return p;
 }
 
-/// One warp: optional per-head RMSNorm (`norm`), then RoPE (rotate_half) at position pos, into
-/// dst (may be src), with the constants from prefetch_rope_head. hd <= 256, rotary <= hd.
+/// One warp: optional per-head RMSNorm (`norm`), then RoPE (rotate_half), into dst (may be src),
+/// with the constants of prefetch_rope_head (which fixed the position). hd <= 256, rotary <= hd.
 __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, const RopeHeadPrefetch& p, bool norm, float* dst, int hd,
-                                                          int rotary, float eps, int pos, int lane) {
+                                                          int rotary, float eps, int lane) {
   float v[8];
   float ss = 0.f;
 #pragma unroll
@@ -116,12 +120,9 @@ __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, cons
   for (int m = 0; m < 4; ++m) {
     const int i = lane + 32 * m;
     if (i < half) {
-      const float angle = static_cast<float>(pos) * p.freq[m];
-      float sn, cs;
-      sincosf(angle, &sn, &cs);
       const float x1 = dst[i], x2 = dst[i + half];
-      dst[i] = x1 * cs - x2 * sn;
-      dst[i + half] = x2 * cs + x1 * sn;
+      dst[i] = x1 * p.cs[m] - x2 * p.sn[m];
+      dst[i + half] = x2 * p.cs[m] + x1 * p.sn[m];
     }
   }
   __syncwarp();
@@ -132,7 +133,7 @@ __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, cons
 /// (rope_inv_freq in fused.cuh). hd <= 256.
 __device__ __forceinline__ void norm_rope_head(const float* src, const __nv_bfloat16* nw, float* dst, int hd, int rotary,
                                                float eps, const float* inv_freq, int pos, int lane) {
-  norm_rope_head_prefetched(src, prefetch_rope_head(nw, inv_freq, hd, rotary, lane), nw != nullptr, dst, hd, rotary, eps, pos, lane);
+  norm_rope_head_prefetched(src, prefetch_rope_head(nw, inv_freq, hd, rotary, pos, lane), nw != nullptr, dst, hd, rotary, eps, lane);
 }
 
 /// The first eight 16-byte weight loads of a lane's share of a row (elements lane*8 + 256*u,
