@@ -16,7 +16,7 @@
 //                          [--stage-buffers N] [--experts bf16|fp8|nvfp4] [--breakdown 0] [--long-prompt N]
 //   --experts: the routed experts' format; fp8 (128x128 blocks) and nvfp4 quantise the synthesised
 //   bf16 experts in memory (the published quantisers' arithmetic), and the roofline counts that
-//   format's bytes. --breakdown 0 skips the per-kernel breakdown; --long-prompt 0 the "all @4k" row.
+//   format's bytes. --breakdown 0 skips the per-kernel breakdown; --long-prompt N the prompt of the "all @N" row (4096; 0: no such row).
 //   --config PATH: another model's config.json instead of the Qwen3-30B-A3B shape, cut to --layers
 //   (e.g. bench/moe_offload/glm-4.5-air/config.json; the breakdown keeps the Qwen3 shapes).
 //   (writes JSON to $OUT if set)
@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
               backend->resident_bytes() / 1073741824.0);
 
   // One KV pool for every row below (sequences made and released in it; one decode graph).
-  const std::size_t pool_tokens = static_cast<std::size_t>(std::max(prefill_max, 4096) + decode + 64);
+  const std::size_t pool_tokens = static_cast<std::size_t>(std::max({prefill_max, 4096, prompt, long_prompt}) + decode + 64);
   KvBlockPool pool({(pool_tokens + 15) / 16, 16});
   backend->allocate_kv_pool(pool.shape());
   const double block = static_cast<double>(backend->expert_block_bytes());
@@ -320,11 +320,16 @@ int main(int argc, char** argv) {
       int32_t sink = 0;
       for (int r = 0; r < 50; ++r) sink += servedeck::worker::argmax(logits);
       host_argmax_us = seconds_since(ta) / 50 * 1e6 + (sink == -1 ? 1 : 0);
+    }
+    if (slots == 128 && pdl) {
+      std::printf("\ntrace of the all-resident step after %d tokens:", row.prompt);
       servedeck::bench::decode_trace_report(*backend);  // trace builds only
     }
     char label[24];
     std::snprintf(label, sizeof label, "%d%%", slots * 100 / 128);
-    if (slots == 128) std::snprintf(label, sizeof label, "all%s", !pdl ? " noPDL" : row.prompt != prompt ? " @4k" : "");
+    if (slots == 128 && !pdl) std::snprintf(label, sizeof label, "all noPDL");
+    else if (slots == 128 && row.prompt != prompt) std::snprintf(label, sizeof label, "all @%d", row.prompt);
+    else if (slots == 128) std::snprintf(label, sizeof label, "all");
     std::printf("%-10s %8.1f%% %10.2f %12.2f %14.1f %13.2f %11.1f%% %9.2f %10.3f %9.1f%%\n", label,
                 100 * st.hit_rate(), tok_s, row.prompt / prefill_s, pcie_bytes / 1e6, 1 / roof_s, 100 * achieved, 1000 * decode_s / decode,
                 step_us / 1000, 100 * roof_s * 1e6 / step_us);
@@ -337,8 +342,9 @@ int main(int argc, char** argv) {
               "the pick made on the device, one int32 copied back; the host's argmax over a logits row, which sampled decoding\n"
               "still pays, measured here: %.1f us)\n",
               host_argmax_us);
-  std::printf("\nprefill128 column: the prompt before each decode row (%d tokens; 4096 for \"all @4k\"), through the staged prefill\n"
-              "path. Roofline: PCIe bytes / UVA GB/s + (resident weights + hot experts + the KV rows read) / HBM GB/s.\n", prompt);
+  std::printf("\nprefill128 column: the prompt before each decode row (%d tokens; %d for \"all @%d\"), through the staged prefill\n"
+              "path. Roofline: PCIe bytes / UVA GB/s + (resident weights + hot experts + the KV rows read) / HBM GB/s.\n", prompt,
+              long_prompt, long_prompt);
 
   // Prefill rows. The backend is at all-resident now; warm up once at the largest size so the
   // prefill buffers and cuBLAS are set up outside the timed runs.

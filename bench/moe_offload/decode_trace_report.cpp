@@ -124,24 +124,38 @@ void decode_trace_report(worker::cuda::CudaBackend& backend) {
   std::printf("%-10s %7s %9s %9s %9s %9s %9s %9s   (means over layers %d..%d, us; sums: last staged -> last summed, fin: -> last end)\n",
               "kernel", "blocks", "span", "lead", "late", "tail", "sums", "fin", lo, hi - 1);
   double layer_sum = 0;
+  // A grid whose blocks never pass a PDL wait (the early routing's router waits on H2's count
+  // instead) has no span of its own: its predecessor's runs to the next grid that waits.
+  auto waits = [](const Grid& g) { return g.last_waited != 0; };
   for (int k = 0; k < 6; ++k) {
     double span = 0, lead = 0, late = 0, tail = 0, blocks = 0, sums = 0, fin = 0;
+    bool timed = true;
     for (int l = lo; l < hi; ++l) {
       const std::size_t i = static_cast<std::size_t>(6 * l + k);
       const Grid& g = step[i];
-      const Grid& next = step[i + 1];
+      std::size_t j = i + 1;
+      while (j + 1 < step.size() && !waits(step[j])) ++j;
+      const Grid& next = step[j];
+      blocks += g.blocks;
+      if (!waits(g)) {
+        timed = false;
+        continue;
+      }
       // This kernel ends when its successor's first wait returns; its predecessor ends when its own does.
       span += (static_cast<double>(next.first_waited) - static_cast<double>(g.first_waited)) / 1000.0;
       lead += (static_cast<double>(g.first_waited) - static_cast<double>(g.first_wait)) / 1000.0;
       late += (static_cast<double>(g.last_waited) - static_cast<double>(g.first_waited)) / 1000.0;
       tail += (static_cast<double>(g.last_end) - static_cast<double>(next.first_waited)) / 1000.0;
-      blocks += g.blocks;
       if (g.last_summed != 0 && g.last_staged != 0) {
         sums += (static_cast<double>(g.last_summed) - static_cast<double>(g.last_staged)) / 1000.0;
         fin += (static_cast<double>(g.last_end) - static_cast<double>(g.last_summed)) / 1000.0;
       }
     }
     const double m = hi - lo;
+    if (!timed) {
+      std::printf("%-10s %7.0f %9s %9s %9s %9s %9s %9s\n", names[k], blocks / m, "-", "-", "-", "-", "-", "-");
+      continue;
+    }
     layer_sum += span / m;
     std::printf("%-10s %7.0f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", names[k], blocks / m, span / m, lead / m, late / m, tail / m, sums / m,
                 fin / m);
@@ -155,8 +169,11 @@ void decode_trace_report(worker::cuda::CudaBackend& backend) {
   auto rel = [&](unsigned long long t) { return (static_cast<double>(t) - static_cast<double>(t0)) / 1000.0; };
   for (int k = 0; k < 7; ++k) {
     const Grid& g = step[static_cast<std::size_t>(6 * l + k)];
-    std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait), rel(g.first_waited),
-                rel(g.last_waited), rel(g.last_end));
+    if (waits(g))
+      std::printf("  %-10s %8.2f %8.2f %8.2f %8.2f %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), rel(g.first_wait),
+                  rel(g.first_waited), rel(g.last_waited), rel(g.last_end));
+    else
+      std::printf("  %-10s %8.2f %8s %8s %8s %8.2f", k < 6 ? names[k] : "next qkv", rel(g.first_start), "-", "-", "-", rel(g.last_end));
     // The row-kernel down records its sums but stages nothing: dashes keep the columns apart.
     if (g.last_staged != 0) std::printf(" %8.2f %8.2f", rel(g.first_staged), rel(g.last_staged));
     else if (g.last_summed != 0) std::printf(" %8s %8s", "-", "-");
