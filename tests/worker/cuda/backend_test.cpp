@@ -13,7 +13,6 @@
 // staging buffer or VRAM: bit-identical, on both paths.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,12 +31,6 @@
 using namespace servedeck::worker;
 
 namespace {
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/servedeck-cuda-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
 
 std::vector<int32_t> prompt(std::size_t n, std::size_t vocab) {
   std::vector<int32_t> ids;
@@ -79,7 +72,7 @@ std::pair<double, int> compare_to_cpu(Backend& cpu, cuda::CudaBackend& gpu, cons
 
 TEST_CASE("CUDA backend matches the CPU backend (logits at every position) on a MoE checkpoint") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   TinyModelOptions o = gpu_test::small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
@@ -116,7 +109,7 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
   gpu_test::skip_without_gpu();
   for (const bool mixed : {false, true}) {
     CAPTURE(mixed);
-    const std::string dir = temp_dir();
+    const std::string dir = gpu_test::temp_dir("test");
     TinyModelOptions o = gpu_test::small_moe();
     if (mixed) {
       o.mlp_only_layers = {1};
@@ -146,7 +139,7 @@ TEST_CASE("CUDA matches the CPU with the decode router unfolded, and with dense 
 
 TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with both numbers") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   TinyModelOptions o;
   o.vocab_size = 2048;
   o.hidden_size = 128;
@@ -183,7 +176,7 @@ TEST_CASE("offload on vs off gives bit-identical logits; KV cap refused with bot
 
 TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions on, off;
@@ -215,7 +208,7 @@ TEST_CASE("decode step: PDL on or off gives bit-identical logits; step timer") {
 // graph capture for all of it.
 TEST_CASE("decode step: forward_greedy is forward's argmax; every sequence replays the one graph with the same logits") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions o;
@@ -261,7 +254,7 @@ TEST_CASE("decode step: forward_greedy is forward's argmax; every sequence repla
 TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token-by-token, dense and MoE") {
   gpu_test::skip_without_gpu();
   for (const bool moe : {false, true}) {
-    const std::string dir = temp_dir();
+    const std::string dir = gpu_test::temp_dir("test");
     TinyModelOptions o = gpu_test::small_moe();
     if (!moe) o.model_type = "qwen3";
     write_model(dir, o);
@@ -315,7 +308,7 @@ TEST_CASE("prefill attention: the flash kernel and the cuBLAS path against token
 // that had flash on from the start.
 TEST_CASE("prefill: flash attention turned on after the buffers were sized without it") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions off, on;
@@ -338,7 +331,7 @@ TEST_CASE("prefill: flash attention turned on after the buffers were sized witho
 
 TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; chunks and staging groups") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   TinyModelOptions o = gpu_test::small_moe();
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
@@ -399,7 +392,7 @@ TEST_CASE("staged prefill matches the token-by-token path and the CPU backend; c
 // agrees with the unsplit path to rounding.
 TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   write_model(dir, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions res, off, whole;
@@ -457,7 +450,7 @@ TEST_CASE("staged prefill: two routing parts and a ring of staging buffers") {
 
 TEST_CASE("make_cuda_backend_from_dir owns its checkpoint") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("test");
   TinyModelOptions o;
   o.vocab_size = 1024;
   o.hidden_size = 128;

@@ -11,6 +11,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <doctest/doctest.h>
+#include <unistd.h>
 
 #include "worker/cuda/cuda_backend.hpp"
 #include "worker/cuda/cuda_check.hpp"
@@ -33,6 +35,13 @@ inline servedeck::worker::TinyModelOptions small_moe() {
   o.moe_intermediate_size = 64;
   o.vocab_size = 4096;
   return o;
+}
+
+/// A new directory /tmp/servedeck-cuda-`tag`-XXXXXX (mkdtemp); the test fails when it cannot be made.
+inline std::string temp_dir(const std::string& tag) {
+  std::string tmpl = "/tmp/servedeck-cuda-" + tag + "-XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
 }
 
 inline void skip_without_gpu() {

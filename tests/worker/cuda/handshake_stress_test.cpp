@@ -9,8 +9,6 @@
 // with two layers (128 experts, the staged down's 192 KB blocks), all through the folded router.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -92,8 +90,7 @@ void stress(const char* name, cuda::CudaBackend& be, int vocab, int n_tokens, in
 
 TEST_CASE("decode step handshakes under random SM load: logits bit-identical to an idle GPU's (small MoE)") {
   gpu_test::skip_without_gpu();
-  char tmpl[] = "/tmp/servedeck-stress-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string tmpl = gpu_test::temp_dir("stress");
   write_model(tmpl, gpu_test::small_moe());
   Checkpoint ck = Checkpoint::open(tmpl);
   cuda::CudaBackendOptions opt;

@@ -8,7 +8,6 @@
 // top-1 at >= 90% of positions (the measured sizes: the MESSAGE lines).
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -28,12 +27,6 @@ using namespace servedeck::worker;
 namespace {
 
 constexpr std::size_t k_vocab = 4096;
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/servedeck-cuda-reuse-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
 
 std::vector<int32_t> prompt(std::size_t n, std::size_t salt) {
   std::vector<int32_t> ids;
@@ -91,7 +84,7 @@ TEST_CASE("prefix reuse on CUDA: logits after a cached prefix equal the full pre
   gpu_test::skip_without_gpu();
   for (const bool moe : {false, true}) {
     CAPTURE(moe);
-    const std::string dir = temp_dir();
+    const std::string dir = gpu_test::temp_dir("reuse");
     write_model(dir, small(moe));
     Checkpoint ck = Checkpoint::open(dir);
     cuda::CudaBackendOptions o;
@@ -172,7 +165,7 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 TEST_CASE("the engine on CUDA: cached tokens across turns and conversations, no allocation or graph capture per request") {
   gpu_test::skip_without_gpu();
-  const std::string dir = temp_dir();
+  const std::string dir = gpu_test::temp_dir("reuse");
   write_model(dir, small(true));
   Checkpoint ck = Checkpoint::open(dir);
   cuda::CudaBackendOptions o;

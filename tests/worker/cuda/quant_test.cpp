@@ -12,7 +12,6 @@
 //     agreement >= 90%, on the decode and the staged prefill paths.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -171,12 +170,6 @@ TinyModelOptions quant_moe(WeightFormat f) {
   return o;
 }
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/servedeck-cuda-quant-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 std::vector<float> cpu_logits(const Checkpoint& ck, const std::vector<int32_t>& ids) {
   auto cpu = make_cpu_backend(ck, {0, KvDtype::f32});
   KvBlockPool pool({(ids.size() + 15) / 16, 16});
@@ -197,7 +190,7 @@ TEST_CASE("CUDA with experts kept quantised matches the CPU on the same checkpoi
   gpu_test::skip_without_gpu();
   for (const auto f : {WeightFormat::fp8_block, WeightFormat::nvfp4}) {
     CAPTURE(to_string(f));
-    const std::string dir = temp_dir();
+    const std::string dir = gpu_test::temp_dir("quant");
     TinyModelOptions o = quant_moe(f);
     o.quantize_exclude = {"self_attn"};
     write_model(dir, o);
@@ -238,7 +231,7 @@ TEST_CASE("CUDA on fully quantised checkpoints: decode and staged prefill agains
   gpu_test::skip_without_gpu();
   for (const auto f : {WeightFormat::fp8_block, WeightFormat::nvfp4}) {
     CAPTURE(to_string(f));
-    const std::string dir = temp_dir();
+    const std::string dir = gpu_test::temp_dir("quant");
     write_model(dir, quant_moe(f));
     Checkpoint ck = Checkpoint::open(dir);
     const auto ids = prompt(48);
