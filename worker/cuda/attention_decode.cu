@@ -96,6 +96,14 @@ struct SmemLayout {
   }
 };
 
+/// flash::cp_async16 with an L2 cache policy (createpolicy): the K/V rows are read once per step,
+/// so they go evict-first and leave L2 to what is read again (the splits' partials, the weights).
+__device__ __forceinline__ void cp_async16_evict_first(void* dst, const void* src, bool valid, uint64_t policy) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(n), "l"(policy) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
   // cp.async.wait_group takes an immediate.
   if (pending <= 0) flash::cp_async_wait<0>();
@@ -154,6 +162,8 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     lrow[j] = c / chunks;
     lcol[j] = (c % chunks) * 8;
   }
+  uint64_t policy;  // every K/V copy evict-first (performance.md, 2026-12-02 "decode attention L2 policy")
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   auto load = [&](int i) {
     if (i < n_mine) {  // warp-uniform
       if (i % 32 == 0 && i > 0) {
@@ -172,8 +182,8 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
         if (lane + 32 * j < unit_chunks) {
           const int r = lrow[j], col = lcol[j];
           const bool valid = p0 + r < pos;  // the current position and those after it: zeros
-          cp_async16(Kt + r * ld + col, ks + r * kv_dim + col, valid);
-          cp_async16(Vt + r * ld + col, vs + r * kv_dim + col, valid);
+          cp_async16_evict_first(Kt + r * ld + col, ks + r * kv_dim + col, valid, policy);
+          cp_async16_evict_first(Vt + r * ld + col, vs + r * kv_dim + col, valid, policy);
         }
       }
     }
