@@ -19,8 +19,8 @@
 //     online softmax step of flash_mma.cuh (log2 domain, keys past the position masked in the
 //     position's own unit, P rounded to bf16), O rescaled unless every factor is exactly 1,
 //     O += P·V, then the ring slot is refilled with the unit `stages` ahead;
-//   the (m, l, O) of the warps with units merged in warp order into the block's partial
-//   (scratch), each (warp, row) weight computed once; then arrive_last (H1): the last of the KV
+//   the (m, l, O) of the group's rows of the warps with units, through shared memory, merged in
+//   warp order into the block's partial (scratch), a float4 per thread; then arrive_last (H1): the last of the KV
 //   head's blocks merges the splits in split order (one thread per row and four columns, a
 //   running maximum, the partials' loads 16 splits at a time), writes
 //   the group's outputs, resets the counter and publishes the group's heads (H2).
@@ -80,6 +80,7 @@ __host__ __device__ inline SplitPlan split_plan(int len, int splits) {
 /// Shared-memory layout of a block, in bytes from the start (all offsets multiples of 16).
 struct SmemLayout {
   int ld;  // bf16 row stride of Q and the K/V tiles: head_dim + 8 (an odd number of 16-byte lines: ldmatrix without bank conflicts)
+  int ostr, wstride;  // the warp merge's floats per O row (head_dim + 8: conflict-free 8-byte stores) and per warp
   std::size_t q, kv_row, qf, ring, tile, total;
   __host__ __device__ SmemLayout(int hd, int group, int warps, int stages) {
     ld = hd + 8;
@@ -89,8 +90,10 @@ struct SmemLayout {
     qf = kv_row + static_cast<std::size_t>(4) * hd;                                // fp32 q heads, k, v
     ring = qf + static_cast<std::size_t>(group + 2) * hd * 4;
     const std::size_t ring_bytes = static_cast<std::size_t>(warps) * stages * 2 * tile;
-    // Each warp's O, m, l, then the (warp, row) weights and each row's maximum.
-    const std::size_t warp_merge = (static_cast<std::size_t>(warps) * (16 * hd + 32) + 16 * warps + 16) * 4;
+    // Each warp's O (group rows), m (16), l (16).
+    ostr = hd + 8;
+    wstride = group * ostr + 32;
+    const std::size_t warp_merge = static_cast<std::size_t>(warps) * wstride * 4;
     const std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
     total = ring + r;
   }
@@ -285,13 +288,13 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   __syncthreads();  // the ring is free: it holds the warps' partials from here on
   SERVEDECK_TRACE_SUMMED();  // trace builds: every warp's units done
 
-  // Each warp with units writes its (m, l, O) for rows g and g + 8 (this lane's); then each
-  // (warp, row) weight exp2(m_w - M) once (M: the row's maximum over those warps; 0 where l_w is
-  // 0), and the block's partial per row as the weighted sum over the warps in warp order.
+  // Each warp with units writes its (m, l, O) of the group's rows (this lane's rows g and g + 8
+  // where they are < G; two adjacent columns as one 8-byte store, rows ostr floats apart: no bank
+  // conflicts); then each float4 of the block's partial is the weighted sum over those warps in
+  // warp order, with weight exp2(m_w - M) (M: the row's maximum over the warps; 0 where l_w is 0).
   const int used = min(warps, u_end - u_begin);  // warp w has units iff w < u_end - u_begin
-  const int wstride = 16 * hd + 32;              // floats per warp: O (16 x hd), m (16), l (16)
-  float* wgt = wpart + static_cast<size_t>(warps) * wstride;  // (warp, row) weights, then M per row
-  float* rowmax = wgt + 16 * warps;
+  const int ostr = L.ostr, wstride = L.wstride;  // floats per row of a warp's O; per warp: O, m (16), l (16)
+  const int ml0 = G * ostr;                      // a warp's m, then l, from here
   if (warp < used) {
     float* w = wpart + static_cast<size_t>(warp) * wstride;
     const int g = lane / 4;
@@ -299,41 +302,52 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     for (int f = 0; f < NF; ++f) {
       if (f * 8 < hd) {
         const int col = f * 8 + 2 * t4;
-        w[g * hd + col] = o[f][0];
-        w[g * hd + col + 1] = o[f][1];
-        w[(g + 8) * hd + col] = o[f][2];
-        w[(g + 8) * hd + col + 1] = o[f][3];
+        if (g < G) *reinterpret_cast<float2*>(w + g * ostr + col) = make_float2(o[f][0], o[f][1]);
+        if (g + 8 < G) *reinterpret_cast<float2*>(w + (g + 8) * ostr + col) = make_float2(o[f][2], o[f][3]);
       }
     }
     if (t4 == 0) {
-      w[16 * hd + g] = rows.m0;
-      w[16 * hd + g + 8] = rows.m1;
-      w[16 * hd + 16 + g] = rows.l0;
-      w[16 * hd + 16 + g + 8] = rows.l1;
+      if (g < G) {
+        w[ml0 + g] = rows.m0;
+        w[ml0 + 16 + g] = rows.l0;
+      }
+      if (g + 8 < G) {
+        w[ml0 + g + 8] = rows.m1;
+        w[ml0 + 16 + g + 8] = rows.l1;
+      }
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < used * G; i += blockDim.x) {
-    const int w = i / G, r = i % G;
-    float M = -INFINITY;
-    for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + 16 * hd + r]);
-    const float* ww = wpart + static_cast<size_t>(w) * wstride;
-    wgt[w * 16 + r] = ww[16 * hd + 16 + r] > 0.f ? exp2f(ww[16 * hd + r] - M) : 0.f;
-    if (w == 0) rowmax[r] = M;
-  }
-  __syncthreads();
   {
+    const int q4 = hd / 4;
     float* part = head_part + static_cast<size_t>(split) * G * stride;
-    for (int i = threadIdx.x; i < G * (hd + 1); i += blockDim.x) {
-      const int r = i / (hd + 1), c = i % (hd + 1);  // c == hd: the row's (M, L)
-      const int off = c < hd ? r * hd + c : 16 * hd + 16 + r;
-      float acc = 0.f;
-      for (int w = 0; w < used; ++w) acc += wpart[static_cast<size_t>(w) * wstride + off] * wgt[w * 16 + r];
-      if (c < hd) {
-        part[static_cast<size_t>(r) * stride + 4 + c] = acc;
+    for (int i = threadIdx.x; i < G * (q4 + 1); i += blockDim.x) {
+      const bool out_item = i < G * q4;  // else the row's (M, L)
+      const int r = out_item ? i / q4 : i - G * q4;
+      float M = -INFINITY;
+      for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + ml0 + r]);
+      if (out_item) {
+        const int c = (i % q4) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int v = 0; v < used; ++v) {
+          const float* ww = wpart + static_cast<size_t>(v) * wstride;
+          const float wt = ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f;
+          const float4 x = *reinterpret_cast<const float4*>(ww + r * ostr + c);
+          acc.x += x.x * wt;
+          acc.y += x.y * wt;
+          acc.z += x.z * wt;
+          acc.w += x.w * wt;
+        }
+        *reinterpret_cast<float4*>(part + static_cast<size_t>(r) * stride + 4 + c) = acc;
       } else {
-        part[static_cast<size_t>(r) * stride] = rowmax[r];
-        part[static_cast<size_t>(r) * stride + 1] = acc;
+        float l = 0.f;
+        for (int v = 0; v < used; ++v) {
+          const float* ww = wpart + static_cast<size_t>(v) * wstride;
+          const float wt = ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f;
+          l += ww[ml0 + 16 + r] * wt;
+        }
+        part[static_cast<size_t>(r) * stride] = M;
+        part[static_cast<size_t>(r) * stride + 1] = l;
       }
     }
   }
