@@ -84,7 +84,7 @@ struct ChatState : GenerationState {
   void on_event(const GenerationEvent& ev) {
     auto deltas = parser->push(take_forced(ev.text));
     nlohmann::json entry;
-    if (params.want_logprobs && ev.logprob) entry = chat_logprob_entry(*ev.logprob, *text);
+    if (params.want_logprobs && ev.logprob) entry = chat_logprob_entry(*ev.logprob, *text, params.tokens_as_ids);
     if (params.stream) {
       nlohmann::json lp;
       if (!entry.is_null()) lp = {{"content", nlohmann::json::array({entry})}};
@@ -128,7 +128,7 @@ struct ChatState : GenerationState {
     if (!r.stop_string.empty()) choice["stop_reason"] = r.stop_string;
     nlohmann::json body = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
                            {"choices", nlohmann::json::array({std::move(choice)})}, {"usage", usage_json(r)}};
-    if (params.gen.prompt_logprobs >= 0) body["prompt_logprobs"] = prompt_logprobs_json(r, *text);
+    if (params.gen.prompt_logprobs >= 0) body["prompt_logprobs"] = prompt_logprobs_json(r, *text, params.tokens_as_ids);
     res->send(200, "application/json", dump_json(body));
   }
 };

@@ -36,7 +36,7 @@ struct CompletionState : GenerationState {
   void on_event(const GenerationEvent& ev) {
     nlohmann::json lp;
     if (params.want_logprobs && ev.logprob) {
-      append_completion_logprob(params.stream ? lp : logprobs, *ev.logprob, *text, token_offset);
+      append_completion_logprob(params.stream ? lp : logprobs, *ev.logprob, *text, token_offset, params.tokens_as_ids);
       token_offset += text->token_bytes(ev.token).size();
     }
     if (params.stream) {
@@ -60,7 +60,7 @@ struct CompletionState : GenerationState {
     nlohmann::json choice = {{"index", 0}, {"text", output}, {"finish_reason", reason},
                              {"logprobs", params.want_logprobs ? logprobs : nlohmann::json(nullptr)}};
     choice["stop_reason"] = r.stop_string.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.stop_string);
-    if (params.gen.prompt_logprobs >= 0) choice["prompt_logprobs"] = prompt_logprobs_json(r, *text);
+    if (params.gen.prompt_logprobs >= 0) choice["prompt_logprobs"] = prompt_logprobs_json(r, *text, params.tokens_as_ids);
     nlohmann::json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
                            {"choices", nlohmann::json::array({std::move(choice)})}, {"usage", usage_json(r)}};
     res->send(200, "application/json", dump_json(body));

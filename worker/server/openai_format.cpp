@@ -39,33 +39,35 @@ nlohmann::json bytes_of(const std::string& s) {
 double finite(float x) { return std::isfinite(x) ? static_cast<double>(x) : -9999.0; }
 }  // namespace
 
-nlohmann::json chat_logprob_entry(const TokenLogprob& lp, const Vocab& vocab) {
-  const std::string tok = vocab.token_bytes(lp.id);
+std::string token_name(int32_t id, const Vocab& vocab, bool as_ids) {
+  return as_ids ? "token_id:" + std::to_string(id) : vocab.token_bytes(id);
+}
+
+nlohmann::json chat_logprob_entry(const TokenLogprob& lp, const Vocab& vocab, bool as_ids) {
   nlohmann::json top = nlohmann::json::array();
-  for (const auto& [id, l] : lp.top) {
-    const std::string t = vocab.token_bytes(id);
-    top.push_back({{"token", t}, {"logprob", finite(l)}, {"bytes", bytes_of(t)}});
-  }
-  return {{"token", tok}, {"logprob", finite(lp.logprob)}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}};
+  for (const auto& [id, l] : lp.top)
+    top.push_back({{"token", token_name(id, vocab, as_ids)}, {"logprob", finite(l)}, {"bytes", bytes_of(vocab.token_bytes(id))}});
+  return {{"token", token_name(lp.id, vocab, as_ids)}, {"logprob", finite(lp.logprob)},
+          {"bytes", bytes_of(vocab.token_bytes(lp.id))}, {"top_logprobs", top}};
 }
 
 void append_completion_logprob(nlohmann::json& logprobs, const TokenLogprob& lp, const Vocab& vocab,
-                               std::size_t text_offset) {
+                               std::size_t text_offset, bool as_ids) {
   if (!logprobs.is_object()) {
     logprobs = {{"tokens", nlohmann::json::array()},
                 {"token_logprobs", nlohmann::json::array()},
                 {"top_logprobs", nlohmann::json::array()},
                 {"text_offset", nlohmann::json::array()}};
   }
-  logprobs["tokens"].push_back(vocab.token_bytes(lp.id));
+  logprobs["tokens"].push_back(token_name(lp.id, vocab, as_ids));
   logprobs["token_logprobs"].push_back(finite(lp.logprob));
   nlohmann::json top = nlohmann::json::object();
-  for (const auto& [id, l] : lp.top) top[vocab.token_bytes(id)] = finite(l);
+  for (const auto& [id, l] : lp.top) top[token_name(id, vocab, as_ids)] = finite(l);
   logprobs["top_logprobs"].push_back(top);
   logprobs["text_offset"].push_back(text_offset);
 }
 
-nlohmann::json prompt_logprobs_json(const GenerationResult& r, const Vocab& vocab) {
+nlohmann::json prompt_logprobs_json(const GenerationResult& r, const Vocab& vocab, bool as_ids) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& p : r.prompt_logprobs) {
     if (!p) {
@@ -73,11 +75,11 @@ nlohmann::json prompt_logprobs_json(const GenerationResult& r, const Vocab& voca
       continue;
     }
     nlohmann::json pos = nlohmann::json::object();
-    pos[std::to_string(p->id)] = {{"logprob", finite(p->logprob)}, {"rank", p->rank}, {"decoded_token", vocab.token_bytes(p->id)}};
+    pos[std::to_string(p->id)] = {{"logprob", finite(p->logprob)}, {"rank", p->rank}, {"decoded_token", token_name(p->id, vocab, as_ids)}};
     int rank = 1;
     for (const auto& [id, l] : p->top) {
       const std::string key = std::to_string(id);
-      if (!pos.contains(key)) pos[key] = {{"logprob", finite(l)}, {"rank", rank}, {"decoded_token", vocab.token_bytes(id)}};
+      if (!pos.contains(key)) pos[key] = {{"logprob", finite(l)}, {"rank", rank}, {"decoded_token", token_name(id, vocab, as_ids)}};
       ++rank;
     }
     out.push_back(std::move(pos));

@@ -113,6 +113,7 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   if (budget) g.thinking_token_budget = static_cast<std::size_t>(*budget);
   if (auto e = read_int(body, "prompt_logprobs", 0, k_max_top_logprobs, prompt_logprobs)) return e;
   if (prompt_logprobs) g.prompt_logprobs = static_cast<int>(*prompt_logprobs);
+  if (auto e = read_bool(body, "return_tokens_as_token_ids", out.tokens_as_ids)) return e;
 
   if (kind == ApiKind::chat) {
     if (auto e = read_bool(body, "logprobs", out.want_logprobs)) return e;

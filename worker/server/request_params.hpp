@@ -23,6 +23,7 @@ struct CommonParams {
   bool want_logprobs = false;             // chat: logprobs true; completions: logprobs is a number
   int top_logprobs = 0;
   bool skip_special_tokens = true;
+  bool tokens_as_ids = false;             // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
 };
 
 /// Maximum accepted top_logprobs / logprobs / prompt_logprobs (OpenAI allows 20).

@@ -291,6 +291,42 @@ TEST_CASE("completions: token-id prompt, stop string, legacy logprobs, prompt_lo
   CHECK(events.back() == "[DONE]");
 }
 
+TEST_CASE("return_tokens_as_token_ids names every logprob token by its id, chat and completions") {
+  Fixture f;
+  FakeTextModel text;
+  auto prompt = text.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  auto r = f.post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 2},
+                                          {"prompt_logprobs", 1}, {"return_tokens_as_token_ids", true}}
+                                         .dump());
+  REQUIRE(r.status == 200);
+  const json j = json::parse(r.body);
+  const auto& c = j["choices"][0];
+  const auto& lp = c["logprobs"];
+  REQUIRE(lp["tokens"].size() == 3);
+  CHECK(lp["tokens"][0] == "token_id:" + std::to_string(text.encode("H").at(0)));
+  for (const auto& top : lp["top_logprobs"]) {
+    REQUIRE(top.size() == 2);
+    for (const auto& [name, l] : top.items()) CHECK(name.rfind("token_id:", 0) == 0);
+  }
+  const auto& p1 = c["prompt_logprobs"][1][std::to_string(prompt[1])];
+  CHECK(p1["decoded_token"] == "token_id:" + std::to_string(prompt[1]));
+
+  auto body = chat_body("hi", false);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 1;
+  body["return_tokens_as_token_ids"] = true;
+  const auto chat = json::parse(f.post("/v1/chat/completions", body.dump()).body);
+  const auto& first = chat["choices"][0]["logprobs"]["content"][0];
+  CHECK(first["token"] == "token_id:" + std::to_string(text.encode("H").at(0)));
+  CHECK(first["bytes"] == json::array({'H'}));  // the token's own bytes, not its name's
+  CHECK(first["top_logprobs"][0]["token"].get<std::string>().rfind("token_id:", 0) == 0);
+
+  body["return_tokens_as_token_ids"] = "yes";
+  auto bad = f.post("/v1/chat/completions", body.dump());
+  CHECK(bad.status == 400);
+  CHECK(json::parse(bad.body)["error"]["message"].get<std::string>().find("field 'return_tokens_as_token_ids'") == 0);
+}
+
 TEST_CASE("/v1/models and /metrics") {
   Fixture f;
   const auto m = json::parse(f.get("/v1/models").body);
