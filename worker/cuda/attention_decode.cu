@@ -20,10 +20,10 @@
 //     position's own unit, P rounded to bf16), O rescaled unless every factor is exactly 1,
 //     O += P·V, then the ring slot is refilled with the unit `stages` ahead;
 //   the (m, l, O) of the group's rows of the warps with units, through shared memory, merged in
-//   warp order into the block's partial (scratch), a float4 per thread; then arrive_last (H1): the last of the KV
-//   head's blocks merges the splits in split order (one thread per row and four columns, a
-//   running maximum, the partials' loads 16 splits at a time), writes
-//   the group's outputs, resets the counter and publishes the group's heads (H2).
+//   warp order into the block's partial (scratch), a float4 per thread; then arrive_last (H1):
+//   the last of the KV head's blocks merges the splits in split order (one thread per row and
+//   four columns, a running maximum, the partials' loads 16 splits at a time), writes the
+//   group's outputs, resets the counter and publishes the group's heads (H2).
 // Numerics: those of the flash prefill kernels (flash_attention.cuh: bf16 Q, K, V and P, fp32
 // accumulation and running max / sum), with every sum in a fixed order.
 #include <algorithm>
@@ -44,6 +44,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using flash::cp_async16;
+using flash::cp_async16_evict_first;
 using flash::cp_async_commit;
 using flash::ldmatrix_x4;
 using flash::ldmatrix_x4_trans;
@@ -98,14 +99,6 @@ struct SmemLayout {
     total = ring + r;
   }
 };
-
-/// flash::cp_async16 with an L2 cache policy (createpolicy): the K/V rows are read once per step,
-/// so they go evict-first and leave L2 to what is read again (the splits' partials, the weights).
-__device__ __forceinline__ void cp_async16_evict_first(void* dst, const void* src, bool valid, uint64_t policy) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(n), "l"(policy) : "memory");
-}
 
 __device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
   // cp.async.wait_group takes an immediate.
@@ -326,12 +319,14 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
       const int r = out_item ? i / q4 : i - G * q4;
       float M = -INFINITY;
       for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + ml0 + r]);
+      // Warp v's weight in the row: 2^(m_v − M), 0 for a warp whose row saw no key (l_v = 0).
+      auto weight = [&](const float* ww) { return ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f; };
       if (out_item) {
         const int c = (i % q4) * 4;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int v = 0; v < used; ++v) {
           const float* ww = wpart + static_cast<size_t>(v) * wstride;
-          const float wt = ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f;
+          const float wt = weight(ww);
           const float4 x = *reinterpret_cast<const float4*>(ww + r * ostr + c);
           acc.x += x.x * wt;
           acc.y += x.y * wt;
@@ -343,8 +338,7 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
         float l = 0.f;
         for (int v = 0; v < used; ++v) {
           const float* ww = wpart + static_cast<size_t>(v) * wstride;
-          const float wt = ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f;
-          l += ww[ml0 + 16 + r] * wt;
+          l += ww[ml0 + 16 + r] * weight(ww);
         }
         part[static_cast<size_t>(r) * stride] = M;
         part[static_cast<size_t>(r) * stride + 1] = l;

@@ -21,6 +21,16 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
   const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
 }
+/// cp_async16 with an L2 cache policy (createpolicy): for rows read once, which go evict-first and
+/// leave L2 to what is read again (the decode attention's K/V rows; its splits' partials and the
+/// weights stay).
+__device__ __forceinline__ void cp_async16_evict_first(void* dst, const void* src, bool valid, uint64_t policy) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(n),
+               "l"(policy)
+               : "memory");
+}
 /// Closes the group of this thread's cp.async copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /// Waits until at most N of this thread's committed cp.async groups are still in flight.
