@@ -8,6 +8,13 @@
 #                                                             (scripts/validate_fp8_transformers.py)
 #   BIN=DIR bash bench/moe_offload/run_served_device.sh glm     models.toml's tiny-glm-tool entry with --backend cuda:
 #                                                             a chat with a Bash tool, streamed and not (tool_calls)
+#   BIN=DIR [LAYERS=3] bash bench/moe_offload/run_served_device.sh real-shape
+#                                                             GLM-4.5-Air's dimensions cut to LAYERS layers and
+#                                                             Qwen3-30B-A3B's with YaRN cut to 4, random bf16 weights
+#                                                             (scripts/compare_real_shape.py): CPU and CUDA logits
+#                                                             against transformers, then models.toml's glm45-air
+#                                                             entry on the GLM cut through `servedeck switch` and a
+#                                                             streamed chat with tools
 # DIR holds servedeck, servedeck-worker, servedeck-logits, lib/ (libraries the device lacks:
 # libtomlplusplus.so.3, libsqlite3.so.0, libsystemd.so.0, libpcre2-8.so.0) and tok/ (Qwen3's
 # tokenizer.json and tokenizer_config.json), built on the dev machine (Release, sm_90a).
@@ -23,6 +30,52 @@ daemon_start() {  # daemon_start TOML STATE_DIR: serve in the background, print 
   servedeck --config "$1" serve --port 0 > "$2.daemon.log" 2>&1 &
   for _ in $(seq 1 50); do [ -s "$2/daemon.json" ] && break; sleep 0.2; done
   python3 -c "import json; print(json.load(open('$2/daemon.json'))['port'])"
+}
+
+# equivalence NAME CONFIG LAYERS TOKENIZER_DIR CONFIG_OVERRIDES_JSON ID_LIMIT [WORKER FLAGS...]: a
+# LAYERS-layer cut of CONFIG's shape with random weights (scripts/compare_real_shape.py write) and
+# TOKENIZER_DIR's tokenizer files; the CPU backend's logits (servedeck-logits), the CUDA worker's
+# prompt_logprobs and greedy logprobs (25% hot), then both against transformers in fp64;
+# $OUT/equivalence-NAME.json.
+equivalence() {
+  local name=$1 config=$2 n=$3 tok=$4 set=$5 limit=$6 ck=/tmp/cut-$1 wport=18431
+  shift 6
+  stamp "[$name] write a $n-layer checkpoint of $config's shape"
+  python3 scripts/compare_real_shape.py write "$config" $ck --layers "$n" --seed 7 --set "$set" || return 1
+  for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+    [ -f "$tok/$f" ] && cp "$tok/$f" $ck/
+  done
+  du -sh $ck
+  python3 -c "import json,random; r=random.Random(11); json.dump([[r.randrange($limit) for _ in range(n)] for n in (1,37,160,700)], open('/tmp/gp.json','w'))"
+  stamp "[$name] CPU backend logits"
+  servedeck-logits $ck /tmp/gp.json /tmp/cpu.json --top-k 20 --threads 16 | tail -1
+  stamp "[$name] CUDA backend: the worker alone, 25% hot"
+  servedeck-worker serve --model $ck --host 127.0.0.1 --port $wport --served-model-name cut --max-model-len 4096 \
+    --kv-cache-bytes 134217728 --backend cuda --hot-fraction 0.25 "$@" > "$OUT/worker-$name.log" 2>&1 &
+  local wpid=$!
+  for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$wport/health" > /dev/null && break; sleep 1; done
+  python3 - $wport <<'PY'
+import json, sys, urllib.request
+port = sys.argv[1]
+out = []
+for p in json.load(open("/tmp/gp.json")):
+    body = {"model": "cut", "prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": 20,
+            "prompt_logprobs": 20, "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    out.append(json.load(urllib.request.urlopen(req, timeout=300)))
+json.dump(out, open("/tmp/cuda.json", "w"))
+print("CUDA answers:", [len(a["choices"][0]["logprobs"]["tokens"]) for a in out], "tokens each")
+PY
+  kill $wpid; wait $wpid 2>/dev/null
+  stamp "[$name] transformers"
+  python3 scripts/compare_real_shape.py compare $ck /tmp/gp.json /tmp/cpu.json /tmp/cuda.json > "$OUT/equivalence-$name.json"
+  local rc=$?
+  python3 -c "
+import json; d = json.load(open('$OUT/equivalence-$name.json'))
+for k in ('transformers_fp32', 'cpu', 'cuda_prefill', 'cuda_decode'): print('$name', k, json.dumps(d[k]))
+print('$name failed:', d['failed'], 'cpu bound', d['bounds']['cpu'])" || cat "$OUT/equivalence-$name.json"
+  return 0
 }
 
 case "${1:-}" in
@@ -101,7 +154,43 @@ PY
     done
     servedeck --config /tmp/glm.toml stop | tail -1
     ;;
-  *) echo "usage: BIN=DIR run_served_device.sh quant|glm" >&2; exit 2 ;;
+  real-shape)
+    st=/tmp/sd-glm-shape/state layers=${LAYERS:-3}
+    mkdir -p "$st"
+    servedeck-worker make-tiny-model --model-type glm4_moe --out /tmp/tg --tokenizer-dir "$d/tok" > /dev/null || exit 1
+    equivalence glm45-air bench/moe_offload/glm-4.5-air/config.json "$layers" /tmp/tg '{}' 151329 --tool-parser glm || exit 1
+    equivalence qwen3-30b-yarn bench/moe_offload/qwen3-30b-a3b/config.json 4 "$d/tok" \
+      '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}' 151643 || exit 1
+    ck=/tmp/cut-glm45-air
+    stamp "models.toml's glm45-air entry on the cut, through the daemon"
+    python3 - "$st" "$layers" <<'PY'
+import math, sys
+st, layers = sys.argv[1], int(sys.argv[2])
+s = open('models.toml').read()
+i = s.index('[models.glm45-air]'); j = s.index('# ----', i)
+e = s[i:j].replace('checkpoint = "~/models/GLM-4.5-Air"', 'checkpoint = "/tmp/cut-glm45-air"')
+offload = math.ceil((layers - 1) * 128 * 3 * 4096 * 1408 * 2 / 2**30)
+for a, b in (('ctx = 65536', 'ctx = 4096'), ('kv_cache_bytes_per_token = 188416', f'kv_cache_bytes_per_token = {layers * 4096}'),
+             ('util = 0.79', 'util = 0.30'), ('cpu_offload_gib = 186', f'cpu_offload_gib = {offload}'),
+             ('host_ram_gib = 216', f'host_ram_gib = {offload + 30}'), ('start_timeout_s = 1800', 'start_timeout_s = 600')):
+    assert a in e, a
+    e = e.replace(a, b)
+open('/tmp/glm-shape.toml', 'w').write(f'[server]\nlisten = "127.0.0.1:0"\nstate_dir = "{st}"\n\n' + e)
+PY
+    servedeck --config /tmp/glm-shape.toml lint || exit 1
+    port=$(daemon_start /tmp/glm-shape.toml "$st")
+    servedeck --config /tmp/glm-shape.toml switch glm45-air | tail -1
+    tools='[{"type":"function","function":{"name":"Bash","description":"Run a shell command.","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}}]'
+    t0=$(date +%s.%N)
+    curl -sN --max-time 300 "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d "{\"model\":\"glm45-air\",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"temperature\":0,\"max_tokens\":64,\"tools\":$tools,\"messages\":[{\"role\":\"user\",\"content\":\"Create ran.txt.\"}]}" \
+      > "$OUT/glm-shape-stream.txt"
+    echo "stream: $(grep -c '^data:' "$OUT/glm-shape-stream.txt") data lines in $(python3 -c "import time; print(round(time.time() - $t0, 2))") s, last: $(tail -c 14 "$OUT/glm-shape-stream.txt" | tr '\n' ' ')"
+    echo "finish: $(grep -o '"finish_reason":"[a-z_]*"' "$OUT/glm-shape-stream.txt" | tail -1); usage: $(grep -o '"usage":{[^}]*}' "$OUT/glm-shape-stream.txt" | tail -1)"
+    grep -h "min_output_tokens\|sanitize_tool_tags\|answer_rescue" "$st.daemon.log" 2>/dev/null | tail -3
+    servedeck --config /tmp/glm-shape.toml stop | tail -1
+    ;;
+  *) echo "usage: BIN=DIR run_served_device.sh quant|glm|real-shape" >&2; exit 2 ;;
 esac
 kill %1 2>/dev/null
 wait
