@@ -11,6 +11,9 @@
 //     linears in a published quantised layout (worker/model/quantized_writer.hpp); --shape
 //     aligned makes every linear dimension a multiple of 128 (hidden 128, heads of 64, experts
 //     of 128), which FP8 kernels with 128x128 blocks (transformers') require.
+//   servedeck-worker quantize --model DIR --out DIR --format fp8|nvfp4
+//     writes DIR's BF16 checkpoint with its linears in a published quantised layout
+//     (worker/model/checkpoint_quantizer.hpp), one shard in memory at a time.
 // serve prints "listening on HOST:PORT" on stdout once the listener is bound (--port 0 picks a
 // free port), loads the model in the background (/health 503 with progress until loaded), and
 // runs until SIGINT/SIGTERM. A model that fails to load ends the process with status 1 after
@@ -25,6 +28,7 @@
 
 #include <pthread.h>
 
+#include "worker/model/checkpoint_quantizer.hpp"
 #include "worker/model/tiny_model.hpp"
 #include "worker/server/cpu_model_loader.hpp"
 #include "worker/server/tiny_chat_model.hpp"
@@ -42,7 +46,8 @@ constexpr const char* k_usage =
     "                         [--backend cpu|cuda] [--hot-fraction F] [--vram-budget-gib G] [--stage-buffers N]\n"
     "                         [--hot-profile FILE] [--capture-profile FILE] [--synthetic-weights SEED]\n"
     "  servedeck-worker make-tiny-model --out DIR --tokenizer-dir DIR [--seed N] [--variant random|chat|tool]\n"
-    "                                  [--model-type qwen3_moe|glm4_moe] [--quantize plain|fp8|nvfp4] [--shape tiny|aligned]\n";
+    "                                  [--model-type qwen3_moe|glm4_moe] [--quantize plain|fp8|nvfp4] [--shape tiny|aligned]\n"
+    "  servedeck-worker quantize --model DIR --out DIR --format fp8|nvfp4\n";
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -114,6 +119,29 @@ bool to_double(const Args& a, const std::string& name, double lo, double hi, dou
     std::cerr << "servedeck-worker: --" << name << " " << it->second << ": expected a number in [" << lo << ", " << hi << "]\n";
     return false;
   }
+}
+
+int quantize(int argc, char** argv) {
+  const Args a = parse_flags(argc, argv, 2, {"model", "out", "format"});
+  if (!a.ok) return 2;
+  if (!a.values.count("model") || !a.values.count("out") || !a.values.count("format")) {
+    std::cerr << "servedeck-worker quantize: --model, --out and --format are required\n" << k_usage;
+    return 2;
+  }
+  const std::string f = a.values.at("format");
+  if (f != "fp8" && f != "nvfp4") {
+    std::cerr << "servedeck-worker quantize: --format " << f << ": expected fp8 or nvfp4\n";
+    return 2;
+  }
+  try {
+    const QuantizeSummary s = quantize_checkpoint(a.values.at("model"), a.values.at("out"), f == "fp8" ? WeightFormat::fp8_block : WeightFormat::nvfp4);
+    std::cout << "quantized " << s.linears_quantized << " linears to " << f << " in " << s.shards << " shard(s): " << s.bytes_in
+              << " -> " << s.bytes_out << " bytes, written to " << a.values.at("out") << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "servedeck-worker quantize: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
 }
 
 int make_tiny_model(int argc, char** argv) {
@@ -297,10 +325,11 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "serve") return serve(argc, argv);
   if (cmd == "make-tiny-model") return make_tiny_model(argc, argv);
+  if (cmd == "quantize") return quantize(argc, argv);
   if (cmd == "-h" || cmd == "--help") {
     std::cout << k_usage;
     return 0;
   }
-  std::cerr << "servedeck-worker: unknown command '" << cmd << "'; expected serve or make-tiny-model\n" << k_usage;
+  std::cerr << "servedeck-worker: unknown command '" << cmd << "'; expected serve, make-tiny-model or quantize\n" << k_usage;
   return 2;
 }

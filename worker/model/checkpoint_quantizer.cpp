@@ -1,0 +1,124 @@
+#include "worker/model/checkpoint_quantizer.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <vector>
+
+#include "worker/model/quantized_writer.hpp"
+#include "worker/model/safetensors.hpp"
+#include "worker/model/safetensors_writer.hpp"
+
+namespace servedeck::worker {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("quantize: cannot read " + p.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw std::runtime_error("quantize: " + p.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw std::runtime_error("quantize: cannot write " + p.string());
+}
+
+/// The shard files of `dir` in index order (each once), or {"model.safetensors"} without an index.
+std::vector<std::string> shard_files(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    if (!fs::exists(dir / "model.safetensors"))
+      throw std::runtime_error("quantize: " + dir.string() + " has neither model.safetensors nor model.safetensors.index.json");
+    return {"model.safetensors"};
+  }
+  const json j = read_json(index);
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw std::runtime_error("quantize: " + index.string() + ": expected an object \"weight_map\"");
+  std::vector<std::string> files;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw std::runtime_error("quantize: " + index.string() + ": weight_map[\"" + name + "\"] is not a file name");
+    const std::string f = file.get<std::string>();
+    if (f.find('/') != std::string::npos || f == ".." || f.empty())
+      throw std::runtime_error("quantize: " + index.string() + ": weight_map names \"" + f + "\", expected a file in the directory");
+    if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::int64_t int_field(const json& config, const char* key, std::int64_t fallback) {
+  return config.contains(key) && config[key].is_number_integer() ? config[key].get<std::int64_t>() : fallback;
+}
+
+}  // namespace
+
+QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, WeightFormat format) {
+  if (format == WeightFormat::plain) throw std::runtime_error("quantize: expected format fp8 or nvfp4, got plain");
+  const fs::path in(in_dir), out(out_dir);
+  if (!fs::is_directory(in)) throw std::runtime_error("quantize: " + in_dir + " is not a directory");
+  if (fs::exists(out) && fs::equivalent(in, out)) throw std::runtime_error("quantize: the output directory is the input " + in_dir);
+  json config = read_json(in / "config.json");
+  if (config.contains("quantization_config"))
+    throw std::runtime_error("quantize: " + (in / "config.json").string() +
+                             " already declares a quantization_config; expected a BF16 checkpoint");
+  const std::int64_t layers = int_field(config, "num_hidden_layers", 0) + int_field(config, "num_nextn_predict_layers", 0);
+  if (layers <= 0) throw std::runtime_error("quantize: " + (in / "config.json").string() + ": expected num_hidden_layers > 0");
+  const std::vector<std::string> exclude = default_exclusions(layers);
+  const std::vector<std::string> shards = shard_files(in);
+  fs::create_directories(out);
+
+  QuantizeSummary sum;
+  json quantization_config, hf_quant;
+  json weight_map = json::object();
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  for (const std::string& shard : shards) {
+    std::vector<TensorToWrite> tensors;
+    {
+      const auto file = SafetensorsFile::open((in / shard).string());
+      for (const TensorInfo& t : file->header().tensors) {
+        const auto bytes = file->bytes(t);
+        tensors.push_back({t.name, t.dtype, t.shape, std::vector<std::byte>(bytes.begin(), bytes.end())});
+        sum.bytes_in += bytes.size();
+      }
+    }
+    const std::size_t n_in = tensors.size();
+    quantization_config = quantize_linears(tensors, format, exclude, format == WeightFormat::nvfp4 ? &hf_quant : nullptr);
+    // Each converted weight became 2 (fp8: weight, weight_scale_inv) or 4 (nvfp4) tensors.
+    sum.linears_quantized += static_cast<std::int64_t>(tensors.size() - n_in) / (format == WeightFormat::fp8_block ? 1 : 3);
+    write_safetensors((out / shard).string(), tensors, meta);
+    for (const auto& t : tensors) {
+      weight_map[t.name] = shard;
+      sum.bytes_out += t.data.size();
+    }
+    ++sum.shards;
+  }
+  if (fs::exists(in / "model.safetensors.index.json"))
+    write_text(out / "model.safetensors.index.json",
+               json{{"metadata", {{"total_size", sum.bytes_out}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+  config["quantization_config"] = quantization_config;
+  write_text(out / "config.json", config.dump(2) + "\n");
+  if (format == WeightFormat::nvfp4) write_text(out / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  // Everything else (tokenizer, chat template, generation config) as it is.
+  for (const auto& e : fs::directory_iterator(in)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name == "model.safetensors.index.json" || name == "hf_quant_config.json" ||
+        e.path().extension() == ".safetensors")
+      continue;
+    fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
+  }
+  return sum;
+}
+
+}  // namespace servedeck::worker
