@@ -66,12 +66,19 @@ __device__ __forceinline__ RowRegs<V> load_row_regs(const float* __restrict__ x,
   return r;
 }
 
+/// Where block_rmsnorm_* put columns c .. c + 3 (c a multiple of 4) of the normed row: at c.
+struct PlainColumns {
+  __device__ int operator()(int c) const { return c; }
+};
+
 /// xs[0..in) = x / rms(x) * nw from x's loaded registers (load_row_regs<NT, V>): the block
 /// reduction through red[NT / 32], then the products from registers. Returns 1 / rms(x). Ends
-/// with __syncthreads. See block_rmsnorm_prefetched.
-template <int NT, int V>
+/// with __syncthreads. See block_rmsnorm_prefetched. `place` maps the first of four columns to
+/// its offset in xs (the four stay adjacent): the plain order, or a kernel's own (the quantised
+/// gate/up's chunked_x_index).
+template <int NT, int V, typename Place = PlainColumns>
 __device__ __forceinline__ float block_rmsnorm_from_regs(const RowRegs<V>& xv, const NormWeights<V>& nw, float eps, int in,
-                                                        float* xs, float* red) {
+                                                        float* xs, float* red, Place place = {}) {
   const bool active = threadIdx.x < NT;
   float ss = 0.f;
 #pragma unroll
@@ -83,10 +90,11 @@ __device__ __forceinline__ float block_rmsnorm_from_regs(const RowRegs<V>& xv, c
     if (active && i < in) {
       const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&nw.w[v]);
       const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-      xs[i] = xv.v[v].x * inv * a.x;
-      xs[i + 1] = xv.v[v].y * inv * a.y;
-      xs[i + 2] = xv.v[v].z * inv * b.x;
-      xs[i + 3] = xv.v[v].w * inv * b.y;
+      float* o = xs + place(i);
+      o[0] = xv.v[v].x * inv * a.x;
+      o[1] = xv.v[v].y * inv * a.y;
+      o[2] = xv.v[v].z * inv * b.x;
+      o[3] = xv.v[v].w * inv * b.y;
     }
   }
   __syncthreads();
@@ -100,10 +108,10 @@ __device__ __forceinline__ float block_rmsnorm_from_regs(const RowRegs<V>& xv, c
 /// another order). Returns 1 / rms(x). Ends with __syncthreads. A block of more than NT threads
 /// may call it (all of them: it synchronises the block; red then holds one float per warp of the
 /// block): threads from NT on take no part in the sums, so the result is the NT-thread one.
-template <int NT, int V>
+template <int NT, int V, typename Place = PlainColumns>
 __device__ __forceinline__ float block_rmsnorm_prefetched(const float* __restrict__ x, const NormWeights<V>& nw, float eps,
-                                                         int in, float* xs, float* red) {
-  return block_rmsnorm_from_regs<NT, V>(load_row_regs<NT, V>(x, in), nw, eps, in, xs, red);
+                                                         int in, float* xs, float* red, Place place = {}) {
+  return block_rmsnorm_from_regs<NT, V>(load_row_regs<NT, V>(x, in), nw, eps, in, xs, red, place);
 }
 
 /// The same for any `in` (in % 4 == 0): strided loops over x, reading x twice and nw after the

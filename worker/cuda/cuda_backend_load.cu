@@ -173,8 +173,7 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     m->layers.push_back(L);
   }
-  // Quantised experts decode through the unfolded router and quant_moe.cuh's kernels.
-  if (layout.format == ExpertFormat::bf16) fold_routers(*m);
+  fold_routers(*m);
   if (moe_layers > 0) {
     const int E = static_cast<int>(d.moe.num_experts);
     m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, layout);

@@ -254,6 +254,7 @@ void set_decode_trace_buffer_fused_moe(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_moe_down(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router(DecodeTraceRecord* buf);
 void set_decode_trace_buffer_fused_router_folded(DecodeTraceRecord* buf);
+void set_decode_trace_buffer_quant_moe(DecodeTraceRecord* buf);
 void set_decode_trace_buffer(DecodeTraceRecord* buf) {
   set_decode_trace_buffer_fused_router_folded(buf);
   set_decode_trace_buffer_fused_decode(buf);
@@ -261,6 +262,7 @@ void set_decode_trace_buffer(DecodeTraceRecord* buf) {
   set_decode_trace_buffer_fused_moe(buf);
   set_decode_trace_buffer_fused_moe_down(buf);
   set_decode_trace_buffer_fused_router(buf);
+  set_decode_trace_buffer_quant_moe(buf);
 }
 }  // namespace servedeck::worker::cuda
 #endif

@@ -2,6 +2,7 @@
 // gate/up + SwiGLU for the experts the router chose (the down: fused_moe_down.cu).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "worker/cuda/block_norm.cuh"
 #include "worker/cuda/dot.cuh"
@@ -10,6 +11,7 @@
 #include "worker/cuda/handshakes.cuh"
 #include "worker/cuda/fused_moe_common.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/quant_dot.cuh"
 #include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
@@ -100,16 +102,29 @@ __device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, 
 // hot-expert cache's fills, never during a step: the routed experts' pointers are then one
 // shared load away); block 0 writes the ids for the down (H4), the routing counters and, after
 // the norm, the routing weights (routing_weights).
-template <int C, bool NORM = false>
+/// Where a quantised gate/up keeps the normed x: in chunked_x_index order (quant_dot.cuh).
+template <ExpertFormat F>
+struct ChunkedColumns {
+  int cols;
+  __device__ int operator()(int c) const { return detail::chunked_x_index<F>(c, cols); }
+};
+
+template <int C, bool NORM = false, ExpertFormat F = ExpertFormat::bf16>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                                const int32_t* __restrict__ ids, int k,
                                                                                float* __restrict__ act, GateUpNorm g) {
   SERVEDECK_TRACE_BLOCK();
+  // Quantised experts (NORM only): a unit is the gate and up rows as stored (C uint4 of each
+  // per lane: 16 fp8 or 32 e2m1 weights per uint4) with each uint4's scale, dequantised in
+  // registers by quant_dot.cuh's dots against x in chunked_x_index order.
+  constexpr bool Q = F != ExpertFormat::bf16;
+  static_assert(!Q || NORM, "quantised experts run gate/up only after the folded router");
+  using Scale = std::conditional_t<F == ExpertFormat::fp8_block, float, uint16_t>;
   extern __shared__ float4 xs4[];
   __shared__ const bf16* blocks[32];
   __shared__ float red[k_moe_warps];
   const int lane = threadIdx.x % 32;
-  const int total = k * t.inter, n8 = t.hidden / 8;
+  const int total = k * t.inter, n8 = Q ? t.hidden / detail::chunk_cols<F>() : t.hidden / 8;  // n8: uint4 per row
   const int gw0 = blockIdx.x * k_moe_warps + threadIdx.x / 32, stride = gridDim.x * k_moe_warps;
   detail::NormWeights<k_norm_vecs> nwp;
   if constexpr (NORM) {
@@ -117,15 +132,37 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     for (int e = threadIdx.x; e < g.n_experts; e += k_moe_warps * 32) expert_table_smem(xs4, t.hidden)[e] = t.experts[e];
   }
   uint4 wg[C], wu[C];
+  Scale sg[C], su[C];
+  float glob_g = 0.f, glob_u = 0.f;  // nvfp4: the matrices' weight_scale_2 × 2^14
+  const QuantLayout QL = layout_of(t);
   const auto load_unit = [&](int gw) {
     const int j = gw / t.inter, r = gw % t.inter;
-    const uint4* gp = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(r) * t.hidden);
-    const uint4* up = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(t.inter + r) * t.hidden);
+    if constexpr (Q) {
+      const uint8_t* blk = reinterpret_cast<const uint8_t*>(blocks[j]);
+      const detail::RowRef gr = detail::row_of<F>(blk, QL, 0, r), ur = detail::row_of<F>(blk, QL, 1, r);
+      const auto scale = [&](const detail::RowRef& ref, int i) -> Scale {
+        if constexpr (F == ExpertFormat::fp8_block) return reinterpret_cast<const float*>(ref.s)[(16 * i) / QL.bc];
+        else return reinterpret_cast<const uint16_t*>(ref.s)[i];
+      };
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int i = lane + 32 * c;
-      wg[c] = i < n8 ? gp[i] : make_uint4(0, 0, 0, 0);
-      wu[c] = i < n8 ? up[i] : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < C; ++c) {
+        const int i = lane + 32 * c;
+        wg[c] = i < n8 ? reinterpret_cast<const uint4*>(gr.w)[i] : make_uint4(0, 0, 0, 0);
+        wu[c] = i < n8 ? reinterpret_cast<const uint4*>(ur.w)[i] : make_uint4(0, 0, 0, 0);
+        sg[c] = i < n8 ? scale(gr, i) : Scale{};
+        su[c] = i < n8 ? scale(ur, i) : Scale{};
+      }
+      glob_g = gr.g;
+      glob_u = ur.g;
+    } else {
+      const uint4* gp = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(r) * t.hidden);
+      const uint4* up = reinterpret_cast<const uint4*>(blocks[j] + static_cast<size_t>(t.inter + r) * t.hidden);
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const int i = lane + 32 * c;
+        wg[c] = i < n8 ? gp[i] : make_uint4(0, 0, 0, 0);
+        wu[c] = i < n8 ? up[i] : make_uint4(0, 0, 0, 0);
+      }
     }
   };
   // The routed experts (NORM: ranked by this block, pick_id; else this layer's router's ids,
@@ -157,7 +194,11 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     if (gw0 < total) load_unit(gw0);
     wait_for_predecessor();
     float* xs = reinterpret_cast<float*>(xs4);
-    const float inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
+    float inv;
+    if constexpr (Q)
+      inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red, ChunkedColumns<F>{t.hidden});
+    else
+      inv = detail::block_rmsnorm_prefetched<k_moe_warps * 32, k_norm_vecs>(xn, nwp, g.eps, t.hidden, xs, red);
     if (blockIdx.x == 0 && threadIdx.x < 32) routing_weights(g, inv, lane < k ? pick_id[lane] : 0, k, lane);
   } else {
     wait_for_predecessor();
@@ -170,13 +211,34 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   for (int gw = gw0; gw < total; gw += stride) {
     if (gw != gw0) load_unit(gw);
     float gs = 0.f, us = 0.f;
+    if constexpr (Q) {
+      // The chunks in increasing order, as quant_moe.cu's lane_rows_dot sums them.
+      const float* xs = reinterpret_cast<const float*>(xs4);
+      const int gsx = 4 * n8;
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int i = lane + 32 * c;
-      if (i < n8) {
-        const float4 a = xs4[2 * i], b = xs4[2 * i + 1];
-        gs += detail::dot8(wg[c], a, b);
-        us += detail::dot8(wu[c], a, b);
+      for (int c = 0; c < C; ++c) {
+        const int i = lane + 32 * c;
+        if (i < n8) {
+          if constexpr (F == ExpertFormat::fp8_block) {
+            gs += detail::dot16_fp8(wg[c], sg[c], xs + 4 * i, gsx);
+            us += detail::dot16_fp8(wu[c], su[c], xs + 4 * i, gsx);
+          } else {
+            gs += detail::dot32_fp4(wg[c], detail::e4m3(static_cast<uint8_t>(sg[c] & 0xffu)) * glob_g,
+                                    detail::e4m3(static_cast<uint8_t>(sg[c] >> 8)) * glob_g, xs + 4 * i, gsx);
+            us += detail::dot32_fp4(wu[c], detail::e4m3(static_cast<uint8_t>(su[c] & 0xffu)) * glob_u,
+                                    detail::e4m3(static_cast<uint8_t>(su[c] >> 8)) * glob_u, xs + 4 * i, gsx);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const int i = lane + 32 * c;
+        if (i < n8) {
+          const float4 a = xs4[2 * i], b = xs4[2 * i + 1];
+          gs += detail::dot8(wg[c], a, b);
+          us += detail::dot8(wu[c], a, b);
+        }
       }
     }
     gs = warp_sum(gs);
@@ -228,6 +290,17 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
     detail::prefer_max_shared(kernel);
     launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, o.ids, k, act, g);
   };
+  switch (table.format) {
+    case ExpertFormat::fp8_block:  // 16 weights per uint4: hidden <= 2048 is <= 4 per lane
+      detail::require(table.hidden % 32 == 0 && table.block_cols % 16 == 0, "launch_moe_gate_up_normed",
+                      "fp8 experts need hidden a multiple of 32 and block columns of 16");
+      return go(moe_gate_up_wide_kernel<4, true, ExpertFormat::fp8_block>);
+    case ExpertFormat::nvfp4:  // 32 weights per uint4: <= 2 per lane
+      detail::require(table.hidden % 32 == 0, "launch_moe_gate_up_normed", "nvfp4 experts need hidden a multiple of 32");
+      return go(moe_gate_up_wide_kernel<2, true, ExpertFormat::nvfp4>);
+    case ExpertFormat::bf16:
+      break;
+  }
   if (n8 <= 32 * 4) return go(moe_gate_up_wide_kernel<4, true>);
   go(moe_gate_up_wide_kernel<8, true>);  // n8 <= 256 by the precondition
 }

@@ -2,15 +2,14 @@
 // prefill's dequantisation into bf16 (quant_moe.cuh).
 #include "worker/cuda/quant_moe.cuh"
 
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <string>
 #include <type_traits>
 
 #include "worker/cuda/dot.cuh"
+#include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
+#include "worker/cuda/quant_dot.cuh"
 #include "worker/cuda/quant_layout.cuh"
 
 namespace servedeck::worker::cuda {
@@ -18,77 +17,15 @@ namespace servedeck::worker::cuda {
 namespace {
 
 constexpr int k_warps = 8;
-
-/// Two e4m3 bytes (low byte first) → two floats (exact).
-__device__ __forceinline__ float2 e4m3x2(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
-__device__ __forceinline__ float e4m3(uint8_t v) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);
-  return __half2float(*reinterpret_cast<const __half*>(&h));
-}
-
-/// The two e2m1 nibbles of byte b (low first) as floats divided by 2^14 (fp16 bit placement).
-__device__ __forceinline__ float2 e2m1x2_scaled(uint32_t b) {
-  const uint32_t lo = ((b & 7u) << 9) | ((b & 8u) << 12);
-  const uint32_t hi = (((b >> 4) & 7u) << 9) | (((b >> 4) & 8u) << 12);
-  const uint32_t pair = lo | (hi << 16);
-  return __half22float2(*reinterpret_cast<const __half2*>(&pair));
-}
-
-/// Columns per uint4 of a stored row: 16 fp8 weights, 32 e2m1 weights.
-template <ExpertFormat F>
-constexpr int chunk_cols() { return F == ExpertFormat::fp8_block ? 16 : 32; }
-
-/// Where column `col` of an input vector of `cols` values lives in shared memory: lane l reads
-/// the x of the chunks l, l + 32, ... (chunk_cols<F>() consecutive columns each), so x is stored
-/// in groups of 4 columns with the chunks' groups q side by side: column c of chunk i at
-/// ((c / 4) · n + i) · 4 + c % 4, n = cols / chunk_cols<F>(). Each float4 read of a warp then
-/// covers 512 consecutive bytes (no bank conflicts) where a plain layout puts every lane of a
-/// quarter-warp on the same banks.
-template <ExpertFormat F>
-__device__ __forceinline__ int chunked_x_index(int col, int cols) {
-  constexpr int per = chunk_cols<F>();
-  const int i = col / per, c = col % per;
-  return ((c / 4) * (cols / per) + i) * 4 + c % 4;
-}
-
-/// Σ over the 16 fp8 weights of one uint4 (columns c0 .. c0+15) of (q · s) · x[c]; xc: the
-/// chunk's first group of x (chunked_x_index), gs: floats between its groups.
-__device__ __forceinline__ float dot16_fp8(uint4 w, float s, const float* xc, int gs) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float acc = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 x = *reinterpret_cast<const float4*>(xc + i * gs);
-    const float2 a = e4m3x2(static_cast<uint16_t>(words[i] & 0xffffu));
-    const float2 b = e4m3x2(static_cast<uint16_t>(words[i] >> 16));
-    acc += (a.x * s) * x.x + (a.y * s) * x.y + (b.x * s) * x.z + (b.y * s) * x.w;
-  }
-  return acc;
-}
-
-/// Σ over the 32 e2m1 weights of one uint4 (two groups of 16) of (e2m1 · s_g) · x[c]; s0, s1
-/// are the groups' scales times 2^14 (see e2m1x2_scaled); xc, gs as dot16_fp8.
-__device__ __forceinline__ float dot32_fp4(uint4 w, float s0, float s1, const float* xc, int gs) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float acc = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float s = i < 2 ? s0 : s1;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 x = *reinterpret_cast<const float4*>(xc + (2 * i + h) * gs);
-      const float2 v0 = e2m1x2_scaled((words[i] >> (16 * h)) & 0xffu);
-      acc += (v0.x * s) * x.x + (v0.y * s) * x.y;
-      const float2 v1 = e2m1x2_scaled((words[i] >> (16 * h + 8)) & 0xffu);
-      acc += (v1.x * s) * x.z + (v1.y * s) * x.w;
-    }
-  }
-  return acc;
-}
+using detail::chunk_cols;
+using detail::chunked_x_index;
+using detail::dot16_fp8;
+using detail::dot32_fp4;
+using detail::e2m1x2_scaled;
+using detail::e4m3;
+using detail::e4m3x2;
+using detail::row_of;
+using detail::RowRef;
 
 /// This lane's share of row · x for R stored rows of `cols` inputs each (R = 2: gate and up,
 /// their loads issued together): uint4 chunks lane, lane + 32, ..., two per row in flight. Each
@@ -146,36 +83,12 @@ __device__ __forceinline__ void lane_rows_dot(const uint8_t* const (&w_row)[R], 
   }
 }
 
-/// Where row r of matrix m (0 gate, 1 up, 2 down) of a block starts, and its scales.
-struct RowRef {
-  const uint8_t* w;
-  const uint8_t* s;
-  float g;  // nvfp4: weight_scale_2 × 2^14
-};
-
-template <ExpertFormat F>
-__device__ __forceinline__ RowRef row_of(const uint8_t* block, const QuantLayout& L, int m, int r) {
-  const int cols = m == 2 ? L.inter : L.hidden;
-  const std::size_t wbase = m == 0 ? L.gate_w() : m == 1 ? L.up_w() : L.down_w();
-  const std::size_t sbase = m == 0 ? L.gate_s() : m == 1 ? L.up_s() : L.down_s();
-  RowRef ref;
-  if constexpr (F == ExpertFormat::fp8_block) {
-    const std::size_t scols = QuantLayout::cdiv(static_cast<std::size_t>(cols), static_cast<std::size_t>(L.bc));
-    ref.w = block + wbase + static_cast<std::size_t>(r) * cols;
-    ref.s = block + sbase + 4 * (static_cast<std::size_t>(r / L.br) * scols);
-    ref.g = 1.f;
-  } else {
-    ref.w = block + wbase + static_cast<std::size_t>(r) * (cols / 2);
-    ref.s = block + sbase + static_cast<std::size_t>(r) * (cols / 16);
-    ref.g = reinterpret_cast<const float*>(block + L.globals())[m] * 16384.f;
-  }
-  return ref;
-}
-
 template <ExpertFormat F>
 __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                      const int32_t* __restrict__ ids, int k,
                                                                      float* __restrict__ act) {
+  SERVEDECK_TRACE_BLOCK();
+  detail::wait_for_predecessor();  // launched without PDL: returns at once (trace builds: marks the block's start)
   extern __shared__ float xs[];
   __shared__ const uint8_t* blocks[32];
   const QuantLayout L = layout_of(t);
@@ -197,45 +110,109 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable
   }
 }
 
+/// Hidden rows per block of the quantised down: each warp reads one expert's k_down_rows
+/// consecutive rows, which are contiguous in the block (weights, and nvfp4's scales).
+constexpr int k_down_rows = 8;
+
+/// Shared memory of the quantised down, in floats: act (k, inter) in chunked_x_index order per
+/// expert, then per warp the partial dot of each chunk of its rows (k_down_rows · chunks per
+/// row), then per warp nvfp4's scales of its rows (k_down_rows · inter / 16 bytes, as floats).
+struct DownSmem {
+  int act, part, scales;  // floats: act's, each warp's partials, each warp's scales
+  std::size_t bytes;
+  __host__ __device__ DownSmem(ExpertFormat f, int k, int inter) {
+    act = k * inter;
+    part = k_down_rows * (inter / (f == ExpertFormat::fp8_block ? 16 : 32));
+    scales = f == ExpertFormat::nvfp4 ? k_down_rows * inter / 16 / 4 : 0;
+    bytes = (static_cast<std::size_t>(act) + static_cast<std::size_t>(k_warps) * (part + scales)) * sizeof(float);
+  }
+};
+
+/// Uint4 chunks in flight per lane in the quantised down: a warp's span of k_down_rows rows of
+/// inter 768 at once (nvfp4 192 chunks, fp8 384).
+template <ExpertFormat F>
+constexpr int down_batch() { return F == ExpertFormat::fp8_block ? 12 : 6; }
+
+// Block b: hidden rows h0 = b · k_down_rows .. + k_down_rows. Warp w takes the experts j = w,
+// w + k_warps, ...: the span of its rows h0.. of expert j's down is contiguous (rows of
+// inter / chunk_cols uint4 each), read as uint4 chunks lane, lane + 32, ... (every load of the
+// warp 512 contiguous bytes, whole 128-byte lines over PCIe, where a warp per row read 384-byte
+// rows and 48-byte scale runs); nvfp4's scales of the span (contiguous too, 2 bytes per chunk)
+// as uint4 by the first lanes, through shared memory. Each chunk's dot against act_j goes to
+// shared memory; lane r < k_down_rows sums row r's chunks in order; then thread r sums
+// weights[j] · row r of expert j over j = 0..k-1 in order and adds it to out[h0 + r].
 template <ExpertFormat F>
 __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t, const float* __restrict__ act,
                                                                   const int32_t* __restrict__ ids,
                                                                   const float* __restrict__ weights, int k,
                                                                   float* __restrict__ out) {
+  SERVEDECK_TRACE_BLOCK();
+  detail::wait_for_predecessor();  // as gate/up's
   extern __shared__ float as[];
   __shared__ const uint8_t* blocks[32];
   __shared__ float w[32];
+  __shared__ float rowdot[32][k_down_rows];
+  constexpr int per = chunk_cols<F>(), B = down_batch<F>();
   const QuantLayout L = layout_of(t);
+  const DownSmem S(F, k, t.inter);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int n = t.inter / per, h0 = blockIdx.x * k_down_rows, rows = min(k_down_rows, t.hidden - h0), span = rows * n;
   for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[(i / t.inter) * t.inter + chunked_x_index<F>(i % t.inter, t.inter)] = act[i];
   if (threadIdx.x < k) {
     blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
     w[threadIdx.x] = weights[threadIdx.x];
   }
   __syncthreads();
-  const int lane = threadIdx.x % 32;
-  for (int h = blockIdx.x * k_warps + threadIdx.x / 32; h < t.hidden; h += gridDim.x * k_warps) {
-    // Four experts' rows at a time (their loads in flight together), summed in order j = 0..k-1.
-    float acc = 0.f;
-    for (int j0 = 0; j0 < k; j0 += 4) {
-      float p[4];
+  float* part = as + S.act + warp * S.part;
+  uint4* sc = reinterpret_cast<uint4*>(as + S.act + k_warps * S.part + warp * S.scales);
+  const int gs = 4 * n;
+  for (int j = warp; j < k; j += k_warps) {
+    const RowRef d = row_of<F>(blocks[j], L, 2, h0);
+    const uint4* wv = reinterpret_cast<const uint4*>(d.w);
+    const float* xj = as + j * t.inter;
+    if constexpr (F == ExpertFormat::nvfp4) {
+      // The span's scales: 2 bytes per chunk, span / 8 uint4.
+      for (int q = lane; q < span / 8; q += 32) sc[q] = reinterpret_cast<const uint4*>(d.s)[q];
+    }
+    for (int c0 = 0; c0 < span; c0 += 32 * B) {
+      uint4 v[B];
+      float s8[F == ExpertFormat::fp8_block ? B : 1];  // fp8: each chunk's scale_inv, loaded with it
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        p[q] = 0.f;
-        if (j0 + q < k) {
-          const RowRef d = row_of<F>(blocks[j0 + q], L, 2, h);
-          const uint8_t* const rows[1] = {d.w};
-          const uint8_t* const scales[1] = {d.s};
-          const float globals[1] = {d.g};
-          float part[1];
-          lane_rows_dot<F, 1>(rows, scales, globals, t.inter, t.block_cols, as + static_cast<std::size_t>(j0 + q) * t.inter, lane, part);
-          p[q] = part[0];
+      for (int b = 0; b < B; ++b) {
+        const int c = c0 + lane + 32 * b;
+        v[b] = c < span ? wv[c] : make_uint4(0, 0, 0, 0);
+        if constexpr (F == ExpertFormat::fp8_block) s8[b] = c < span ? reinterpret_cast<const float*>(d.s)[(16 * (c % n)) / L.bc] : 0.f;
+      }
+      __syncwarp();  // nvfp4: the scales stored by the lanes that loaded them
+#pragma unroll
+      for (int b = 0; b < B; ++b) {
+        const int c = c0 + lane + 32 * b;
+        if (c < span) {
+          const int i = c % n;
+          float p;
+          if constexpr (F == ExpertFormat::fp8_block) {
+            p = dot16_fp8(v[b], s8[b], xj + 4 * i, gs);
+          } else {
+            const uint16_t s2 = reinterpret_cast<const uint16_t*>(sc)[c];
+            p = dot32_fp4(v[b], e4m3(static_cast<uint8_t>(s2 & 0xffu)) * d.g, e4m3(static_cast<uint8_t>(s2 >> 8)) * d.g, xj + 4 * i, gs);
+          }
+          part[c] = p;
         }
       }
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (j0 + q < k) acc += w[j0 + q] * detail::warp_sum(p[q]);
     }
-    if (lane == 0) out[h] += acc;
+    __syncwarp();
+    if (lane < rows) {
+      float acc = 0.f;
+      for (int i = 0; i < n; ++i) acc += part[lane * n + i];
+      rowdot[j][lane] = acc;
+    }
+    __syncwarp();  // part and sc are rewritten for the warp's next expert
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += w[j] * rowdot[j][threadIdx.x];
+    out[h0 + threadIdx.x] += acc;
   }
 }
 
@@ -313,14 +290,25 @@ void launch_moe_gate_up_quant(const ExpertTable& table, const float* xn, const i
 void launch_moe_down_quant(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream) {
   require_quantised(table, k, "launch_moe_down_quant");
+  detail::require(table.format != ExpertFormat::fp8_block || table.block_rows % k_down_rows == 0, "launch_moe_down_quant",
+                  "fp8 block rows must be a multiple of " + std::to_string(k_down_rows) + ", got " + std::to_string(table.block_rows));
+  const DownSmem S(table.format, k, table.inter);
+  const int grid = (table.hidden + k_down_rows - 1) / k_down_rows;
+  auto go = [&](auto kernel) {
+    // The largest layout: k · inter = 12288 floats of act at the largest inter (k = 1).
+    static const bool prepared = (detail::allow_dynamic_smem(kernel, DownSmem(table.format, 1, 12288).bytes), true);
+    (void)prepared;
+    detail::require(detail::fits_smem(kernel, S.bytes), "launch_moe_down_quant",
+                    "k * inter = " + std::to_string(k * table.inter) + " needs " + std::to_string(S.bytes) +
+                        " bytes of shared memory per block, more than the device allows");
+    kernel<<<grid, k_warps * 32, S.bytes, stream>>>(table, act, ids, weights, k, out);
+  };
   detail::require(static_cast<long long>(k) * table.inter <= 12288, "launch_moe_down_quant",
                   "k * inter must be <= 12288 (act in shared memory), got " + std::to_string(k * table.inter));
-  const std::size_t smem = static_cast<std::size_t>(k) * table.inter * sizeof(float);
-  const int grid = grid_of(table.hidden);
   if (table.format == ExpertFormat::fp8_block)
-    down_quant_kernel<ExpertFormat::fp8_block><<<grid, k_warps * 32, smem, stream>>>(table, act, ids, weights, k, out);
+    go(down_quant_kernel<ExpertFormat::fp8_block>);
   else
-    down_quant_kernel<ExpertFormat::nvfp4><<<grid, k_warps * 32, smem, stream>>>(table, act, ids, weights, k, out);
+    go(down_quant_kernel<ExpertFormat::nvfp4>);
   detail::check_launch();
 }
 
@@ -339,3 +327,5 @@ void launch_dequantize_expert(const ExpertTable& table, const void* block, __nv_
 }
 
 }  // namespace servedeck::worker::cuda
+
+SERVEDECK_TRACE_TU_SETTER(set_decode_trace_buffer_quant_moe)

@@ -22,6 +22,7 @@
 #include "worker/cpu/cpu_backend.hpp"
 #include "worker/cpu/logit_compare.hpp"
 #include "worker/cuda/cuda_backend.hpp"
+#include "worker/cuda/fused.cuh"
 #include "worker/cuda/quant_layout.cuh"
 #include "worker/cuda/quant_moe.cuh"
 #include "worker/engine/kv_sequence.hpp"
@@ -159,6 +160,60 @@ TEST_CASE("quantised expert decode kernels match the dequantised CPU reference, 
     CHECK(differ == 0);
     for (auto* b : vram) delete b;
     for (auto* h : hosts) CUDA_CHECK(cudaFreeHost(h));
+  }
+}
+
+TEST_CASE("gate/up after the folded router, on quantised experts: the ranked ids and the unfolded kernel's act") {
+  gpu_test::skip_without_gpu();
+  // The logits are given (as the folded router would have counted them: H3's counter set); the
+  // normed kernel ranks them, normalises x itself and dequantises in registers. The reference is
+  // launch_moe_gate_up_quant on x normalised on the host and the host's top-k.
+  for (const auto f : {ExpertFormat::fp8_block, ExpertFormat::nvfp4}) {
+    for (auto [E, K, H, I] : {std::tuple{128, 8, 2048, 768}, std::tuple{16, 4, 256, 96}}) {
+      CAPTURE(static_cast<int>(f));
+      CAPTURE(H);
+      const QuantLayout L{f, H, I, 128, 128};
+      std::vector<DeviceBuffer<std::byte>*> blocks;
+      std::vector<const __nv_bfloat16*> table;
+      for (int e = 0; e < E; ++e) {
+        blocks.push_back(new DeviceBuffer<std::byte>(make_expert(L, 300 + e).block));
+        table.push_back(reinterpret_cast<const __nv_bfloat16*>(blocks.back()->ptr));
+      }
+      DeviceBuffer<const __nv_bfloat16*> dtable(table);
+      const ExpertTable t{dtable.ptr, H, I, f, 128, 128};
+      const auto x = gpu_test::random_floats(static_cast<std::size_t>(H), 17, 2.f);
+      const auto nw_f = gpu_test::random_floats(static_cast<std::size_t>(H), 19, 1.f);
+      const auto nw = gpu_test::to_bf16(nw_f);
+      const auto logits = gpu_test::random_floats(static_cast<std::size_t>(E), 23, 3.f);
+      // Host reference: xn = x / rms(x) * nw, the top-k of the logits (the lower id on ties).
+      double ss = 0;
+      for (float v : x) ss += static_cast<double>(v) * v;
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
+      std::vector<float> xn(static_cast<std::size_t>(H));
+      for (int i = 0; i < H; ++i) xn[i] = x[i] * inv * __bfloat162float(nw[i]);
+      std::vector<int32_t> ids(static_cast<std::size_t>(E));
+      for (int e = 0; e < E; ++e) ids[e] = e;
+      std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+      ids.resize(static_cast<std::size_t>(K));
+      DeviceBuffer<float> dxn(xn), act_ref(static_cast<std::size_t>(K) * I);
+      DeviceBuffer<int32_t> dids(ids);
+      launch_moe_gate_up_quant(t, dxn.ptr, dids.ptr, K, act_ref.ptr, nullptr);
+      // The normed kernel.
+      DeviceBuffer<float> dx(x), dlogits(logits), w(static_cast<std::size_t>(K)), act(static_cast<std::size_t>(K) * I);
+      DeviceBuffer<__nv_bfloat16> dnw(nw);
+      DeviceBuffer<int32_t> got_ids(static_cast<std::size_t>(K));
+      DeviceBuffer<uint8_t> flags(std::vector<uint8_t>(static_cast<std::size_t>(E), 0));
+      DeviceBuffer<unsigned long long> counters(std::vector<unsigned long long>{0, 0}), lc(std::vector<unsigned long long>(static_cast<std::size_t>(E), 0));
+      DeviceBuffer<unsigned int> words(std::vector<unsigned int>{0u, 0u, static_cast<unsigned int>(E)});  // epoch, heads, logits counted
+      act.poison();
+      got_ids.poison();
+      launch_moe_gate_up_normed(t, dx.ptr, dnw.ptr, 1e-6f, E, K, true,
+                                RouterOutputs{dlogits.ptr, got_ids.ptr, w.ptr, nullptr, flags.ptr, counters.ptr, lc.ptr},
+                                StepSync{words.ptr, words.ptr + 1, words.ptr + 2}, act.ptr, nullptr);
+      CHECK(got_ids.get() == ids);
+      CHECK(gpu_test::compare(act_ref.get(), act.get(), "act") < 1e-5);
+      for (auto* b : blocks) delete b;
+    }
   }
 }
 
