@@ -321,8 +321,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < 50; ++r) sink += servedeck::worker::argmax(logits);
       host_argmax_us = seconds_since(ta) / 50 * 1e6 + (sink == -1 ? 1 : 0);
     }
-    if (slots == 128 && pdl) {
-      std::printf("\ntrace of the all-resident step after %d tokens:", row.prompt);
+    if ((slots == 128 || slots == 0) && pdl) {
+      std::printf("\ntrace of the %s step after %d tokens:", slots == 0 ? "0%-hot" : "all-resident", row.prompt);
       servedeck::bench::decode_trace_report(*backend);  // trace builds only
     }
     char label[24];
