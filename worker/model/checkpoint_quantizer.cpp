@@ -1,11 +1,14 @@
 #include "worker/model/checkpoint_quantizer.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "worker/model/quantized_writer.hpp"
@@ -62,6 +65,40 @@ std::int64_t int_field(const json& config, const char* key, std::int64_t fallbac
   return config.contains(key) && config[key].is_number_integer() ? config[key].get<std::int64_t>() : fallback;
 }
 
+/// quantize_linears over `tensors`, one tensor at a time on each of up to 16 threads; the result
+/// keeps the input's order (each tensor followed by its scales), so it is the single-threaded
+/// result. The first error (in tensor order) is rethrown.
+std::vector<TensorToWrite> quantize_in_parallel(std::vector<TensorToWrite> tensors, WeightFormat format,
+                                                const std::vector<std::string>& exclude, json& quantization_config, json& hf_quant) {
+  std::vector<std::vector<TensorToWrite>> one(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) one[i].push_back(std::move(tensors[i]));
+  std::vector<std::exception_ptr> errors(one.size());
+  std::vector<json> configs(one.size()), hf(one.size());
+  std::atomic<std::size_t> next{0};
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < n_threads; ++t)
+    pool.emplace_back([&] {
+      for (std::size_t i = next++; i < one.size(); i = next++) {
+        try {
+          configs[i] = quantize_linears(one[i], format, exclude, format == WeightFormat::nvfp4 ? &hf[i] : nullptr);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<TensorToWrite> out;
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    for (auto& t : one[i]) out.push_back(std::move(t));
+    if (!configs[i].is_null()) quantization_config = configs[i];
+    if (!hf[i].is_null()) hf_quant = hf[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, WeightFormat format) {
@@ -94,7 +131,7 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
       }
     }
     const std::size_t n_in = tensors.size();
-    quantization_config = quantize_linears(tensors, format, exclude, format == WeightFormat::nvfp4 ? &hf_quant : nullptr);
+    tensors = quantize_in_parallel(std::move(tensors), format, exclude, quantization_config, hf_quant);
     // Each converted weight became 2 (fp8: weight, weight_scale_inv) or 4 (nvfp4) tensors.
     sum.linears_quantized += static_cast<std::int64_t>(tensors.size() - n_in) / (format == WeightFormat::fp8_block ? 1 : 3);
     write_safetensors((out / shard).string(), tensors, meta);
@@ -104,12 +141,18 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
     }
     ++sum.shards;
   }
+  // A file a run of another format or input left in out_dir would contradict this one's.
   if (fs::exists(in / "model.safetensors.index.json"))
     write_text(out / "model.safetensors.index.json",
                json{{"metadata", {{"total_size", sum.bytes_out}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+  else
+    fs::remove(out / "model.safetensors.index.json");
   config["quantization_config"] = quantization_config;
   write_text(out / "config.json", config.dump(2) + "\n");
-  if (format == WeightFormat::nvfp4) write_text(out / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  if (format == WeightFormat::nvfp4)
+    write_text(out / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  else
+    fs::remove(out / "hf_quant_config.json");
   // Everything else (tokenizer, chat template, generation config) as it is.
   for (const auto& e : fs::directory_iterator(in)) {
     const std::string name = e.path().filename().string();

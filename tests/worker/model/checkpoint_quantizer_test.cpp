@@ -92,6 +92,19 @@ TEST_CASE("quantize_checkpoint gives make-tiny-model --quantize's bytes, shard b
   }
 }
 
+TEST_CASE("quantize_checkpoint into a directory a run of another format wrote leaves none of its files behind") {
+  TempDir plain, out;
+  write_model(plain.path(), model(WeightFormat::plain, 2));
+  quantize_checkpoint(plain.path(), out / "q", WeightFormat::nvfp4);
+  REQUIRE(std::filesystem::exists(out / "q/hf_quant_config.json"));
+  TempDir single;
+  write_model(single.path(), model(WeightFormat::plain, 1));
+  quantize_checkpoint(single.path(), out / "q", WeightFormat::fp8_block);
+  CHECK_FALSE(std::filesystem::exists(out / "q/hf_quant_config.json"));
+  CHECK_FALSE(std::filesystem::exists(out / "q/model.safetensors.index.json"));
+  CHECK(Checkpoint::open(out / "q").quantization().format == WeightFormat::fp8_block);
+}
+
 TEST_CASE("quantize_checkpoint refuses what it cannot convert, naming it") {
   TempDir plain, q, out;
   write_model(plain.path(), model(WeightFormat::plain, 1));
