@@ -21,14 +21,15 @@ struct QuantizeSummary {
 };
 
 /// Writes `in_dir`'s checkpoint (model.safetensors, or the shards model.safetensors.index.json
-/// names, BF16 linears) into `out_dir` (created; must not be `in_dir`) with every linear weight
+/// names, BF16 linears) into `out_dir` (created, or an empty directory) with every linear weight
 /// in `format` (fp8_block or nvfp4) except the routers, lm_head and MTP routers
 /// (default_exclusions over num_hidden_layers + num_nextn_predict_layers) — the values and
 /// layout make-tiny-model --quantize writes, so quantising a BF16 tiny model gives the same
 /// bytes. Shards keep their file names. Throws std::runtime_error naming the file or tensor: a
-/// format that is plain, an input whose config.json already declares a quantization_config, a
-/// linear that is not a 2-D BF16 tensor, an unreadable or malformed file, or out_dir equal to
-/// in_dir.
+/// format that is plain, an input whose config.json already declares a quantization_config or
+/// whose num_hidden_layers is not in [1, 100000], a linear that is not a non-empty 2-D BF16
+/// tensor, a tensor name written twice, no linear at all, an unreadable, malformed or too deeply
+/// nested file, a shard that is not a regular file, or an out_dir that is in_dir or not empty.
 QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, WeightFormat format);
 
 }  // namespace servedeck::worker

@@ -67,8 +67,9 @@ json quantize_linears(std::vector<TensorToWrite>& tensors, WeightFormat format, 
       out.push_back(std::move(t));
       continue;
     }
-    if (t.dtype != Dtype::bf16 || t.shape.size() != 2)
-      throw std::runtime_error("quantize_linears: tensor '" + t.name + "': expected a 2-D BF16 weight");
+    if (t.dtype != Dtype::bf16 || t.shape.size() != 2 || t.shape[0] < 1 || t.shape[1] < 1)
+      throw std::runtime_error("quantize_linears: tensor '" + t.name + "' is " + std::string(to_string(t.dtype)) + " " +
+                               shape_to_string(t.shape) + ": expected a 2-D BF16 weight with at least one row and column");
     const std::int64_t rows = t.shape[0], cols = t.shape[1];
     const std::vector<float> w = bf16_values(t);
     if (format == WeightFormat::fp8_block) {

@@ -190,6 +190,9 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file,
 }
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  // A FIFO or device would block the open or the map: regular files only (symlinks followed).
+  if (struct stat pre {}; ::stat(path.c_str(), &pre) == 0 && !S_ISREG(pre.st_mode))
+    throw SafetensorsError(path + ": not a regular file (a safetensors file was expected)");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw SafetensorsError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};

@@ -51,6 +51,7 @@ void write_safetensors(const std::string& path, std::span<const TensorToWrite> t
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const auto& t : tensors)
     out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+  out.close();  // a full disk may show only when the buffer is flushed
   if (!out) throw std::runtime_error("write_safetensors: write to '" + path + "' failed");
 }
 
