@@ -237,13 +237,14 @@ QuantLayout expert_layout(const Checkpoint& ck, std::vector<std::string>& warnin
                   (f != WeightFormat::fp8_block ||
                    (w->quant->block_rows == ck.quantization().block_rows && w->quant->block_cols == ck.quantization().block_cols));
       }
+  // The quantised down reads 8 rows under one FP8 block row (quant_moe.cu: block rows a multiple of 8).
   const bool shapes = L.hidden % 32 == 0 && L.inter % 32 == 0 &&
-                      (f != WeightFormat::fp8_block || ck.quantization().block_cols % 16 == 0);
+                      (f != WeightFormat::fp8_block || (ck.quantization().block_cols % 16 == 0 && ck.quantization().block_rows % 8 == 0));
   if (!any) return L;
   if (!uniform || !shapes) {
     warnings.push_back(std::string("routed experts dequantised to bf16 at load: ") +
                        (!uniform ? "not every expert is stored " + std::string(to_string(f)) + " with one block size"
-                                 : "hidden and moe_intermediate must be multiples of 32 (fp8: block columns of 16) to stay quantised"));
+                                 : "hidden and moe_intermediate must be multiples of 32 (fp8: block columns of 16, block rows of 8) to stay quantised"));
     return L;
   }
   L.format = f == WeightFormat::fp8_block ? ExpertFormat::fp8_block : ExpertFormat::nvfp4;

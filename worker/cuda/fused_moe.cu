@@ -292,8 +292,10 @@ void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const b
   };
   switch (table.format) {
     case ExpertFormat::fp8_block:  // 16 weights per uint4: hidden <= 2048 is <= 4 per lane
-      detail::require(table.hidden % 32 == 0 && table.block_cols % 16 == 0, "launch_moe_gate_up_normed",
-                      "fp8 experts need hidden a multiple of 32 and block columns of 16");
+      detail::require(table.hidden % 32 == 0 && table.block_cols > 0 && table.block_cols % 16 == 0 && table.block_rows > 0,
+                      "launch_moe_gate_up_normed",
+                      "fp8 experts need hidden a multiple of 32, block columns a positive multiple of 16 and block rows > 0, got hidden " +
+                          std::to_string(table.hidden) + ", block " + std::to_string(table.block_rows) + "x" + std::to_string(table.block_cols));
       return go(moe_gate_up_wide_kernel<4, true, ExpertFormat::fp8_block>);
     case ExpertFormat::nvfp4:  // 32 weights per uint4: <= 2 per lane
       detail::require(table.hidden % 32 == 0, "launch_moe_gate_up_normed", "nvfp4 experts need hidden a multiple of 32");

@@ -261,7 +261,7 @@ __global__ void dequantize_kernel(QuantLayout L, const uint8_t* __restrict__ blo
 
 void require_quantised(const ExpertTable& t, int k, const char* who) {
   detail::require(t.format != ExpertFormat::bf16 && t.hidden % 32 == 0 && t.inter % 32 == 0 && k > 0 && k <= 32 &&
-                      (t.format != ExpertFormat::fp8_block || (t.block_cols % 16 == 0 && t.block_rows > 0)),
+                      (t.format != ExpertFormat::fp8_block || (t.block_cols > 0 && t.block_cols % 16 == 0 && t.block_rows > 0)),
                   who,
                   "expected a quantised table with hidden and inter multiples of 32, fp8 block columns a multiple of 16 "
                   "and k in (0, 32]; got format " + std::to_string(static_cast<int>(t.format)) + ", hidden " +
@@ -294,10 +294,14 @@ void launch_moe_down_quant(const ExpertTable& table, const float* act, const int
                   "fp8 block rows must be a multiple of " + std::to_string(k_down_rows) + ", got " + std::to_string(table.block_rows));
   const DownSmem S(table.format, k, table.inter);
   const int grid = (table.hidden + k_down_rows - 1) / k_down_rows;
+  // Both instantiations' attribute at once (they share a type: a static per `go` instantiation
+  // would set only the first one used), at the largest layout: 12288 floats of act at k = 1.
+  static const bool prepared = (detail::allow_dynamic_smem(down_quant_kernel<ExpertFormat::fp8_block>,
+                                                           DownSmem(ExpertFormat::fp8_block, 1, 12288).bytes),
+                                detail::allow_dynamic_smem(down_quant_kernel<ExpertFormat::nvfp4>, DownSmem(ExpertFormat::nvfp4, 1, 12288).bytes),
+                                true);
+  (void)prepared;
   auto go = [&](auto kernel) {
-    // The largest layout: k · inter = 12288 floats of act at the largest inter (k = 1).
-    static const bool prepared = (detail::allow_dynamic_smem(kernel, DownSmem(table.format, 1, 12288).bytes), true);
-    (void)prepared;
     detail::require(detail::fits_smem(kernel, S.bytes), "launch_moe_down_quant",
                     "k * inter = " + std::to_string(k * table.inter) + " needs " + std::to_string(S.bytes) +
                         " bytes of shared memory per block, more than the device allows");

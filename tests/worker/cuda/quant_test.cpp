@@ -87,15 +87,31 @@ std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v
 
 TEST_CASE("quantised expert decode kernels match the dequantised CPU reference, in VRAM and over UVA") {
   gpu_test::skip_without_gpu();
-  constexpr int E = 8, K = 4, H = 256, I = 96;  // I = 96: FP8 blocks of 128 are partial
+  // I = 96: FP8 blocks of 128 are partial. k = 10 over 8 warps: the down's warps loop over
+  // experts. I = 1408 (GLM-4.5-Air's): the down's span takes several batches per warp and more
+  // than 48 KB of shared memory. Both formats in one process: each kernel's attribute is its own.
+  struct Shape {
+    int E, K, H, I;
+  };
+  for (const Shape sh : {Shape{8, 4, 256, 96}, Shape{12, 10, 256, 1024}, Shape{8, 8, 512, 1408}})
   for (const auto f : {ExpertFormat::fp8_block, ExpertFormat::nvfp4}) {
+    const int E = sh.E, K = sh.K, H = sh.H, I = sh.I;
     CAPTURE(static_cast<int>(f));
+    CAPTURE(I);
     const QuantLayout L{f, H, I, 128, 128};
     std::vector<HostExpert> experts;
     for (int e = 0; e < E; ++e) experts.push_back(make_expert(L, 100 + e));
     const auto x = gpu_test::random_floats(H, 7, 2.f);
-    const std::vector<int32_t> ids{5, 1, 6, 2};  // 1, 2 in VRAM; 5, 6 over UVA
-    const std::vector<float> w{0.4f, 0.3f, 0.2f, 0.1f};
+    // Experts below 4 in VRAM, the others over UVA.
+    std::vector<int32_t> ids{5, 1, 6, 2};
+    std::vector<float> w{0.4f, 0.3f, 0.2f, 0.1f};
+    ids.resize(static_cast<std::size_t>(std::min(K, 4)));
+    w.resize(ids.size());
+    for (int e = 0; static_cast<int>(ids.size()) < K; ++e)  // then the unused experts in order
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) {
+        ids.push_back(e);
+        w.push_back(0.05f / static_cast<float>(ids.size()));
+      }
     const auto base = gpu_test::random_floats(H, 9);
     // Reference in double from the dequantised values.
     std::vector<double> act(static_cast<std::size_t>(K) * I), want(base.begin(), base.end());
