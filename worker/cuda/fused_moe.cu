@@ -85,6 +85,13 @@ __device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, 
   if (lane < k) g.o.weights[lane] = mine / den;
 }
 
+/// Where a quantised gate/up keeps the normed x: in chunked_x_index order (quant_dot.cuh).
+template <ExpertFormat F>
+struct ChunkedColumns {
+  int cols;
+  __device__ int operator()(int c) const { return detail::chunked_x_index<F>(c, cols); }
+};
+
 // The same for hidden <= 8 * 32 * C, one (j, r) unit per warp at a time with all of its loads in
 // flight (C 16-byte column blocks of the gate row and C of the up row per lane, for hidden 2048
 // C = 8: 64 registers of weights), xn staged in shared memory. The grid is two blocks per SM,
@@ -102,13 +109,6 @@ __device__ __forceinline__ void routing_weights(const GateUpNorm& g, float inv, 
 // hot-expert cache's fills, never during a step: the routed experts' pointers are then one
 // shared load away); block 0 writes the ids for the down (H4), the routing counters and, after
 // the norm, the routing weights (routing_weights).
-/// Where a quantised gate/up keeps the normed x: in chunked_x_index order (quant_dot.cuh).
-template <ExpertFormat F>
-struct ChunkedColumns {
-  int cols;
-  __device__ int operator()(int c) const { return detail::chunked_x_index<F>(c, cols); }
-};
-
 template <int C, bool NORM = false, ExpertFormat F = ExpertFormat::bf16>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                                const int32_t* __restrict__ ids, int k,
@@ -223,10 +223,8 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
             gs += detail::dot16_fp8(wg[c], sg[c], xs + 4 * i, gsx);
             us += detail::dot16_fp8(wu[c], su[c], xs + 4 * i, gsx);
           } else {
-            gs += detail::dot32_fp4(wg[c], detail::e4m3(static_cast<uint8_t>(sg[c] & 0xffu)) * glob_g,
-                                    detail::e4m3(static_cast<uint8_t>(sg[c] >> 8)) * glob_g, xs + 4 * i, gsx);
-            us += detail::dot32_fp4(wu[c], detail::e4m3(static_cast<uint8_t>(su[c] & 0xffu)) * glob_u,
-                                    detail::e4m3(static_cast<uint8_t>(su[c] >> 8)) * glob_u, xs + 4 * i, gsx);
+            gs += detail::dot32_fp4_stored(wg[c], sg[c], glob_g, xs + 4 * i, gsx);
+            us += detail::dot32_fp4_stored(wu[c], su[c], glob_u, xs + 4 * i, gsx);
           }
         }
       }

@@ -87,6 +87,12 @@ __device__ __forceinline__ float dot32_fp4(uint4 w, float s0, float s1, const fl
   return acc;
 }
 
+/// dot32_fp4 with the chunk's scales as stored: `pair` holds the e4m3 scales of its two groups of
+/// 16 (the first in the low byte), `glob` the matrix's weight_scale_2 × 2^14.
+__device__ __forceinline__ float dot32_fp4_stored(uint4 w, uint16_t pair, float glob, const float* xc, int gs) {
+  return dot32_fp4(w, e4m3(static_cast<uint8_t>(pair & 0xffu)) * glob, e4m3(static_cast<uint8_t>(pair >> 8)) * glob, xc, gs);
+}
+
 /// Where row r of matrix m (0 gate, 1 up, 2 down) of a block starts, and its scales.
 struct RowRef {
   const uint8_t* w;

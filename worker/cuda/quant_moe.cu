@@ -20,7 +20,7 @@ constexpr int k_warps = 8;
 using detail::chunk_cols;
 using detail::chunked_x_index;
 using detail::dot16_fp8;
-using detail::dot32_fp4;
+using detail::dot32_fp4_stored;
 using detail::e2m1x2_scaled;
 using detail::e4m3;
 using detail::e4m3x2;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void lane_rows_dot(const uint8_t* const (&w_row)[R], 
     if constexpr (F == ExpertFormat::fp8_block)
       return dot16_fp8(v, sc, x + 4 * i, gs);
     else
-      return dot32_fp4(v, e4m3(static_cast<uint8_t>(sc & 0xffu)) * g[r], e4m3(static_cast<uint8_t>(sc >> 8)) * g[r], x + 4 * i, gs);
+      return dot32_fp4_stored(v, sc, g[r], x + 4 * i, gs);
   };
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t,
             p = dot16_fp8(v[b], s8[b], xj + 4 * i, gs);
           } else {
             const uint16_t s2 = reinterpret_cast<const uint16_t*>(sc)[c];
-            p = dot32_fp4(v[b], e4m3(static_cast<uint8_t>(s2 & 0xffu)) * d.g, e4m3(static_cast<uint8_t>(s2 >> 8)) * d.g, xj + 4 * i, gs);
+            p = dot32_fp4_stored(v[b], s2, d.g, xj + 4 * i, gs);
           }
           part[c] = p;
         }
