@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/model/small_model.hpp"
 #include "tests/worker/model/temp_dir.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/checkpoint_quantizer.hpp"
@@ -26,15 +27,7 @@ using json = nlohmann::json;
 
 namespace {
 
-TinyModelOptions model(WeightFormat q, int shards) {
-  TinyModelOptions o;
-  o.vocab_size = 512;
-  o.num_layers = 3;
-  o.mlp_only_layers = {1};  // a dense layer: its gate/up/down are quantised too
-  o.shards = shards;
-  o.quantize = q;
-  return o;
-}
+TinyModelOptions model(WeightFormat q, int shards) { return servedeck::test::small_model(q, shards); }
 
 json read_json(const std::string& path) {
   std::ifstream in(path);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/worker/model/small_model.hpp"
 #include "tests/worker/model/temp_dir.hpp"
 #include "worker/model/checkpoint.hpp"
 #include "worker/model/safetensors_writer.hpp"
@@ -25,15 +26,7 @@ using json = nlohmann::json;
 
 namespace {
 
-TinyModelOptions small(WeightFormat q, int shards = 1) {
-  TinyModelOptions o;
-  o.vocab_size = 512;
-  o.num_layers = 3;
-  o.mlp_only_layers = {1};  // a dense layer: its gate/up/down are quantised too
-  o.shards = shards;
-  o.quantize = q;
-  return o;
-}
+TinyModelOptions small(WeightFormat q, int shards = 1) { return servedeck::test::small_model(q, shards); }
 
 std::vector<TensorToWrite> read_all(const std::string& path) {
   auto f = SafetensorsFile::open(path);
