@@ -20,10 +20,11 @@
 //     position's own unit, P rounded to bf16), O rescaled unless every factor is exactly 1,
 //     O += P·V, then the ring slot is refilled with the unit `stages` ahead;
 //   the (m, l, O) of the group's rows of the warps with units, through shared memory, merged in
-//   warp order into the block's partial (scratch), a float4 per thread; then arrive_last (H1):
-//   the last of the KV head's blocks merges the splits in split order (one thread per row and
-//   four columns, a running maximum, the partials' loads 16 splits at a time), writes the
-//   group's outputs, resets the counter and publishes the group's heads (H2).
+//   warp order into the block's partial (scratch): the rows' weights first (one thread a row),
+//   then a float4 per thread; then arrive_last (H1): the last of the KV head's blocks merges the
+//   splits in split order the same way (one warp a row for the weights, normalised, then a
+//   float4 per thread), writes the group's outputs, resets the counter and publishes the
+//   group's heads (H2).
 // Numerics: those of the flash prefill kernels (flash_attention.cuh: bf16 Q, K, V and P, fp32
 // accumulation and running max / sum), with every sum in a fixed order.
 #include <algorithm>
@@ -56,7 +57,6 @@ template <int HDMAX>
 constexpr int max_warps() { return HDMAX <= 128 ? 12 : 8; }
 constexpr int k_unit = 16;  // positions per warp step: the n of two m16n8k16 tiles, the k of one
 constexpr int k_max_stages = 2;  // ring stages per warp (cp_async_wait_dynamic waits for 0 or 1 pending)
-constexpr int k_merge_batch = 16;  // splits whose partials one thread of the merging block loads at once
 
 /// (warps per block, ring stages per warp) in order of preference (attention_block_config;
 /// docs/performance.md, 2026-12-02 "decode attention block").
@@ -82,7 +82,7 @@ __host__ __device__ inline SplitPlan split_plan(int len, int splits) {
 struct SmemLayout {
   int ld;  // bf16 row stride of Q and the K/V tiles: head_dim + 8 (an odd number of 16-byte lines: ldmatrix without bank conflicts)
   int ostr, wstride;  // the warp merge's floats per O row (head_dim + 8: conflict-free 8-byte stores) and per warp
-  std::size_t q, kv_row, qf, ring, tile, total;
+  std::size_t q, kv_row, qf, ring, tile, weights, total;  // weights: from the ring, the warp merge's weights
   __host__ __device__ SmemLayout(int hd, int group, int warps, int stages) {
     ld = hd + 8;
     tile = static_cast<std::size_t>(k_unit) * ld * 2;                              // 16 rows of K (or V)
@@ -91,11 +91,14 @@ struct SmemLayout {
     qf = kv_row + static_cast<std::size_t>(4) * hd;                                // fp32 q heads, k, v
     ring = qf + static_cast<std::size_t>(group + 2) * hd * 4;
     const std::size_t ring_bytes = static_cast<std::size_t>(warps) * stages * 2 * tile;
-    // Each warp's O (group rows), m (16), l (16).
+    // Each warp's O (group rows), m (16), l (16); then the rows' weights of the warps.
     ostr = hd + 8;
     wstride = group * ostr + 32;
-    const std::size_t warp_merge = static_cast<std::size_t>(warps) * wstride * 4;
-    const std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
+    weights = static_cast<std::size_t>(warps) * wstride * 4;
+    const std::size_t warp_merge = weights + static_cast<std::size_t>(group) * warps * 4;
+    const std::size_t split_merge = static_cast<std::size_t>(group) * k_attention_max_splits * 4;  // the splits' weights
+    std::size_t r = ring_bytes > warp_merge ? ring_bytes : warp_merge;
+    r = r > split_merge ? r : split_merge;
     total = ring + r;
   }
 };
@@ -283,11 +286,14 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
 
   // Each warp with units writes its (m, l, O) of the group's rows (this lane's rows g and g + 8
   // where they are < G; two adjacent columns as one 8-byte store, rows ostr floats apart: no bank
-  // conflicts); then each float4 of the block's partial is the weighted sum over those warps in
-  // warp order, with weight exp2(m_w - M) (M: the row's maximum over the warps; 0 where l_w is 0).
+  // conflicts). Then one thread per row computes the warps' weights 2^(m_w − M) (M: the row's
+  // maximum over the warps; 0 where l_w is 0) and the row's (M, L); then each float4 of the
+  // block's partial is the weighted sum over the warps in warp order.
   const int used = min(warps, u_end - u_begin);  // warp w has units iff w < u_end - u_begin
   const int ostr = L.ostr, wstride = L.wstride;  // floats per row of a warp's O; per warp: O, m (16), l (16)
   const int ml0 = G * ostr;                      // a warp's m, then l, from here
+  const int q4 = hd / 4;
+  float* part = head_part + static_cast<size_t>(split) * G * stride;
   if (warp < used) {
     float* w = wpart + static_cast<size_t>(warp) * wstride;
     const int g = lane / 4;
@@ -311,79 +317,81 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     }
   }
   __syncthreads();
-  {
-    const int q4 = hd / 4;
-    float* part = head_part + static_cast<size_t>(split) * G * stride;
-    for (int i = threadIdx.x; i < G * (q4 + 1); i += blockDim.x) {
-      const bool out_item = i < G * q4;  // else the row's (M, L)
-      const int r = out_item ? i / q4 : i - G * q4;
-      float M = -INFINITY;
-      for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + ml0 + r]);
-      // Warp v's weight in the row: 2^(m_v − M), 0 for a warp whose row saw no key (l_v = 0).
-      auto weight = [&](const float* ww) { return ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f; };
-      if (out_item) {
-        const int c = (i % q4) * 4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int v = 0; v < used; ++v) {
-          const float* ww = wpart + static_cast<size_t>(v) * wstride;
-          const float wt = weight(ww);
-          const float4 x = *reinterpret_cast<const float4*>(ww + r * ostr + c);
-          acc.x += x.x * wt;
-          acc.y += x.y * wt;
-          acc.z += x.z * wt;
-          acc.w += x.w * wt;
-        }
-        *reinterpret_cast<float4*>(part + static_cast<size_t>(r) * stride + 4 + c) = acc;
-      } else {
-        float l = 0.f;
-        for (int v = 0; v < used; ++v) {
-          const float* ww = wpart + static_cast<size_t>(v) * wstride;
-          l += ww[ml0 + 16 + r] * weight(ww);
-        }
-        part[static_cast<size_t>(r) * stride] = M;
-        part[static_cast<size_t>(r) * stride + 1] = l;
-      }
+  float* wts = reinterpret_cast<float*>(smem + L.ring + L.weights);  // (G, warps)
+  if (threadIdx.x < G) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, l = 0.f;
+    for (int v = 0; v < used; ++v) M = fmaxf(M, wpart[static_cast<size_t>(v) * wstride + ml0 + r]);
+    for (int v = 0; v < used; ++v) {
+      const float* ww = wpart + static_cast<size_t>(v) * wstride;
+      const float wt = ww[ml0 + 16 + r] > 0.f ? exp2f(ww[ml0 + r] - M) : 0.f;
+      wts[r * warps + v] = wt;
+      l += ww[ml0 + 16 + r] * wt;
     }
+    part[static_cast<size_t>(r) * stride] = M;
+    part[static_cast<size_t>(r) * stride + 1] = l;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * q4; i += blockDim.x) {
+    const int r = i / q4, c = (i % q4) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int v = 0; v < used; ++v) {
+      const float wt = wts[r * warps + v];
+      const float4 x = *reinterpret_cast<const float4*>(wpart + static_cast<size_t>(v) * wstride + r * ostr + c);
+      acc.x += x.x * wt;
+      acc.y += x.y * wt;
+      acc.z += x.z * wt;
+      acc.w += x.w * wt;
+    }
+    *reinterpret_cast<float4*>(part + static_cast<size_t>(r) * stride + 4 + c) = acc;
   }
   }  // active
   if (!detail::arrive_last(s.counters, kvh, static_cast<unsigned>(s.splits), is_last)) return;
 
-  // The last block of the KV head: each thread merges the active splits of one row's four
-  // columns in split order, its loads (M, L and the four O values of every split, through L2)
-  // issued k_merge_batch splits at a time, the running maximum rescaling as it goes.
-  const int A = P.active;
-  const int q4 = hd / 4;
+  // The last block of the KV head merges the active splits' partials (read through L2) the same
+  // way: one warp per row loads the splits' (M, L) (lanes b and b + 32: at most 64 splits), takes
+  // the maximum over those with L > 0 and stores each split's weight 2^(M_b − M) / L_row in
+  // shared memory (the ring is free); then each thread sums one row's four columns over the
+  // splits in split order. The code is short on purpose: it runs once per KV head per step, from
+  // a cold instruction cache.
+  static_assert(k_attention_max_splits <= 64, "the split merge holds two splits per lane");
+  const int A = P.active, q4 = hd / 4;
+  float* sw = wpart;  // (G, A) normalised weights
+  for (int r = warp; r < G; r += warps) {
+    float2 ml[2];
+    float M = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = lane + 32 * j;
+      ml[j] = b < A ? __ldcg(reinterpret_cast<const float2*>(head_part + static_cast<size_t>(b * G + r) * stride)) : make_float2(0.f, 0.f);
+      if (ml[j].y > 0.f) M = fmaxf(M, ml[j].x);
+    }
+    M = detail::warp_max(M);
+    float wt[2], l = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wt[j] = ml[j].y > 0.f ? exp2f(ml[j].x - M) : 0.f;
+      l += ml[j].y * wt[j];
+    }
+    const float il = 1.f / detail::warp_sum(l);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (lane + 32 * j < A) sw[r * A + lane + 32 * j] = wt[j] * il;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < G * q4; i += blockDim.x) {
     const int r = i / q4, c = (i % q4) * 4;
-    float MM = -INFINITY, LL = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int b0 = 0; b0 < A; b0 += k_merge_batch) {
-      float2 ml[k_merge_batch];
-      float4 v[k_merge_batch];
-#pragma unroll
-      for (int j = 0; j < k_merge_batch; ++j) {
-        if (b0 + j < A) {
-          const float* pr = head_part + static_cast<size_t>((b0 + j) * G + r) * stride;
-          ml[j] = __ldcg(reinterpret_cast<const float2*>(pr));
-          v[j] = __ldcg(reinterpret_cast<const float4*>(pr + 4 + c));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < k_merge_batch; ++j) {
-        if (b0 + j < A && ml[j].y > 0.f) {
-          const float mn = fmaxf(MM, ml[j].x);
-          const float old = exp2f(MM - mn), w = exp2f(ml[j].x - mn);  // MM = -inf at first: old = 0
-          LL = LL * old + ml[j].y * w;
-          acc.x = acc.x * old + v[j].x * w;
-          acc.y = acc.y * old + v[j].y * w;
-          acc.z = acc.z * old + v[j].z * w;
-          acc.w = acc.w * old + v[j].w * w;
-          MM = mn;
-        }
-      }
+#pragma unroll 8
+    for (int b = 0; b < A; ++b) {
+      const float wt = sw[r * A + b];
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(head_part + static_cast<size_t>(b * G + r) * stride + 4 + c));
+      acc.x += x.x * wt;
+      acc.y += x.y * wt;
+      acc.z += x.z * wt;
+      acc.w += x.w * wt;
     }
-    const float il = 1.f / LL;
-    *reinterpret_cast<float4*>(out + static_cast<size_t>(kvh * G + r) * hd + c) = make_float4(acc.x * il, acc.y * il, acc.z * il, acc.w * il);
+    *reinterpret_cast<float4*>(out + static_cast<size_t>(kvh * G + r) * hd + c) = acc;
   }
   if (threadIdx.x == 0) s.counters[kvh] = 0u;  // H1's reset, by the block that completed the count
   if (heads_done != nullptr) {  // H2 (handshakes.cuh): the group's outputs are written
