@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -309,12 +310,15 @@ CudaBackend::~CudaBackend() {
       std::vector<unsigned long long> counts(static_cast<std::size_t>(m.store->n_layers()) * E);
       cudaMemcpy(counts.data(), m.layer_counts, counts.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
       offload::ExpertProfile p;
-      p.layout = "layers=" + std::to_string(m.store->n_layers()) + " experts=" + std::to_string(E) + " offloaded=all";
+      p.layout = offload::expert_profile_layout(m.store->n_layers(), E);
       for (int l = 0; l < m.store->n_layers(); ++l)
         p.counts.emplace_back(counts.begin() + static_cast<std::ptrdiff_t>(l) * E, counts.begin() + static_cast<std::ptrdiff_t>(l + 1) * E);
-      offload::save_expert_profile(p, m.opt.capture_profile_path);
-    } catch (...) {
-      // Destructors do not throw; the profile is simply not written.
+      // The profile this run was filled from, when it is the file captured to: add to it.
+      if (m.have_profile && m.opt.profile_path == m.opt.capture_profile_path) p = offload::accumulate_expert_profile(m.profile, p);
+      offload::write_expert_profile(p, m.opt.capture_profile_path);
+    } catch (const std::exception& e) {
+      // Destructors do not throw; the profile is not written, and stderr (the worker's log) says why.
+      std::fprintf(stderr, "servedeck-worker: %s\n", e.what());
     }
   }
   m.store.reset();

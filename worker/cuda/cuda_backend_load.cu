@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -189,12 +190,18 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     for (auto& th : pool) th.join();
     m->store->register_host();
     if (!opt.profile_path.empty()) {
-      m->profile = offload::load_expert_profile(opt.profile_path);
-      m->have_profile = true;
-      const std::string layout = "layers=" + std::to_string(moe_layers) + " experts=" + std::to_string(E) + " offloaded=all";
-      if (m->profile.layout != layout)
-        m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
-                              "', this launch is '" + layout + "'; mismatched layers fall back to id order");
+      const std::string layout = offload::expert_profile_layout(moe_layers, E);
+      if (std::optional<offload::ExpertProfile> p = offload::read_expert_profile(opt.profile_path)) {
+        m->profile = std::move(*p);
+        m->have_profile = true;
+        if (m->profile.layout != layout)
+          m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
+                                "', this launch is '" + layout + "'; mismatched layers fall back to id order");
+      } else {
+        m->warnings.push_back("hot-expert profile " + opt.profile_path + " does not exist: the hot cache holds each layer's lowest expert ids" +
+                              (opt.capture_profile_path == opt.profile_path ? std::string("; this run's routing is written there at exit")
+                                                                            : std::string("; --capture-profile writes one")));
+      }
     }
     int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
     if (opt.vram_budget_gib > 0) {

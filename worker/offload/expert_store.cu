@@ -3,12 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
-
-#include <nlohmann/json.hpp>
 
 #include "worker/cuda/cuda_check.hpp"
 
@@ -16,32 +12,6 @@ namespace servedeck::worker::offload {
 
 namespace {
 constexpr std::size_t k_page = 4096;
-}
-
-ExpertProfile load_expert_profile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("hot-expert profile " + path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("counts") || !j["counts"].is_array())
-    throw std::runtime_error("hot-expert profile " + path + ": expected {\"layout\": str, \"counts\": [[int...]...]}");
-  ExpertProfile p;
-  p.layout = j.value("layout", "");
-  for (const auto& row : j["counts"]) {
-    std::vector<uint64_t> r;
-    if (row.is_array())
-      for (const auto& c : row) r.push_back(c.is_number_unsigned() || c.is_number_integer() ? c.get<uint64_t>() : 0);
-    p.counts.push_back(std::move(r));
-  }
-  return p;
-}
-
-void save_expert_profile(const ExpertProfile& p, const std::string& path) {
-  nlohmann::json j = {{"layout", p.layout}, {"counts", p.counts}};
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("hot-expert profile " + path + ": cannot write");
-  out << j.dump() << "\n";
 }
 
 ExpertStore::ExpertStore(int n_layers, int n_experts, const cuda::QuantLayout& layout)

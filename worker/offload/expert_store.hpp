@@ -29,19 +29,9 @@
 
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/quant_layout.cuh"
+#include "worker/offload/expert_profile.hpp"
 
 namespace servedeck::worker::offload {
-
-/// Per-layer routing frequency counts: counts[layer][expert]. Written by capture mode.
-struct ExpertProfile {
-  std::vector<std::vector<uint64_t>> counts;
-  std::string layout;   // the offload layout it was captured at, e.g. "layers=48 experts=128 offloaded=all"
-};
-
-/// Reads/writes the profile JSON ({"layout": "...", "counts": [[...], ...]}). Throws
-/// std::runtime_error naming the file and what was wrong.
-ExpertProfile load_expert_profile(const std::string& path);
-void save_expert_profile(const ExpertProfile& p, const std::string& path);
 
 class ExpertStore {
  public:
