@@ -86,10 +86,14 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
       const cuda::ExpertFormat experts = f == WeightFormat::fp8_block ? cuda::ExpertFormat::fp8_block
                                          : f == WeightFormat::nvfp4   ? cuda::ExpertFormat::nvfp4
                                                                       : cuda::ExpertFormat::bf16;
-      m->backend = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options, kv_bytes), experts);
+      auto b = cuda::make_synthetic_cuda_backend(desc, *options.synthetic_seed, cuda_options(options, kv_bytes), experts);
+      m->warnings = b->warnings();
+      m->backend = std::move(b);
+    } else {
+      auto b = cuda::make_cuda_backend(*checkpoint, cuda_options(options, kv_bytes));
+      m->warnings = b->warnings();
+      m->backend = std::move(b);
     }
-    else
-      m->backend = cuda::make_cuda_backend(*checkpoint, cuda_options(options, kv_bytes));
 #else
     throw std::runtime_error("--backend cuda: this servedeck-worker was built without CUDA (no toolkit at configure time)");
 #endif
@@ -97,6 +101,9 @@ std::unique_ptr<LoadedModel> load_cpu_model(const CpuModelOptions& options, cons
     CpuBackendOptions bo;
     bo.threads = options.threads;
     m->backend = make_cpu_backend(*checkpoint, bo);
+    if (!options.hot_profile.empty() || !options.capture_profile.empty())
+      m->warnings.push_back("--hot-profile and --capture-profile apply to --backend cuda (the CPU backend keeps every expert in RAM "
+                            "and has no hot-expert cache): ignored");
   } else {
     throw std::runtime_error("--backend " + options.backend + ": expected cpu or cuda");
   }

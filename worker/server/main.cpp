@@ -307,6 +307,7 @@ int serve(int argc, char** argv) {
     if (s == LoadState::ready && !announced) {
       announced = true;
       const LoadedModel* m = server.model();
+      for (const std::string& w : m->warnings) std::cerr << "servedeck-worker: warning: " << w << "\n";
       std::cerr << "servedeck-worker: model " << mo.dir << " loaded (backend " << m->backend->name()
                 << ", max_model_len " << m->max_model_len << ", KV pool " << m->engine->kv_capacity_tokens()
                 << " tokens in blocks of " << m->engine->options().kv_block_tokens << ", prefill chunk "

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/http/server.hpp"
 #include "worker/engine/backend.hpp"
@@ -27,6 +28,10 @@ struct LoadedModel {
   std::unique_ptr<TextModel> text;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
+  /// What the load noticed and did not refuse (a missing hot-expert profile, a VRAM budget that
+  /// cut the hot cache, options the backend ignores): servedeck-worker prints each on stderr,
+  /// "servedeck-worker: warning: ...", once the model is loaded.
+  std::vector<std::string> warnings;
 };
 
 struct WorkerServerOptions {

