@@ -22,9 +22,9 @@
 //   the (m, l, O) of the group's rows of the warps with units, through shared memory, merged in
 //   warp order into the block's partial (scratch): the rows' weights first (one thread a row),
 //   then a float4 per thread; then arrive_last (H1): the last of the KV head's blocks merges the
-//   splits in split order the same way (one warp a row for the weights, normalised, then a
-//   float4 per thread), writes the group's outputs, resets the counter and publishes the
-//   group's heads (H2).
+//   splits the same way (one warp a row for the weights, normalised by the row's sum, which is a
+//   warp tree over the splits; then a float4 per thread, summed in split order), writes the
+//   group's outputs, resets the counter and publishes the group's heads (H2).
 // Numerics: those of the flash prefill kernels (flash_attention.cuh: bf16 Q, K, V and P, fp32
 // accumulation and running max / sum), with every sum in a fixed order.
 #include <algorithm>

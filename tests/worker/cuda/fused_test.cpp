@@ -124,7 +124,7 @@ TEST_CASE("fused MoE down equals the unfused MoE for inter 768, 512, 1024 and k 
 // flash_attention_test.cpp. The appended row is the rounded k and v (within one bf16 step of
 // the reference's rounding: the norms' fp32 sums run in another order), no other pool row
 // changes, and the counters are left at zero. Block tables are shuffled; contexts from one
-// position to several splits of many units, positions at and inside unit and block boundaries.
+// position to every split of many units, positions at and inside unit and block boundaries.
 TEST_CASE("paged decode attention equals q/k-norm + RoPE + KV append + attention over the block table") {
   gpu_test::skip_without_gpu();
   struct Shape {
@@ -134,7 +134,7 @@ TEST_CASE("paged decode attention equals q/k-norm + RoPE + KV append + attention
                          Shape{16, 1, 16, 16}, Shape{32, 4, 128, 64}, Shape{24, 2, 32, 16}, Shape{24, 2, 128, 16}}) {  // group 12: GLM-4.5-Air's
     const int hq = sh.hq, hk = sh.hk, hd = sh.hd, B = sh.block_tokens, q_dim = hq * hd, kv_dim = hk * hd, group = hq / hk;
     const int splits = attention_splits(hk);
-    for (int pos : {0, 1, 15, 16, 37, 300, 2100}) {
+    for (int pos : {0, 1, 15, 16, 37, 300, 2100, 4223, 8191}) {  // 8191: 64 splits in use for one KV head (two per lane in the split merge)
       CAPTURE(hd);
       CAPTURE(B);
       CAPTURE(pos);
