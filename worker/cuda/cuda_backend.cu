@@ -308,7 +308,10 @@ CudaBackend::~CudaBackend() {
     try {
       const int E = static_cast<int>(m.d.moe.num_experts);
       std::vector<unsigned long long> counts(static_cast<std::size_t>(m.store->n_layers()) * E);
-      cudaMemcpy(counts.data(), m.layer_counts, counts.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost);
+      // The step's stream first (non-blocking: the legacy-stream copy does not wait for it); a
+      // failed copy writes nothing rather than zeros.
+      CUDA_CHECK(cudaStreamSynchronize(m.stream));
+      CUDA_CHECK(cudaMemcpy(counts.data(), m.layer_counts, counts.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
       offload::ExpertProfile p;
       p.layout = offload::expert_profile_layout(m.store->n_layers(), E);
       for (int l = 0; l < m.store->n_layers(); ++l)
@@ -318,7 +321,9 @@ CudaBackend::~CudaBackend() {
       offload::write_expert_profile(p, m.opt.capture_profile_path);
     } catch (const std::exception& e) {
       // Destructors do not throw; the profile is not written, and stderr (the worker's log) says why.
-      std::fprintf(stderr, "servedeck-worker: %s\n", e.what());
+      std::fprintf(stderr, "servedeck-worker: hot-expert profile not written: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "servedeck-worker: hot-expert profile not written\n");
     }
   }
   m.store.reset();

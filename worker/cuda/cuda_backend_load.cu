@@ -177,6 +177,32 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
   fold_routers(*m);
   if (moe_layers > 0) {
     const int E = static_cast<int>(d.moe.num_experts);
+    // The profile first: a file that is not one stops the load before minutes of expert copies,
+    // unless this run also captures to it (then it is replaced at exit: a warning).
+    if (!opt.profile_path.empty()) {
+      const std::string want = offload::expert_profile_layout(moe_layers, E);
+      std::optional<offload::ExpertProfile> p;
+      bool unreadable = false;
+      try {
+        p = offload::read_expert_profile(opt.profile_path);
+      } catch (const std::runtime_error& e) {
+        if (opt.capture_profile_path != opt.profile_path) throw;
+        unreadable = true;
+        m->warnings.push_back(std::string(e.what()) + "; the hot cache holds each layer's lowest expert ids and this run's routing replaces the file at exit");
+      }
+      if (p) {
+        m->profile = std::move(*p);
+        m->have_profile = true;
+        if (m->profile.layout != want)
+          m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
+                                "', this launch is '" + want + "'; mismatched layers fall back to id order" +
+                                (opt.capture_profile_path == opt.profile_path ? ", and this run's routing replaces the file at exit" : ""));
+      } else if (!unreadable) {
+        m->warnings.push_back("hot-expert profile " + opt.profile_path + " does not exist: the hot cache holds each layer's lowest expert ids" +
+                              (opt.capture_profile_path == opt.profile_path ? std::string("; this run's routing is written there at exit")
+                                                                            : std::string("; --capture-profile writes one")));
+      }
+    }
     m->store = std::make_unique<offload::ExpertStore>(moe_layers, E, layout);
     // Fill host blocks in parallel (the 30B benchmark shape holds ~58 GB of experts).
     const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
@@ -189,20 +215,6 @@ std::unique_ptr<CudaBackend::Impl> build(const ModelDescription& d, CudaBackendO
     }
     for (auto& th : pool) th.join();
     m->store->register_host();
-    if (!opt.profile_path.empty()) {
-      const std::string layout = offload::expert_profile_layout(moe_layers, E);
-      if (std::optional<offload::ExpertProfile> p = offload::read_expert_profile(opt.profile_path)) {
-        m->profile = std::move(*p);
-        m->have_profile = true;
-        if (m->profile.layout != layout)
-          m->warnings.push_back("hot-expert profile " + opt.profile_path + " was captured at layout '" + m->profile.layout +
-                                "', this launch is '" + layout + "'; mismatched layers fall back to id order");
-      } else {
-        m->warnings.push_back("hot-expert profile " + opt.profile_path + " does not exist: the hot cache holds each layer's lowest expert ids" +
-                              (opt.capture_profile_path == opt.profile_path ? std::string("; this run's routing is written there at exit")
-                                                                            : std::string("; --capture-profile writes one")));
-      }
-    }
     int slots = opt.hot_slots >= 0 ? opt.hot_slots : static_cast<int>(std::lround(opt.hot_fraction * E));
     if (opt.vram_budget_gib > 0) {
       // The prefill staging ring (stage_buffers × stage_group experts), the KV pool and the

@@ -1,14 +1,15 @@
 #include "worker/offload/expert_profile.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 
 #include "common/json_limits.hpp"
@@ -33,20 +34,32 @@ std::string expert_profile_layout(int moe_layers, int experts) {
 }
 
 std::optional<ExpertProfile> read_expert_profile(const std::string& path) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
-    throw bad(path, std::string("stat failed: ") + std::strerror(errno));
+  // One descriptor, opened without blocking (a FIFO put in its place cannot hang the load) and
+  // checked with fstat, so what is checked is what is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    throw bad(path, std::string("cannot open: ") + std::strerror(errno));
   }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) throw bad(path, std::string("fstat failed: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw bad(path, "not a regular file");
   if (static_cast<std::size_t>(st.st_size) > k_max_profile_bytes)
     throw bad(path, std::to_string(st.st_size) + " bytes, more than the " + std::to_string(k_max_profile_bytes) + " a profile may hold");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw bad(path, "cannot open");
-  std::string text;
-  text.resize(static_cast<std::size_t>(st.st_size));
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw bad(path, std::string("read failed: ") + std::strerror(errno));
+    if (n == 0) break;  // the file shrank while read: parse what is there
+    got += static_cast<std::size_t>(n);
+  }
+  text.resize(got);
   JsonError err;
   JsonLimits limits;
   limits.max_bytes = k_max_profile_bytes;
@@ -84,26 +97,35 @@ std::optional<ExpertProfile> read_expert_profile(const std::string& path) {
 
 void write_expert_profile(const ExpertProfile& p, const std::string& path) {
   const std::filesystem::path target(path);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
   std::error_code ec;
-  if (target.has_parent_path()) {
-    std::filesystem::create_directories(target.parent_path(), ec);
-    if (ec) throw bad(path, "cannot create " + target.parent_path().string() + ": " + ec.message());
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw bad(path, "cannot create " + dir.string() + ": " + ec.message());
+  // A unique sibling (mkstemp), written, fsync'd and closed with every error checked, renamed
+  // over the path, then the directory fsync'd: after a crash the path holds the old profile or
+  // the new one, whole.
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw bad(path, "cannot create a temporary file beside it: " + std::string(std::strerror(errno)));
+  const std::string text = dump_safe(nlohmann::json{{"layout", p.layout}, {"counts", p.counts}}) + "\n";
+  std::string why;
+  for (std::size_t done = 0; why.empty() && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) why = std::string("write to ") + tmp + " failed: " + std::strerror(errno);
+    else done += static_cast<std::size_t>(n);
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw bad(path, "cannot write " + tmp + ": " + std::strerror(errno));
-    out << dump_safe(nlohmann::json{{"layout", p.layout}, {"counts", p.counts}}) << "\n";
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      throw bad(path, "writing " + tmp + " failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+  if (why.empty() && ::fsync(fd) != 0) why = std::string("fsync of ") + tmp + " failed: " + std::strerror(errno);
+  if (::close(fd) != 0 && why.empty()) why = std::string("close of ") + tmp + " failed: " + std::strerror(errno);
+  if (why.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) why = "rename from " + tmp + " failed: " + std::strerror(errno);
+  if (!why.empty()) {
     std::filesystem::remove(tmp, ec);
-    throw bad(path, "rename from " + tmp + " failed: " + why);
+    throw bad(path, why);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // best effort: the rename is done either way
+    ::close(dfd);
   }
 }
 

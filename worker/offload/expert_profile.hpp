@@ -30,15 +30,18 @@ inline constexpr std::size_t k_max_profile_experts = 65536;
 /// all offloaded: "layers=<moe_layers> experts=<experts> offloaded=all".
 std::string expert_profile_layout(int moe_layers, int experts);
 
-/// Reads the profile at `path`; nullopt when no file exists there (ENOENT, or a missing parent
-/// directory). Throws std::runtime_error naming the path, what was read and what was expected
-/// when it is not a regular file, is larger than k_max_profile_bytes, is not JSON, or is not
-/// {"layout": string, "counts": [[non-negative integer ...] ...]} within the limits above.
+/// Reads the profile at `path`; nullopt when nothing exists there (ENOENT: the file or a
+/// directory on the way is missing; a dangling symlink too). Throws std::runtime_error naming
+/// the path, what was read and what was expected when it cannot be opened or read, is not a
+/// regular file, is larger than k_max_profile_bytes, is not JSON, or is not {"layout": string,
+/// "counts": [[non-negative integer ...] ...]} within the limits above.
 std::optional<ExpertProfile> read_expert_profile(const std::string& path);
 
-/// Writes `p` to `path`: the parent directory is created if missing, the bytes go to a sibling
-/// temporary file that is then renamed over `path`, so a reader sees the old file or the new
-/// one, never a part. Throws std::runtime_error naming the path and the failing call.
+/// Writes `p` to `path`: the parent directory is created if missing, the bytes go to a unique
+/// sibling temporary file (mkstemp), fsync'd, renamed over `path` (a symlink there is replaced,
+/// its target left alone), then the directory is fsync'd: a reader, or the next start after a
+/// crash, sees the old file or the new one, whole. Throws std::runtime_error naming the path and
+/// the failing call; the temporary file is removed.
 void write_expert_profile(const ExpertProfile& p, const std::string& path);
 
 /// The profile a run leaves when it loaded `before` and routed `run`: the element-wise sum

@@ -1,5 +1,5 @@
 // The hot-expert profile through the CUDA backend: a launch whose --hot-profile and
-// --capture-profile name one missing file warns and starts in id order, writes its decode
+// --capture-profile name one missing file warns and starts in id order, writes its
 // routing there when it is destroyed, and the next launch fills its hot cache from that file and
 // leaves the sum of both runs (worker/offload/expert_profile.hpp).
 #include <doctest/doctest.h>

@@ -125,9 +125,22 @@ TEST_CASE("capturing to the profile a run was filled from adds the run to it; a 
   CHECK(accumulate_expert_profile(before, other_width).counts == other_width.counts);
 }
 
-TEST_CASE("an unwritable profile path is refused with the path") {
+TEST_CASE("an unwritable profile path is refused with the path, and no temporary file is left") {
   TempDir dir;
   const std::string blocker = dir / "file";
   write_text(blocker, "x");
   CHECK_THROWS_WITH_AS(write_expert_profile(sample(), blocker + "/p.json"), doctest::Contains(blocker.c_str()), std::runtime_error);
+  // The rename fails (a directory is in the way): the temporary file beside it is removed.
+  std::filesystem::create_directories(dir / "taken/x");
+  CHECK_THROWS_WITH_AS(write_expert_profile(sample(), dir / "taken"), doctest::Contains("rename from"), std::runtime_error);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) entries += e.path().filename().string().find(".tmp.") == std::string::npos ? 0 : 1;
+  CHECK(entries == 0);
+}
+
+TEST_CASE("a FIFO in the profile's place is refused at once, not waited on") {
+  TempDir dir;
+  const std::string fifo = dir / "p.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(read_expert_profile(fifo), doctest::Contains("not a regular file"), std::runtime_error);
 }
