@@ -16,8 +16,8 @@ checkpoints use, and compares servedeck's logits on it with transformers' own cl
       N(0, 0.02); the router's e_score_correction_bias N(0, 0.1) (published checkpoints carry
       non-zero ones and zeros would hide a missed bias).
   compare CKPT_DIR PROMPTS.json CPU.json CUDA.json
-      transformers on the GPU in fp64 (the reference; fp32 where the class cannot run in fp64,
-      as transformers 5.17's fused experts cannot, said in the output's "reference") and in
+      transformers on the GPU in fp64 (the reference: eager experts, RMSNorm and router in fp64 too,
+      to_float64; fp32 where the class still cannot run in fp64, said in the output's "reference") and in
       fp32 (TF32 off, eager attention),
       weights filled strictly from the checkpoint (record_transformers_logits.fill). Against the
       fp64 reference, at every position of the prompts and the greedy tokens after them:
@@ -125,6 +125,8 @@ def load_reference(ckpt, dtype):
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     model = model.to(dtype).eval()
+    if dtype == torch.float64:
+        print("fp64 reference, recompiled with fp64 casts: " + ", ".join(to_float64(model)), file=sys.stderr)
     index = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
     ckpt_tensors = {}
     for fname in sorted(set(index["weight_map"].values())):
@@ -133,6 +135,71 @@ def load_reference(ckpt, dtype):
         notes, _ = fill(model, ckpt_tensors, config.num_hidden_layers, 0)
     del ckpt_tensors
     return model, type(model).__name__, notes
+
+
+def fp64_variant(fn):
+    """fn (a function of a transformers model module) recompiled from its own source with every
+    fp32 cast (torch.float32, torch.float, .float()) made fp64; None if it has none, if its source
+    cannot be recompiled alone (it uses super()), or if a decorator other than no_grad and the
+    rope update wraps it."""
+    import inspect
+    import re
+    import textwrap
+
+    fn = inspect.unwrap(fn)  # a decorated method: its own source and module globals, not the wrapper's
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    new = re.sub(r"torch\.float32\b|torch\.float\b", "torch.float64", src).replace(".float()", ".double()")
+    if new == src or "super()" in new:
+        return None
+    lines = new.splitlines()
+    while lines and lines[0].lstrip().startswith("@"):
+        if not any(k in lines[0] for k in ("torch.no_grad", "dynamic_rope_update")):
+            return None  # a decorator that changes the call (inputs, outputs): leave the function as it is
+        lines.pop(0)
+    scope = {}
+    exec(compile("\n".join(lines), f"<fp64 {fn.__qualname__}>", "exec"), fn.__globals__, scope)
+    return scope[fn.__name__]
+
+
+def to_float64(model):
+    """Makes an fp64 model fp64 throughout, and returns what it changed: the experts through
+    transformers' eager loop (its grouped matmul takes no float64), and every module method and
+    the attention function of the model's modeling file that cast to fp32 (RMSNorm, the router,
+    the eager softmax) recompiled with fp64 casts (fp64_variant). Without this the fp64
+    reference still rounds every norm, router logit and attention weight to fp32."""
+    import sys
+    import types
+
+    changed = []
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    for config in {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values():
+        config._experts_implementation = "eager"
+    variants = {}
+    for module in model.modules():
+        cls = type(module)
+        for name in ("forward", "route_tokens_to_experts"):
+            fn = cls.__dict__.get(name)
+            if fn is None:
+                continue
+            key = (cls, name)
+            if key not in variants:
+                variants[key] = fp64_variant(fn)
+                if variants[key] is not None:
+                    changed.append(f"{cls.__name__}.{name}")
+            if variants[key] is not None:
+                setattr(module, name, types.MethodType(variants[key], module))
+    modeling = sys.modules[type(model).__module__]
+    for name in ("eager_attention_forward",):
+        fn = getattr(modeling, name, None)
+        v = fp64_variant(fn) if fn is not None else None
+        if v is not None:
+            setattr(modeling, name, v)
+            changed.append(name)
+    return changed
 
 
 def routing_margins(model):
@@ -146,10 +213,10 @@ def routing_margins(model):
     calls = []
 
     def hook(module, args, out):
-        logits = (out[0] if isinstance(out, tuple) else out).float()
+        logits = (out[0] if isinstance(out, tuple) else out).double()
         logits = logits.reshape(-1, logits.shape[-1])
         bias = getattr(module, "e_score_correction_bias", None)
-        score = torch.sigmoid(logits) + bias.float() if bias is not None else torch.softmax(logits, -1)
+        score = torch.sigmoid(logits) + bias.double() if bias is not None else torch.softmax(logits, -1)
         top = torch.topk(score, module.top_k + 1 if hasattr(module, "top_k") else 9, dim=-1).values
         calls.append((top[:, -2] - top[:, -1]).detach())
 
@@ -166,11 +233,12 @@ class Tally:
     def __init__(self):
         self.n = self.agree = 0
         self.max_dlp = self.kl_sum = self.kl_max = 0.0
-        self.worst = []  # (dlogp, kl, routing margin) of each position, for the report's tail
+        self.worst = []  # (dlogp, kl, routing margin, earlier positions' least margin) per position
 
-    def add(self, ref_lp, ours, margin):
+    def add(self, ref_lp, ours, margin, upstream=float("inf")):
         """ref_lp: (vocab,) float64 log-probs; ours: [(id, logprob)] best first; margin: the
-        position's routing margin in the reference (routing_margins)."""
+        position's routing margin in the reference (routing_margins); upstream: the least margin
+        at the prompt's earlier positions, whose flips reach this one through attention."""
         import torch
 
         ids = [i for i, _ in ours]
@@ -183,13 +251,14 @@ class Tally:
         kl = float((mine.exp() * (mine - ref)).sum())
         self.kl_sum += kl
         self.kl_max = max(self.kl_max, kl)
-        self.worst.append((dlp, kl, margin))
+        self.worst.append((dlp, kl, margin, upstream))
 
     def result(self):
         worst = sorted(self.worst, reverse=True)[:5]
         return {"positions": self.n, "top1": self.agree / max(self.n, 1), "max_dlogp": self.max_dlp,
                 "kl_mean": self.kl_sum / max(self.n, 1), "kl_max": self.kl_max,
-                "worst_dlogp_kl_margin": [[round(d, 6), float(f"{k:.3g}"), float(f"{m:.3g}")] for d, k, m in worst]}
+                "worst_dlogp_kl_margin_upstream": [[round(d, 6), float(f"{k:.3g}"), float(f"{m:.3g}"), float(f"{u:.3g}")]
+                                                   for d, k, m, u in worst]}
 
 
 def token_id(name):
@@ -217,7 +286,7 @@ def compare(ckpt, prompts_path, cpu_path, cuda_path):
             fp32_top.append((i.cpu(), v.cpu()))
     del model
     torch.cuda.empty_cache()
-    reference = "float64 (transformers keeps its RMSNorm and router arithmetic in fp32)"
+    reference = "float64 throughout (eager experts; the modeling code's fp32 casts made fp64: to_float64)"
     model, _, _ = load_reference(ckpt, torch.float64)
     try:
         with torch.no_grad():
@@ -238,19 +307,20 @@ def compare(ckpt, prompts_path, cpu_path, cuda_path):
         # moves row t most; earlier positions reach it only through attention).
         margin = (torch.stack(margin_calls).min(0).values.cpu().tolist() if margin_calls
                   else [float("inf")] * len(seq))
+        upstream = [min(margin[:t], default=float("inf")) for t in range(len(margin))]
         for t in range(len(seq) if reference.startswith("float64") else 0):  # no floor without fp64
-            tallies["transformers_fp32"].add(ref[t], list(zip(ids32[t].tolist(), lp32[t].tolist())), margin[t])
+            tallies["transformers_fp32"].add(ref[t], list(zip(ids32[t].tolist(), lp32[t].tolist())), margin[t], upstream[t])
         for t, pos in enumerate(ours_cpu["positions"]):
-            tallies["cpu"].add(ref[t], [(i, v - pos["logsumexp"]) for i, v in pos["top"]], margin[t])
+            tallies["cpu"].add(ref[t], [(i, v - pos["logsumexp"]) for i, v in pos["top"]], margin[t], upstream[t])
         for t, entry in enumerate(choice.get("prompt_logprobs") or []):
             if entry is None:
                 continue
             ranked = sorted(((int(k), v["logprob"]) for k, v in entry.items() if v["rank"] <= 20),
                             key=lambda x: -x[1])
-            tallies["cuda_prefill"].add(ref[t - 1], ranked[:20], margin[t - 1])
+            tallies["cuda_prefill"].add(ref[t - 1], ranked[:20], margin[t - 1], upstream[t - 1])
         for j, top in enumerate(choice["logprobs"]["top_logprobs"]):
             ranked = sorted(((token_id(k), v) for k, v in top.items()), key=lambda x: -x[1])
-            tallies["cuda_decode"].add(ref[len(p) - 1 + j], ranked, margin[len(p) - 1 + j])
+            tallies["cuda_decode"].add(ref[len(p) - 1 + j], ranked, margin[len(p) - 1 + j], upstream[len(p) - 1 + j])
     generated = [len(s) - len(p) for s, p in zip(seqs, prompts)]
     floor = tallies["transformers_fp32"].result()
     BOUNDS["cpu"]["max_dlogp"] = max(5e-3, 2 * floor["max_dlogp"] if floor["positions"] else 0.0)

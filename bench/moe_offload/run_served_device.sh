@@ -15,6 +15,8 @@
 #                                                             against transformers, then models.toml's glm45-air
 #                                                             entry on the GLM cut through `servedeck switch` and a
 #                                                             streamed chat with tools
+#   BIN=DIR [LAYERS=3] bash bench/moe_offload/run_served_device.sh equivalence
+#                                                             real-shape's two comparisons with transformers only
 #   BIN=DIR [LAYERS=3] bash bench/moe_offload/run_served_device.sh nvfp4-shape
 #                                                             the same GLM cut quantised by `servedeck-worker quantize
 #                                                             --format nvfp4`: CPU and CUDA against transformers on
@@ -128,7 +130,8 @@ PY
   servedeck --config /tmp/$entry.toml stop | tail -1
 }
 
-case "${1:-}" in
+mode=${1:-}
+case "$mode" in
   quant)
     st=/tmp/sd-quant/state
     for f in fp8 nvfp4; do
@@ -204,16 +207,17 @@ PY
     done
     servedeck --config /tmp/glm.toml stop | tail -1
     ;;
-  real-shape)
+  real-shape|equivalence)
     st=/tmp/sd-glm-shape/state layers=${LAYERS:-3}
     mkdir -p "$st"
     servedeck-worker make-tiny-model --model-type glm4_moe --out /tmp/tg --tokenizer-dir "$d/tok" > /dev/null || exit 1
     write_cut glm45-air bench/moe_offload/glm-4.5-air/config.json "$layers" /tmp/tg '{}' || exit 1
     equivalence glm45-air /tmp/cut-glm45-air 151329 --tool-parser glm || exit 1
+    if [ "$mode" = real-shape ]; then serve_entry glm45-air /tmp/cut-glm45-air "$layers" $((3 * 4096 * 1408 * 2)); fi
+    rm -rf /tmp/cut-glm45-air
     write_cut qwen3-30b-yarn bench/moe_offload/qwen3-30b-a3b/config.json 4 "$d/tok" \
       '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}' || exit 1
     equivalence qwen3-30b-yarn /tmp/cut-qwen3-30b-yarn 151643 || exit 1
-    serve_entry glm45-air /tmp/cut-glm45-air "$layers" $((3 * 4096 * 1408 * 2))
     ;;
   nvfp4-shape)
     layers=${LAYERS:-3}
@@ -245,7 +249,7 @@ PY
     rm -rf /tmp/deq-glm45-air
     serve_entry glm45-air-nvfp4 /tmp/cut-glm45-air-nvfp4 "$layers" 9732352
     ;;
-  *) echo "usage: BIN=DIR run_served_device.sh quant|glm|real-shape|nvfp4-shape" >&2; exit 2 ;;
+  *) echo "usage: BIN=DIR run_served_device.sh quant|glm|real-shape|equivalence|nvfp4-shape" >&2; exit 2 ;;
 esac
 kill %1 2>/dev/null
 wait
