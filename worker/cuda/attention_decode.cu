@@ -7,13 +7,14 @@
 // Block (KV head h, split b), attention_block_config's warps (12 on a 227 KB-per-block device):
 //   before the PDL wait: the position, the split's unit range, the pool block ids of each
 //     warp's units 32 at a time in its lanes' registers (the next 32 read a window ahead; each
-//     unit's id shuffled to the warp), and each warp's first `stages` units of 16 K and V rows into its
-//     shared-memory ring (cp.async, each lane the same 16-byte chunks of every unit; rows of
-//     earlier steps and of the prefill, never written during this step; the current position's
-//     row is zero-filled);
-//   after it: q/k-norm + RoPE of the group's query heads and of k (fp32), rounded to bf16: Q as
-//     an m16 tile (rows past the group zero), k and v as the current position's row, which the
-//     block whose range holds the position also writes into the pool;
+//     unit's id shuffled to the warp), and the norm weights and RoPE factors of the position;
+//   after it: each warp's rows of the group's q|k|v loaded first, then its first `stages` units
+//     of 16 K and V rows into its shared-memory ring (cp.async, each lane the same 16-byte chunks
+//     of every unit; rows of earlier steps and of the prefill, never written during this step;
+//     the current position's row is zero-filled), which queue behind them; then q/k-norm + RoPE
+//     of the group's query heads and of k (fp32), rounded to bf16: Q as an m16 tile (rows past
+//     the group zero), k and v as the current position's row, which the block whose range holds
+//     the position also writes into the pool;
 //   per unit (each warp its own: units w, w + warps, ... of the range): the current row patched
 //     in where it falls, S = Q·Kᵀ (2 n8 tiles × head_dim / 16 k steps of mma.m16n8k16), the
 //     online softmax step of flash_mma.cuh (log2 domain, keys past the position masked in the
@@ -136,7 +137,8 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   bf16* ring = reinterpret_cast<bf16*>(smem + L.ring);
 
   // Before the wait: the position (written by the host before the step), the block table, the
-  // norm weights and frequencies (never written), and the first units' K/V rows (earlier steps').
+  // norm weights and frequencies (never written). The first units' K/V rows (earlier steps') are
+  // issued after the wait, behind q|k|v's loads.
   const int pos = *pos_p;
   const SplitPlan P = split_plan(pos + 1, s.splits);
   const bool active = split < P.active;
@@ -188,24 +190,37 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     }
     cp_async_commit();  // one group per call, empty or not, so the wait below counts units
   };
-  for (int i = 0; i < stages; ++i) load(i);
   const detail::RopeHeadPrefetch rq = detail::prefetch_rope_head(qn, s.inv_freq, hd, s.rotary_dim, pos, lane);
   const detail::RopeHeadPrefetch rk = detail::prefetch_rope_head(kn, s.inv_freq, hd, s.rotary_dim, pos, lane);
   detail::wait_for_predecessor();
+  // Row j of the group's G + 2 (its q heads, then k and v of the position) in q|k|v.
+  auto head_src = [&](int j) {
+    return qkv + (j < G ? static_cast<size_t>(kvh * G + j) * hd : j == G ? q_dim + static_cast<size_t>(kvh) * hd : q_dim + kv_dim + static_cast<size_t>(kvh) * hd);
+  };
+  // Each warp's first two rows into registers before the first units' copies, so that their loads
+  // lead the SM's memory queue instead of waiting behind ~200 KB of K/V (docs/performance.md,
+  // 2026-12-03 "decode attention prologue").
+  detail::HeadValues h0{}, h1{};
+  if (active && warp < G + 2) h0 = detail::load_head(head_src(warp), hd, lane);
+  if (active && warp + warps < G + 2) h1 = detail::load_head(head_src(warp + warps), hd, lane);
+  for (int i = 0; i < stages; ++i) load(i);
   const int stride = hd + 4;  // floats per (split, row) partial: M, L, 2 unused, O (16-byte aligned)
   float* head_part = s.scratch + static_cast<size_t>(kvh) * s.splits * G * stride;
   float* wpart = reinterpret_cast<float*>(ring);
   if (active) {  // block-uniform: splits past the context only arrive
   // q heads of the group, k and v of the position: fp32, then bf16.
-  for (int j = warp; j < G + 2; j += warps) {
-    if (j < G)
-      detail::norm_rope_head_prefetched(qkv + static_cast<size_t>(kvh * G + j) * hd, rq, qn != nullptr, qf + static_cast<size_t>(j) * hd,
-                                        hd, s.rotary_dim, s.eps, lane);
-    else if (j == G)
-      detail::norm_rope_head_prefetched(qkv + q_dim + static_cast<size_t>(kvh) * hd, rk, kn != nullptr, qf + static_cast<size_t>(G) * hd,
-                                        hd, s.rotary_dim, s.eps, lane);
-    else
-      for (int i = lane; i < hd; i += 32) qf[static_cast<size_t>(G + 1) * hd + i] = qkv[q_dim + kv_dim + kvh * hd + i];
+  for (int j = warp, n = 0; j < G + 2; j += warps, ++n) {
+    const detail::HeadValues h = n == 0 ? h0 : n == 1 ? h1 : detail::load_head(head_src(j), hd, lane);
+    float* dst = qf + static_cast<size_t>(j) * hd;
+    if (j < G) {
+      detail::norm_rope_head_loaded(h, rq, qn != nullptr, dst, hd, s.rotary_dim, s.eps, lane);
+    } else if (j == G) {
+      detail::norm_rope_head_loaded(h, rk, kn != nullptr, dst, hd, s.rotary_dim, s.eps, lane);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (lane + 32 * i < hd) dst[lane + 32 * i] = h.v[i];
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < k_unit * hd; i += blockDim.x) {

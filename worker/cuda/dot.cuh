@@ -94,17 +94,28 @@ __device__ __forceinline__ RopeHeadPrefetch prefetch_rope_head(const __nv_bfloat
   return p;
 }
 
-/// One warp: optional per-head RMSNorm (`norm`), then RoPE (rotate_half), into dst (may be src),
-/// with the constants of prefetch_rope_head (which fixed the position). hd <= 256, rotary <= hd.
-__device__ __forceinline__ void norm_rope_head_prefetched(const float* src, const RopeHeadPrefetch& p, bool norm, float* dst, int hd,
-                                                          int rotary, float eps, int lane) {
+/// One lane's elements lane + 32 i (i < 8) of a head of hd <= 256 floats, zero past hd: loaded
+/// into registers, so a caller can issue them before other memory traffic and use them later.
+struct HeadValues {
   float v[8];
+};
+
+__device__ __forceinline__ HeadValues load_head(const float* src, int hd, int lane) {
+  HeadValues h;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h.v[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.f;
+  return h;
+}
+
+/// One warp: optional per-head RMSNorm (`norm`) of the head's values (load_head), then RoPE
+/// (rotate_half), into dst, with the constants of prefetch_rope_head (which fixed the position).
+/// hd <= 256, rotary <= hd.
+__device__ __forceinline__ void norm_rope_head_loaded(HeadValues h, const RopeHeadPrefetch& p, bool norm, float* dst, int hd, int rotary,
+                                                      float eps, int lane) {
+  float* v = h.v;
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    v[i] = lane + 32 * i < hd ? src[lane + 32 * i] : 0.f;
-    ss += v[i] * v[i];
-  }
+  for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   if (norm) {
     const float inv = rsqrtf(warp_sum(ss) / hd + eps);
 #pragma unroll
@@ -126,6 +137,12 @@ __device__ __forceinline__ void norm_rope_head_prefetched(const float* src, cons
     }
   }
   __syncwarp();
+}
+
+/// norm_rope_head_loaded of src's head (dst may be src).
+__device__ __forceinline__ void norm_rope_head_prefetched(const float* src, const RopeHeadPrefetch& p, bool norm, float* dst, int hd,
+                                                          int rotary, float eps, int lane) {
+  norm_rope_head_loaded(load_head(src, hd, lane), p, norm, dst, hd, rotary, eps, lane);
 }
 
 /// One warp: optional per-head RMSNorm (nw null: none), then RoPE (rotate_half) at position pos,
