@@ -8,10 +8,11 @@
 //   before the PDL wait: the position, the split's unit range, the pool block ids of each
 //     warp's units 32 at a time in its lanes' registers (the next 32 read a window ahead; each
 //     unit's id shuffled to the warp), and the norm weights and RoPE factors of the position;
-//   after it: each warp's rows of the group's q|k|v loaded first, then its first `stages` units
-//     of 16 K and V rows into its shared-memory ring (cp.async, each lane the same 16-byte chunks
-//     of every unit; rows of earlier steps and of the prefill, never written during this step;
-//     the current position's row is zero-filled), which queue behind them; then q/k-norm + RoPE
+//   after it: each warp's first two rows of the group's q|k|v loaded, then its first `stages`
+//     units of 16 K and V rows into its shared-memory ring (cp.async, each lane the same 16-byte
+//     chunks of every unit; rows of earlier steps and of the prefill, never written during this
+//     step; the current position's row is zero-filled), which queue behind them (the head_dim
+//     256 instance issues these copies before the wait and loads its rows inline); then q/k-norm + RoPE
 //     of the group's query heads and of k (fp32), rounded to bf16: Q as an m16 tile (rows past
 //     the group zero), k and v as the current position's row, which the block whose range holds
 //     the position also writes into the pool;
@@ -138,7 +139,8 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
 
   // Before the wait: the position (written by the host before the step), the block table, the
   // norm weights and frequencies (never written). The first units' K/V rows (earlier steps') are
-  // issued after the wait, behind q|k|v's loads.
+  // issued after the wait, behind q|k|v's loads (see k_q_first). qkv is read through the
+  // read-only path (const __restrict__): correct only because nothing reads it before the wait.
   const int pos = *pos_p;
   const SplitPlan P = split_plan(pos + 1, s.splits);
   const bool active = split < P.active;
@@ -190,6 +192,13 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
     }
     cp_async_commit();  // one group per call, empty or not, so the wait below counts units
   };
+  // Up to head_dim 128 each warp loads its first two rows of q|k|v right after the wait, ahead of
+  // its first units' copies, so that their loads lead the SM's memory queue instead of waiting
+  // behind ~200 KB of K/V (docs/performance.md, 2026-12-03 "decode attention prologue"). The 256
+  // instance issues the copies before the wait: after it, it spills registers on sm_120.
+  constexpr bool k_q_first = HDMAX <= 128;
+  if constexpr (!k_q_first)
+    for (int i = 0; i < stages; ++i) load(i);
   const detail::RopeHeadPrefetch rq = detail::prefetch_rope_head(qn, s.inv_freq, hd, s.rotary_dim, pos, lane);
   const detail::RopeHeadPrefetch rk = detail::prefetch_rope_head(kn, s.inv_freq, hd, s.rotary_dim, pos, lane);
   detail::wait_for_predecessor();
@@ -197,20 +206,18 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
   auto head_src = [&](int j) {
     return qkv + (j < G ? static_cast<size_t>(kvh * G + j) * hd : j == G ? q_dim + static_cast<size_t>(kvh) * hd : q_dim + kv_dim + static_cast<size_t>(kvh) * hd);
   };
-  // Each warp's first two rows into registers before the first units' copies, so that their loads
-  // lead the SM's memory queue instead of waiting behind ~200 KB of K/V (docs/performance.md,
-  // 2026-12-03 "decode attention prologue").
   detail::HeadValues h0{}, h1{};
-  if (active && warp < G + 2) h0 = detail::load_head(head_src(warp), hd, lane);
-  if (active && warp + warps < G + 2) h1 = detail::load_head(head_src(warp + warps), hd, lane);
-  for (int i = 0; i < stages; ++i) load(i);
+  if constexpr (k_q_first) {
+    if (active && warp < G + 2) h0 = detail::load_head(head_src(warp), hd, lane);
+    if (active && warp + warps < G + 2) h1 = detail::load_head(head_src(warp + warps), hd, lane);
+    for (int i = 0; i < stages; ++i) load(i);
+  }
   const int stride = hd + 4;  // floats per (split, row) partial: M, L, 2 unused, O (16-byte aligned)
   float* head_part = s.scratch + static_cast<size_t>(kvh) * s.splits * G * stride;
   float* wpart = reinterpret_cast<float*>(ring);
   if (active) {  // block-uniform: splits past the context only arrive
   // q heads of the group, k and v of the position: fp32, then bf16.
-  for (int j = warp, n = 0; j < G + 2; j += warps, ++n) {
-    const detail::HeadValues h = n == 0 ? h0 : n == 1 ? h1 : detail::load_head(head_src(j), hd, lane);
+  auto prepare = [&](int j, const detail::HeadValues& h) {  // row j of the group, normed and rotated, into qf
     float* dst = qf + static_cast<size_t>(j) * hd;
     if (j < G) {
       detail::norm_rope_head_loaded(h, rq, qn != nullptr, dst, hd, s.rotary_dim, s.eps, lane);
@@ -221,7 +228,15 @@ __global__ void __launch_bounds__(max_warps<HDMAX>() * 32) attention_decode_page
       for (int i = 0; i < 8; ++i)
         if (lane + 32 * i < hd) dst[lane + 32 * i] = h.v[i];
     }
+  };
+  int j = warp;
+  if constexpr (k_q_first) {
+    if (j < G + 2) prepare(j, h0);
+    j += warps;
+    if (j < G + 2) prepare(j, h1);
+    j += warps;
   }
+  for (; j < G + 2; j += warps) prepare(j, detail::load_head(head_src(j), hd, lane));
   __syncthreads();
   for (int i = threadIdx.x; i < k_unit * hd; i += blockDim.x) {
     const int r = i / hd, c = i % hd;

@@ -111,7 +111,8 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// work per block grows with the context and every K/V row is read once per KV head (its GQA
 /// group's query heads are the rows of one m16 tile). Each warp streams its units (16 K and V
 /// rows of the head) through a ring of shared-memory stages (cp.async; the first stages are
-/// issued before the PDL wait: rows of earlier steps), computes S = Q·Kᵀ and O += P·V with
+/// issued right after the PDL wait, behind the loads of q|k|v — before it in the head_dim 256
+/// instance; rows of earlier steps), computes S = Q·Kᵀ and O += P·V with
 /// mma.sync m16n8k16 (bf16 in, fp32 accumulate) and an online softmax in the log2 domain with
 /// bf16-rounded P (the flash prefill kernels' numerics, flash_attention.cuh); the block merges
 /// its warps, then the last block of a KV head to arrive merges the splits in split order
@@ -120,8 +121,8 @@ std::vector<float> rope_inv_freq(float theta, int rotary_dim);
 /// multiple of n_kv_heads with a group of at most 16, rotary_dim even in [0, head_dim], q_norm
 /// and k_norm both set or both null, scratch and counters set, splits in [1, k_attention_max_splits],
 /// kv.k / kv.v 16-byte aligned and kv.table set, kv.block_tokens a positive multiple of 16.
-/// With pdl, *pos, the block table, q_norm, k_norm, s.inv_freq and the pool rows before *pos
-/// are read BEFORE waiting for the predecessor (none is written by the step's earlier kernels;
+/// With pdl, *pos, the block table, q_norm, k_norm and s.inv_freq (and, at head_dim > 128, the
+/// pool rows before *pos) are read BEFORE waiting for the predecessor (none is written by the step's earlier kernels;
 /// the host writes *pos and the table before the step). It lets its successor (the o-proj)
 /// launch at its start (handshakes.cuh). heads_done (H2): when set, each KV head's merging
 /// block adds its group's n_heads / n_kv_heads (release) once their outputs are written.

@@ -131,7 +131,8 @@ TEST_CASE("paged decode attention equals q/k-norm + RoPE + KV append + attention
     int hq, hk, hd, block_tokens;
   };
   for (const Shape sh : {Shape{8, 2, 32, 16}, Shape{32, 4, 128, 16}, Shape{8, 2, 48, 32}, Shape{8, 2, 160, 16}, Shape{4, 1, 256, 16},
-                         Shape{16, 1, 16, 16}, Shape{32, 4, 128, 64}, Shape{24, 2, 32, 16}, Shape{24, 2, 128, 16}}) {  // group 12: GLM-4.5-Air's
+                         Shape{16, 1, 16, 16}, Shape{32, 4, 128, 64}, Shape{24, 2, 32, 16}, Shape{24, 2, 128, 16},  // group 12: GLM-4.5-Air's
+                         Shape{16, 1, 256, 16}}) {  // 18 rows of q|k|v over 8 warps: a warp's third row
     const int hq = sh.hq, hk = sh.hk, hd = sh.hd, B = sh.block_tokens, q_dim = hq * hd, kv_dim = hk * hd, group = hq / hk;
     const int splits = attention_splits(hk);
     for (int pos : {0, 1, 15, 16, 37, 300, 2100, 4223, 8191}) {  // 8191: 64 splits in use for one KV head (two per lane in the split merge)
