@@ -33,7 +33,10 @@ checkpoints use, and compares servedeck's logits on it with transformers' own cl
 Needs torch, transformers (5.x), safetensors, and a GPU for `compare`.
 """
 
+import gc
+import itertools
 import json
+import math
 import os
 import sys
 
@@ -125,8 +128,10 @@ def load_reference(ckpt, dtype):
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     model = model.to(dtype).eval()
+    restore = None
     if dtype == torch.float64:
-        print("fp64 reference, recompiled with fp64 casts: " + ", ".join(to_float64(model)), file=sys.stderr)
+        changed, restore = to_float64(model)
+        print("fp64 reference, recompiled with fp64 casts: " + ", ".join(changed), file=sys.stderr)
     index = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
     ckpt_tensors = {}
     for fname in sorted(set(index["weight_map"].values())):
@@ -134,7 +139,7 @@ def load_reference(ckpt, dtype):
     with torch.no_grad():
         notes, _ = fill(model, ckpt_tensors, config.num_hidden_layers, 0)
     del ckpt_tensors
-    return model, type(model).__name__, notes
+    return model, type(model).__name__, notes, restore
 
 
 def fp64_variant(fn):
@@ -160,20 +165,27 @@ def fp64_variant(fn):
             return None  # a decorator that changes the call (inputs, outputs): leave the function as it is
         lines.pop(0)
     scope = {}
-    exec(compile("\n".join(lines), f"<fp64 {fn.__qualname__}>", "exec"), fn.__globals__, scope)
-    return scope[fn.__name__]
+    try:
+        exec(compile("\n".join(lines), f"<fp64 {fn.__qualname__}>", "exec"), fn.__globals__, scope)
+    except (SyntaxError, NameError):
+        return None
+    return scope.get(fn.__name__)
 
 
 def to_float64(model):
-    """Makes an fp64 model fp64 throughout, and returns what it changed: the experts through
-    transformers' eager loop (its grouped matmul takes no float64), and every module method and
-    the attention function of the model's modeling file that cast to fp32 (RMSNorm, the router,
-    the eager softmax) recompiled with fp64 casts (fp64_variant). Without this the fp64
-    reference still rounds every norm, router logit and attention weight to fp32."""
+    """Makes an fp64 model fp64 throughout but for the rotary inverse frequencies (computed in
+    fp32 when the model is built, then widened), and returns (what it changed, a function that
+    undoes its change to the modeling file): the experts through transformers' eager loop (its
+    grouped matmul takes no float64), and every module method and the attention function of the
+    model's modeling file that cast to fp32 (RMSNorm, the router, the rotary table, the eager
+    softmax) recompiled with fp64 casts (fp64_variant). Without this the fp64 reference still
+    rounds every norm, router logit and attention weight to fp32. A rotary module of a dynamic
+    or longrope type keeps its forward (fp64_variant drops the decorator that updates it)."""
     import sys
     import types
 
     changed = []
+    undo = []
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     for config in {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values():
@@ -181,6 +193,8 @@ def to_float64(model):
     variants = {}
     for module in model.modules():
         cls = type(module)
+        if getattr(module, "rope_type", "default") in ("dynamic", "longrope"):
+            continue
         for name in ("forward", "route_tokens_to_experts"):
             fn = cls.__dict__.get(name)
             if fn is None:
@@ -197,9 +211,15 @@ def to_float64(model):
         fn = getattr(modeling, name, None)
         v = fp64_variant(fn) if fn is not None else None
         if v is not None:
+            undo.append((name, fn))
             setattr(modeling, name, v)
             changed.append(name)
-    return changed
+
+    def restore():
+        for n, f in undo:
+            setattr(modeling, n, f)
+
+    return changed, restore
 
 
 def routing_margins(model):
@@ -227,6 +247,12 @@ def routing_margins(model):
     return calls
 
 
+def finite(x):
+    """x to 3 significant digits, or None where it is infinite (no margin: a dense model, a first
+    position), which JSON cannot hold."""
+    return float(f"{x:.3g}") if math.isfinite(x) else None
+
+
 class Tally:
     """Top-1 agreement, max |d log p| and top-k KL over positions of one path."""
 
@@ -238,7 +264,8 @@ class Tally:
     def add(self, ref_lp, ours, margin, upstream=float("inf")):
         """ref_lp: (vocab,) float64 log-probs; ours: [(id, logprob)] best first; margin: the
         position's routing margin in the reference (routing_margins); upstream: the least margin
-        at the prompt's earlier positions, whose flips reach this one through attention."""
+        at the sequence's earlier positions (prompt and generated), whose flips reach this one
+        through attention."""
         import torch
 
         ids = [i for i, _ in ours]
@@ -257,8 +284,7 @@ class Tally:
         worst = sorted(self.worst, reverse=True)[:5]
         return {"positions": self.n, "top1": self.agree / max(self.n, 1), "max_dlogp": self.max_dlp,
                 "kl_mean": self.kl_sum / max(self.n, 1), "kl_max": self.kl_max,
-                "worst_dlogp_kl_margin_upstream": [[round(d, 6), float(f"{k:.3g}"), float(f"{m:.3g}"), float(f"{u:.3g}")]
-                                                   for d, k, m, u in worst]}
+                "worst_dlogp_kl_margin_upstream": [[round(d, 6), float(f"{k:.3g}"), finite(m), finite(u)] for d, k, m, u in worst]}
 
 
 def token_id(name):
@@ -277,7 +303,7 @@ def compare(ckpt, prompts_path, cpu_path, cuda_path):
     seqs = [p + [token_id(t) for t in a["choices"][0]["logprobs"]["tokens"]] for p, a in zip(prompts, cuda)]
     # transformers in fp32 first: its own distance from the fp64 reference is the floor that an
     # fp32 implementation's routing near-ties produce (BOUNDS["cpu"] is set from it).
-    model, cls, notes = load_reference(ckpt, torch.float32)
+    model, cls, notes, _ = load_reference(ckpt, torch.float32)
     fp32_top = []
     with torch.no_grad():
         for seq in seqs:
@@ -287,15 +313,21 @@ def compare(ckpt, prompts_path, cpu_path, cuda_path):
     del model
     torch.cuda.empty_cache()
     reference = "float64 throughout (eager experts; the modeling code's fp32 casts made fp64: to_float64)"
-    model, _, _ = load_reference(ckpt, torch.float64)
+    model = restore = failure = None
     try:
+        model, _, _, restore = load_reference(ckpt, torch.float64)
         with torch.no_grad():
             model(input_ids=torch.tensor([seqs[0][:2]], device="cuda"))
     except Exception as e:  # a class that cannot run in fp64: fp32 is the reference, said so
-        reference = f"float32 (float64 failed: {type(e).__name__}: {e})"[:300]
-        del model
+        failure = f"{type(e).__name__}: {e}"
+    if failure is not None:  # outside the except: its traceback no longer holds the fp64 model
+        reference = f"float32 (float64 failed: {failure})"[:300]
+        if restore is not None:
+            restore()
+        model = None
+        gc.collect()  # the recompiled methods hold their modules in cycles
         torch.cuda.empty_cache()
-        model, _, _ = load_reference(ckpt, torch.float32)
+        model, _, _, _ = load_reference(ckpt, torch.float32)
     margin_calls = routing_margins(model)
     tallies = {"transformers_fp32": Tally(), "cpu": Tally(), "cuda_prefill": Tally(), "cuda_decode": Tally()}
     for p, seq, (ids32, lp32), ours_cpu, answer in zip(prompts, seqs, fp32_top, cpu, cuda):
@@ -307,7 +339,7 @@ def compare(ckpt, prompts_path, cpu_path, cuda_path):
         # moves row t most; earlier positions reach it only through attention).
         margin = (torch.stack(margin_calls).min(0).values.cpu().tolist() if margin_calls
                   else [float("inf")] * len(seq))
-        upstream = [min(margin[:t], default=float("inf")) for t in range(len(margin))]
+        upstream = list(itertools.accumulate([float("inf")] + margin[:-1], min))
         for t in range(len(seq) if reference.startswith("float64") else 0):  # no floor without fp64
             tallies["transformers_fp32"].add(ref[t], list(zip(ids32[t].tolist(), lp32[t].tolist())), margin[t], upstream[t])
         for t, pos in enumerate(ours_cpu["positions"]):
