@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/json_limits.hpp"
 #include "registry/discovery.hpp"
 #include "registry/parse_internal.hpp"
 #include "registry/rules.hpp"
@@ -205,6 +206,12 @@ void check_ids(const Registry& reg, const std::vector<detail::KeyLines>& lines, 
 
 }  // namespace
 
+bool valid_model_name(std::string_view name) {
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+  if (name.empty() || name.size() > 64 || !alnum(name[0])) return false;
+  return std::all_of(name.begin(), name.end(), [&](char c) { return alnum(c) || c == '.' || c == '_' || c == '-'; });
+}
+
 Registry parse_registry(std::string_view text, const std::string& path, std::vector<Diagnostic>& diagnostics) {
   DiagnosticSink sink;
   sink.file = path;
@@ -228,6 +235,13 @@ Registry parse_registry(std::string_view text, const std::string& path, std::vec
   if (auto models = top.subtable("models")) {
     for (auto&& [k, v] : *models) {
       std::string name(k.str());
+      if (!valid_model_name(name)) {
+        sink.error(detail::line_of(v), "models",
+                   "[models." + dump_safe(nlohmann::json(name)) + "]: a model name is 1 to 64 letters, digits, '.', '_' or '-', "
+                   "starting with a letter or digit (it names files under state_dir, e.g. its hot-expert profile, and is the "
+                   "API's model field)");
+        continue;
+      }
       auto t = v.as_table();
       if (!t) {
         sink.error(detail::line_of(v), "models." + name,

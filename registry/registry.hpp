@@ -4,6 +4,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "registry/model_entry.hpp"
@@ -44,6 +45,10 @@ Registry parse_registry(std::string_view text, const std::string& path, std::vec
 /// Every diagnostic for `path`: parse/validation errors, then the [[rules]] evaluated against
 /// every entry (preflight/rules), then warnings. Never throws for content problems.
 std::vector<Diagnostic> lint_registry(const std::string& path);
+
+/// True for a usable [models.NAME] key: 1 to 64 of [A-Za-z0-9._-], the first a letter or digit
+/// (so that `{state_dir}/.../{name}.json` stays inside state_dir). parse_registry reports others.
+bool valid_model_name(std::string_view name);
 
 /// A launch with placeholders filled in. Placeholders: {port} {host} {ctx} {model} (checkpoint)
 /// {served_name} {gpu} {kv_cache_bytes} {util} {cpu_offload_gib} {name} {state_dir}.

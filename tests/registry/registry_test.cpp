@@ -385,6 +385,26 @@ TEST_CASE("top-level typos and wrong table types") {
   CHECK(all2.find("rules = 3 has the wrong type; expected an array") != std::string::npos);
 }
 
+TEST_CASE("a model name that would leave state_dir, or is not one, is refused with what was read") {
+  // {name} fills paths such as {state_dir}/hot-profiles/{name}.json and the API's model field.
+  auto d = diagnose("[models.\"../../etc/x\"]\nengine = \"native\"\n[models.\"a b\"]\nengine = \"native\"\n"
+                    "[models.\".hidden\"]\nengine = \"native\"\n[models.\"l\\n2\"]\nengine = \"native\"\n");
+  const std::string all = all_text(d);
+  INFO(all);
+  CHECK(all.find("models.toml:1: error: [models.\"../../etc/x\"]: a model name is 1 to 64 letters, digits, '.', '_' or '-'") !=
+        std::string::npos);
+  CHECK(all.find("[models.\"a b\"]: a model name") != std::string::npos);
+  CHECK(all.find("[models.\".hidden\"]: a model name") != std::string::npos);
+  CHECK(all.find("[models.\"l\\n2\"]: a model name") != std::string::npos);  // the newline escaped, not printed
+  CHECK(valid_model_name("glm45-air-nvfp4"));
+  CHECK(valid_model_name("Qwen3.5_coder"));
+  CHECK_FALSE(valid_model_name(""));
+  CHECK_FALSE(valid_model_name(std::string(65, 'a')));
+  CHECK(valid_model_name(std::string(64, 'a')));
+  CHECK_FALSE(valid_model_name("-x"));
+  CHECK_FALSE(valid_model_name("a/b"));
+}
+
 TEST_CASE("Diagnostic::to_string without a line") {
   Diagnostic d{"error", SourceLocation{"m.toml", 0, 0}, "k", "m.toml: cannot be read (no such file)"};
   CHECK(d.to_string() == "m.toml: error: m.toml: cannot be read (no such file)");

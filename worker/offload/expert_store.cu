@@ -86,15 +86,13 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
   slots_ = slots;
   std::vector<uint8_t> flags(static_cast<std::size_t>(n_layers_) * n_experts_, 0);
   vram_.assign(flags.size(), nullptr);
+  std::vector<int> unmatched;  // layers the profile has no row of n_experts_ counts for: one warning names them
   for (int l = 0; l < n_layers_; ++l) {
     std::vector<int> order(static_cast<std::size_t>(n_experts_));
     std::iota(order.begin(), order.end(), 0);
     bool usable = profile && static_cast<std::size_t>(l) < profile->counts.size() &&
                   profile->counts[static_cast<std::size_t>(l)].size() == static_cast<std::size_t>(n_experts_);
-    if (profile && !usable && warnings) {
-      warnings->push_back("hot-expert profile layer " + std::to_string(l) + " does not match " +
-                          std::to_string(n_experts_) + " experts; filling that layer by expert id");
-    }
+    if (profile && !usable) unmatched.push_back(l);
     if (usable) {
       const auto& c = profile->counts[static_cast<std::size_t>(l)];
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -123,6 +121,14 @@ void ExpertStore::fill_hot_cache(int slots, const ExpertProfile* profile, std::v
                           sizeof(void*) * table.size(), cudaMemcpyHostToDevice));
   }
   CUDA_CHECK(cudaMemcpy(d_hot_flags_, flags.data(), flags.size(), cudaMemcpyHostToDevice));
+  if (!unmatched.empty() && warnings) {
+    std::string list;
+    for (std::size_t i = 0; i < unmatched.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(unmatched[i]);
+    if (unmatched.size() > 8) list += ", ...";
+    warnings->push_back("hot-expert profile: " + std::to_string(unmatched.size()) + " of " + std::to_string(n_layers_) +
+                        " layers have no row of " + std::to_string(n_experts_) + " expert counts (layers " + list +
+                        "); those layers fill by expert id");
+  }
 }
 
 cuda::ExpertTable ExpertStore::table(int layer) const {
