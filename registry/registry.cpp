@@ -53,14 +53,15 @@ const std::vector<std::string>& rule_keys() {
 
 namespace {
 
+bool ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
 /// A name for server.allowed_hosts: a DNS name ([A-Za-z0-9.-], not starting with '.' or '-') or
 /// an IP address, without scheme, port or path.
 bool is_host_name(const std::string& h) {
   if (h.empty() || h.size() > 253) return false;
   bool ipv6 = h.find(':') != std::string::npos;
   for (char c : h) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-              (ipv6 && ((c >= 'a' && c <= 'f') || c == ':'));
+    bool ok = ascii_alnum(c) || c == '.' || c == '-' || (ipv6 && c == ':');
     if (!ok) return false;
   }
   return h.front() != '.' && h.front() != '-';
@@ -207,9 +208,8 @@ void check_ids(const Registry& reg, const std::vector<detail::KeyLines>& lines, 
 }  // namespace
 
 bool valid_model_name(std::string_view name) {
-  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
-  if (name.empty() || name.size() > 64 || !alnum(name[0])) return false;
-  return std::all_of(name.begin(), name.end(), [&](char c) { return alnum(c) || c == '.' || c == '_' || c == '-'; });
+  if (name.empty() || name.size() > 64 || !ascii_alnum(name[0])) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return ascii_alnum(c) || c == '.' || c == '_' || c == '-'; });
 }
 
 Registry parse_registry(std::string_view text, const std::string& path, std::vector<Diagnostic>& diagnostics) {
