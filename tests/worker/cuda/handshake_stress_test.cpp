@@ -6,7 +6,9 @@
 // still agree. A handshake that let a consumer read before its producer wrote, or a counter left
 // at a stale value, changes logits here; one that could deadlock hangs the test (ctest's timeout).
 // Two models: the backend test's small MoE (hidden 256, 16 experts) and the Qwen3-30B-A3B shape
-// with two layers (128 experts, the staged down's 192 KB blocks), all through the folded router.
+// with two layers (128 experts, the staged down's 192 KB blocks), all through the folded router;
+// the latter also with NVFP4 and FP8 experts, half of them hot (gate/up and the down in one grid,
+// H5).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -109,4 +111,17 @@ TEST_CASE("decode step handshakes under random SM load: logits bit-identical to 
   opt.staged_prefill = false;
   auto be = cuda::make_synthetic_cuda_backend(d, 1, opt);
   stress("Qwen3-30B-A3B shape", *be, 151936, 32, 4);
+}
+
+TEST_CASE("decode step handshakes under random SM load: quantised experts, gate/up and the down in one grid (Qwen3-30B-A3B shape, 2 layers)") {
+  gpu_test::skip_without_gpu();
+  const ModelDescription d = qwen3_30b_a3b_shape(2);
+  for (const auto f : {cuda::ExpertFormat::nvfp4, cuda::ExpertFormat::fp8_block}) {
+    CAPTURE(static_cast<int>(f));
+    cuda::CudaBackendOptions opt;
+    opt.hot_slots = 64;  // half of each layer's experts in VRAM, the rest read over UVA
+    opt.staged_prefill = false;
+    auto be = cuda::make_synthetic_cuda_backend(d, 1, opt, f);
+    stress(f == cuda::ExpertFormat::nvfp4 ? "Qwen3-30B-A3B shape, nvfp4" : "Qwen3-30B-A3B shape, fp8", *be, 151936, 32, 3);
+  }
 }
