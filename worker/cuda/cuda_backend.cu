@@ -162,8 +162,8 @@ void CudaBackend::Impl::allocate_activations() {
   dev(&d_token, 2 * sizeof(int32_t));
   d_pos = d_token + 1;
   const std::size_t n_moe = store ? static_cast<std::size_t>(store->n_layers()) : 0;
-  dev(&step_counters, (2 + 3 * n_moe) * sizeof(unsigned int));
-  CUDA_CHECK(cudaMemset(step_counters, 0, (2 + 3 * n_moe) * sizeof(unsigned int)));
+  dev(&step_counters, (2 + 2 * n_moe) * sizeof(unsigned int));
+  CUDA_CHECK(cudaMemset(step_counters, 0, (2 + 2 * n_moe) * sizeof(unsigned int)));
   router_done = step_counters + 1;
   dev(&counters, 2 * sizeof(unsigned long long));
   CUDA_CHECK(cudaMemset(counters, 0, 2 * sizeof(unsigned long long)));
@@ -191,8 +191,7 @@ void CudaBackend::Impl::allocate_activations() {
 
 StepSync CudaBackend::Impl::step_sync(int si) const {
   const std::size_t n_moe = store ? static_cast<std::size_t>(store->n_layers()) : 0;
-  const std::size_t l = static_cast<std::size_t>(si);
-  return StepSync{step_counters, step_counters + 2 + l, step_counters + 2 + n_moe + l, step_counters + 2 + 2 * n_moe + l};
+  return StepSync{step_counters, step_counters + 2 + static_cast<std::size_t>(si), step_counters + 2 + n_moe + static_cast<std::size_t>(si)};
 }
 
 // Six launches per MoE layer (fused.cuh): norm+qkv, attention (q/k-norm, RoPE, KV append),
@@ -237,16 +236,11 @@ void CudaBackend::Impl::step() {
         // Every format: the folded router, then gate/up ranking its logits (quantised experts
         // dequantised in its registers).
         launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
-        // Quantised experts: gate/up and the down in one grid where it runs (fused.cuh).
-        const bool quant = store->format() != ExpertFormat::bf16;
-        if (!quant || !launch_moe_experts_quant_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro,
-                                                       sync, act, xout, stream, pdl)) {
-          launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
-          if (quant)
-            launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
-          else
-            launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
-        }
+        launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
+        if (store->format() != ExpertFormat::bf16)
+          launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
+        else
+          launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
       } else if (store->format() != ExpertFormat::bf16) {
         // Quantised experts under an unfolded router: gate/up and the down dequantising in
         // registers (quant_moe.cuh), launched without PDL.

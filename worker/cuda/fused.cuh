@@ -18,8 +18,7 @@
 //      of the routed experts + SwiGLU.
 //   6. launch_moe_down_fused: down rows + weighted fixed-order reduction + residual add; reads
 //      ids and copies all of its routed experts' rows into shared memory (192 KB per block for
-//      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc). Quantised experts
-//      after a folded router: 5. and 6. are one grid (launch_moe_experts_quant_normed).
+//      the Qwen3-30B-A3B shape) before griddepcontrol.wait (see its doc).
 // After the layers: norm + lm_head (1.), then launch_argmax_row, the greedy pick on the device,
 // which also advances the step's epoch (handshakes.cuh).
 // pdl: launch with programmatic dependent launch (sm_90 and later; fused_launch.cuh): the kernel
@@ -190,19 +189,6 @@ void launch_router_folded(const float* folded, const float* h, const float* a, i
 void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps, int n_experts,
                                int k, bool renormalise, const RouterOutputs& o, const StepSync& sync, float* act,
                                cudaStream_t stream, bool pdl = false);
-
-/// launch_moe_gate_up_normed on quantised experts with launch_moe_down_quant's sum in the same
-/// grid: out[h] += sum_j weights[j] * (down_j[h, :] · act[j, :]), bit-identical to launching the
-/// two. Each block copies its hidden rows of the routed experts' downs into shared memory before
-/// its gate/up work (quant_down_staged.cuh) and sums them once every block's act rows are
-/// written (H5, handshakes.cuh: sync.act_done). out is the residual x itself (the norm reads it
-/// before H5). Returns false, launching nothing, where the grid cannot run (hidden not a multiple
-/// of 8, fp8 block rows not a multiple of 8, the spans beyond the shared memory of a block);
-/// the caller then launches the two kernels. Preconditions as launch_moe_gate_up_normed's, a
-/// quantised table, sync.act_done and out set (std::invalid_argument otherwise).
-bool launch_moe_experts_quant_normed(const ExpertTable& table, const float* x, const __nv_bfloat16* norm_w, float eps,
-                                     int n_experts, int k, bool renormalise, const RouterOutputs& o, const StepSync& sync,
-                                     float* act, float* out, cudaStream_t stream, bool pdl = false);
 
 /// act[j, r] = silu(gate_j[r]·xn) * (up_j[r]·xn), j < k, r < inter. act: (k, inter) fp32.
 void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,

@@ -12,8 +12,6 @@
 #include "worker/cuda/fused_moe_common.cuh"
 #include "worker/cuda/launch_check.cuh"
 #include "worker/cuda/quant_dot.cuh"
-#include "worker/cuda/quant_down_staged.cuh"
-#include "worker/cuda/quant_moe.cuh"
 #include "worker/cuda/router_select.cuh"
 
 namespace servedeck::worker::cuda {
@@ -58,8 +56,7 @@ struct GateUpNorm {
   int n_experts = 0;
   int renormalise = 0;
   RouterOutputs o{};  // logits (unscaled: the router's logits times rms(x)); ids, weights and counters written by block 0
-  StepSync sync{};    // H3: the router's count of logits written; H5 (the staged down): the blocks' act rows written
-  float* down_out = nullptr;  // the staged down's out (the residual x itself: read by the norm before H5, written after)
+  StepSync sync{};    // H3: the router's count of logits written
 };
 
 // Where gate/up's NORM mode keeps the expert table: after the hidden floats of x in its dynamic
@@ -67,13 +64,7 @@ struct GateUpNorm {
 __device__ __forceinline__ const bf16** expert_table_smem(float4* xs4, int hidden) {
   return reinterpret_cast<const bf16**>(xs4 + hidden / 4);
 }
-constexpr int k_norm_vecs = 2;
-
-// Bytes of gate/up's NORM-mode dynamic shared memory (x, then the expert table): where the
-// staged down's part starts (QuantDownStage).
-__host__ __device__ inline std::size_t down_stage_base(int hidden, int n_experts) {
-  return static_cast<std::size_t>(hidden) * sizeof(float) + static_cast<std::size_t>(n_experts) * sizeof(const bf16*);
-}  // float4 of x per thread: hidden <= 4 · 256 · 2 = 2048 (the wide kernel's C = 8)
+constexpr int k_norm_vecs = 2;  // float4 of x per thread: hidden <= 4 · 256 · 2 = 2048 (the wide kernel's C = 8)
 
 // One warp: the routing weights from the folded router's unscaled logits and 1 / rms(x):
 // p = softmax(logits · inv) (max subtracted; the sums by the shuffle tree), weights[j] = p[ids[j]]
@@ -118,10 +109,7 @@ struct ChunkedColumns {
 // hot-expert cache's fills, never during a step: the routed experts' pointers are then one
 // shared load away); block 0 writes the ids for the down (H4), the routing counters and, after
 // the norm, the routing weights (routing_weights).
-//
-// DOWN (quantised experts only): the same grid then runs the down (quant_down_staged.cuh): each
-// warp issues its slots' down span copies right after its first unit's loads, before the PDL wait.
-template <int C, bool NORM = false, ExpertFormat F = ExpertFormat::bf16, bool DOWN = false>
+template <int C, bool NORM = false, ExpertFormat F = ExpertFormat::bf16>
 __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(ExpertTable t, const float* __restrict__ xn,
                                                                                const int32_t* __restrict__ ids, int k,
                                                                                float* __restrict__ act, GateUpNorm g) {
@@ -131,7 +119,6 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
   // registers by quant_dot.cuh's dots against x in chunked_x_index order.
   constexpr bool Q = F != ExpertFormat::bf16;
   static_assert(!Q || NORM, "quantised experts run gate/up only after the folded router");
-  static_assert(!DOWN || Q, "the staged down is the quantised experts'");
   using Scale = std::conditional_t<F == ExpertFormat::fp8_block, float, uint16_t>;
   extern __shared__ float4 xs4[];
   __shared__ const bf16* blocks[32];
@@ -205,13 +192,6 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     if (threadIdx.x < k) blocks[threadIdx.x] = expert_table_smem(xs4, t.hidden)[pick_id[threadIdx.x]];
     __syncthreads();
     if (gw0 < total) load_unit(gw0);
-    if constexpr (DOWN) {
-      const QuantDownStage S(QL, k, down_stage_base(t.hidden, g.n_experts));
-      if (static_cast<int>(blockIdx.x) * k_quant_down_rows < t.hidden)
-        for (int j = threadIdx.x / 32; j < k; j += k_moe_warps)
-          detail::stage_down_span<F>(reinterpret_cast<const uint8_t*>(blocks[j]), QL, S, blockIdx.x * k_quant_down_rows,
-                                     reinterpret_cast<uint8_t*>(xs4) + S.spans + j * S.span, lane);
-    }
     wait_for_predecessor();
     float* xs = reinterpret_cast<float*>(xs4);
     float inv;
@@ -263,10 +243,6 @@ __global__ void __launch_bounds__(k_moe_warps * 32, 2) moe_gate_up_wide_kernel(E
     us = warp_sum(us);
     if (lane == 0) act[gw] = gs / (1.f + expf(-gs)) * us;
   }
-  if constexpr (DOWN)
-    detail::staged_down_phase<F>(QL, QuantDownStage(QL, k, down_stage_base(t.hidden, g.n_experts)),
-                                 reinterpret_cast<const uint8_t* const*>(blocks), k, act, g.o.weights, g.down_out, g.sync,
-                                 reinterpret_cast<uint8_t*>(xs4));
 }
 
 // The wide gate/up kernels' grid: two blocks per SM (one would leave the staged down's block
@@ -291,96 +267,42 @@ void launch_moe_gate_up_fused(const ExpertTable& table, const float* xn, const i
   launch(moe_gate_up_fused_kernel, grid_for(k * table.inter, k_moe_warps), k_moe_warps * 32, 0, stream, pdl, table, xn, ids, k, act);
 }
 
-namespace {
-
-// launch_moe_gate_up_normed's and launch_moe_experts_quant_normed's preconditions (who: the caller).
-void require_normed(const ExpertTable& table, const float* x, const bf16* norm_w, int n_experts, int k, const RouterOutputs& o,
-                    const StepSync& sync, const char* who) {
+void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, int n_experts, int k,
+                               bool renormalise, const RouterOutputs& o, const StepSync& sync, float* act, cudaStream_t stream, bool pdl) {
   detail::require(table.hidden % 8 == 0 && table.hidden <= 4 * k_moe_warps * 32 * k_norm_vecs && table.inter % 8 == 0 && k > 0 &&
                       k <= 32 && n_experts >= k && n_experts <= table.hidden,
-                  who,
+                  "launch_moe_gate_up_normed",
                   "hidden must be a multiple of 8 and <= 2048, inter a multiple of 8, k in (0, 32] and n_experts in [k, hidden], got " +
                       std::to_string(table.hidden) + ", " + std::to_string(table.inter) + ", " + std::to_string(k) + ", " +
                       std::to_string(n_experts));
-  detail::require(detail::aligned16(x) && detail::aligned8(norm_w), who, "x must be 16-byte aligned and norm_w 8-byte aligned");
+  detail::require(detail::aligned16(x) && detail::aligned8(norm_w), "launch_moe_gate_up_normed",
+                  "x must be 16-byte aligned and norm_w 8-byte aligned");
   detail::require(o.logits != nullptr && o.ids != nullptr && o.weights != nullptr && o.hot_flags != nullptr && o.counters != nullptr &&
                       o.layer_counts != nullptr && sync.epoch != nullptr && sync.logits_done != nullptr,
-                  who, "the router outputs' logits, ids, weights, hot_flags and counters and the step's epoch "
+                  "launch_moe_gate_up_normed", "the router outputs' logits, ids, weights, hot_flags and counters and the step's epoch "
                   "and logits counter must be set");
-  switch (table.format) {
-    case ExpertFormat::fp8_block:  // 16 weights per uint4: hidden <= 2048 is <= 4 per lane
-      detail::require(table.hidden % 32 == 0 && table.block_cols > 0 && table.block_cols % 16 == 0 && table.block_rows > 0, who,
-                      "fp8 experts need hidden a multiple of 32, block columns a positive multiple of 16 and block rows > 0, got hidden " +
-                          std::to_string(table.hidden) + ", block " + std::to_string(table.block_rows) + "x" + std::to_string(table.block_cols));
-      break;
-    case ExpertFormat::nvfp4:  // 32 weights per uint4: <= 2 per lane
-      detail::require(table.hidden % 32 == 0, who, "nvfp4 experts need hidden a multiple of 32");
-      break;
-    case ExpertFormat::bf16:
-      break;
-  }
-}
-
-// Blocks of `kernel` (256 threads, `smem` dynamic bytes) that one multiprocessor holds at once,
-// at most 2: the occupancy calculator's count, and under SERVEDECK_CUDA_SMEM_PER_BLOCK the count
-// a card whose multiprocessor has that limit plus 1 KB (SM89's and SM120's 100 KB beside their
-// 99 KB per block; the system reserves 1 KB a block) would hold.
-template <class Kernel>
-int resident_blocks_per_sm(Kernel kernel, std::size_t smem) {
-  int n = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, k_moe_warps * 32, smem));
-  const std::size_t block = smem + detail::static_smem(kernel) + 1024;
-  const int by_limit = static_cast<int>((detail::smem_per_block() + 1024) / block);
-  return std::min({n, by_limit, 2});
-}
-
-}  // namespace
-
-void launch_moe_gate_up_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, int n_experts, int k,
-                               bool renormalise, const RouterOutputs& o, const StepSync& sync, float* act, cudaStream_t stream, bool pdl) {
-  require_normed(table, x, norm_w, n_experts, k, o, sync, "launch_moe_gate_up_normed");
   const int n8 = table.hidden / 8, grid = gate_up_grid(table, k);
-  const std::size_t smem = down_stage_base(table.hidden, n_experts);
+  const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float) + static_cast<std::size_t>(n_experts) * sizeof(const bf16*);
   const GateUpNorm g{norm_w, eps, n_experts, renormalise ? 1 : 0, o, sync};
   auto go = [&](auto kernel) {
     detail::prefer_max_shared(kernel);
     launch(kernel, grid, k_moe_warps * 32, smem, stream, pdl, table, x, o.ids, k, act, g);
   };
   switch (table.format) {
-    case ExpertFormat::fp8_block: return go(moe_gate_up_wide_kernel<4, true, ExpertFormat::fp8_block>);
-    case ExpertFormat::nvfp4: return go(moe_gate_up_wide_kernel<2, true, ExpertFormat::nvfp4>);
-    case ExpertFormat::bf16: break;
+    case ExpertFormat::fp8_block:  // 16 weights per uint4: hidden <= 2048 is <= 4 per lane
+      detail::require(table.hidden % 32 == 0 && table.block_cols > 0 && table.block_cols % 16 == 0 && table.block_rows > 0,
+                      "launch_moe_gate_up_normed",
+                      "fp8 experts need hidden a multiple of 32, block columns a positive multiple of 16 and block rows > 0, got hidden " +
+                          std::to_string(table.hidden) + ", block " + std::to_string(table.block_rows) + "x" + std::to_string(table.block_cols));
+      return go(moe_gate_up_wide_kernel<4, true, ExpertFormat::fp8_block>);
+    case ExpertFormat::nvfp4:  // 32 weights per uint4: <= 2 per lane
+      detail::require(table.hidden % 32 == 0, "launch_moe_gate_up_normed", "nvfp4 experts need hidden a multiple of 32");
+      return go(moe_gate_up_wide_kernel<2, true, ExpertFormat::nvfp4>);
+    case ExpertFormat::bf16:
+      break;
   }
   if (n8 <= 32 * 4) return go(moe_gate_up_wide_kernel<4, true>);
   go(moe_gate_up_wide_kernel<8, true>);  // n8 <= 256 by the precondition
-}
-
-bool launch_moe_experts_quant_normed(const ExpertTable& table, const float* x, const bf16* norm_w, float eps, int n_experts, int k,
-                                     bool renormalise, const RouterOutputs& o, const StepSync& sync, float* act, float* out,
-                                     cudaStream_t stream, bool pdl) {
-  require_normed(table, x, norm_w, n_experts, k, o, sync, "launch_moe_experts_quant_normed");
-  detail::require(table.format != ExpertFormat::bf16 && sync.act_done != nullptr && out != nullptr, "launch_moe_experts_quant_normed",
-                  "expected quantised experts, the step's act counter (H5) and out");
-  if (table.hidden % k_quant_down_rows != 0 || (table.format == ExpertFormat::fp8_block && table.block_rows % k_quant_down_rows != 0))
-    return false;
-  const QuantDownStage S(layout_of(table), k, down_stage_base(table.hidden, n_experts));
-  const GateUpNorm g{norm_w, eps, n_experts, renormalise ? 1 : 0, o, sync, out};
-  constexpr auto fp8 = moe_gate_up_wide_kernel<4, true, ExpertFormat::fp8_block, true>;
-  constexpr auto nvfp4 = moe_gate_up_wide_kernel<2, true, ExpertFormat::nvfp4, true>;
-  // Both instantiations at once (they share a type, so a static inside `go` would prepare one).
-  static const bool prepared = (detail::prefer_max_shared(fp8), detail::allow_dynamic_smem(fp8, detail::smem_per_block()),
-                                detail::prefer_max_shared(nvfp4), detail::allow_dynamic_smem(nvfp4, detail::smem_per_block()), true);
-  (void)prepared;
-  auto go = [&](auto kernel) {
-    if (!detail::fits_smem(kernel, S.bytes)) return false;
-    // H5 waits for every block of the grid: it must be resident at once on an idle device.
-    const int per_sm = resident_blocks_per_sm(kernel, S.bytes);
-    if (per_sm < 1) return false;
-    const int units = std::max((k * table.inter + k_moe_warps - 1) / k_moe_warps, table.hidden / k_quant_down_rows);
-    launch(kernel, std::min(units, per_sm * detail::sm_count()), k_moe_warps * 32, S.bytes, stream, pdl, table, x, o.ids, k, act, g);
-    return true;
-  };
-  return table.format == ExpertFormat::fp8_block ? go(fp8) : go(nvfp4);
 }
 
 }  // namespace servedeck::worker::cuda

@@ -16,8 +16,8 @@
 //   touched only by the blocks of one launch, once each; the block that arrives last (and so
 //   knows every arrival happened) resets it to 0 before its grid ends. The next launch that
 //   touches it arrives only after its own PDL wait, i.e. after this grid completed.
-// - Epoch counters (H2, H3 across grids; H5 within one): one slot per MoE layer (StepSync),
-//   never reset. Each step adds exactly n to a slot (its publishers, once each), so after `epoch` steps it holds epoch · n
+// - Cross-grid counters (H2, H3): one slot per MoE layer (StepSync), never reset. Each step adds
+//   exactly n to a slot (its publishers, once each), so after `epoch` steps it holds epoch · n
 //   (mod 2^32). A consumer of the step reads the epoch (steps completed: advanced by the step's
 //   last kernel, launch_argmax_row's last block, after everything else of the step completed)
 //   and waits until the slot reaches (epoch + 1) · n (step_target; compared modulo 2^32 by
@@ -58,16 +58,6 @@
 //     round trip to the down's pre-wait critical path). No counter, nothing to reset: layer l+1's
 //     gate/up rewrites the ids only after the down of layer l completed (it starts after q|k|v of
 //     layer l+1 passed its wait). Deadlock: nothing waits.
-// H5. Gate/up's act -> the staged down of the same grid (launch_moe_experts_quant_normed,
-//     quant_down_staged.cuh). Producers: every block of the grid, once its act rows are
-//     written (after its barrier): act_done[layer] += 1, so a step adds gridDim.x. Consumer:
-//     every block, right after publishing, waits for gridDim.x publications of this step and
-//     then reads act (__ldcg) and writes its down rows into the residual, which every block read
-//     for its norm before publishing. Deadlock: the grid is sized to be resident at once on an
-//     idle device (the occupancy calculator), so every block eventually runs: what holds SMs
-//     meanwhile is the predecessors (they wait on nothing of this grid), other streams' kernels
-//     (they end), and the next kernel's blocks, which PDL places only after every block of this
-//     grid has triggered, i.e. started.
 // tests/worker/cuda/handshake_stress_test.cpp replays the step many times while kernels on
 // another stream occupy random SMs for random times, and checks the logits bit for bit.
 #pragma once
@@ -76,13 +66,12 @@
 
 namespace servedeck::worker::cuda {
 
-/// The decode step's cross-grid counters (H2, H3, H5 above) for one MoE layer, and the step epoch.
+/// The decode step's cross-grid counters (H2, H3 above) for one MoE layer, and the step epoch.
 /// Device pointers; all zeroed once at allocation and never reset.
 struct StepSync {
   const unsigned int* epoch = nullptr;  // decode steps completed (mod 2^32), advanced by launch_argmax_row
   unsigned int* heads_done = nullptr;   // H2: this layer's count of attention heads written
   unsigned int* logits_done = nullptr;  // H3: this layer's count of router logits written
-  unsigned int* act_done = nullptr;     // H5: this layer's count of gate/up blocks whose act rows are written
 };
 
 #if defined(__CUDACC__)  // the device side (fused.cuh, included by host code, needs only StepSync)

@@ -10,7 +10,6 @@
 #include "worker/cuda/fused_launch.cuh"
 #include "worker/cuda/launch_check.cuh"
 #include "worker/cuda/quant_dot.cuh"
-#include "worker/cuda/quant_down_staged.cuh"
 #include "worker/cuda/quant_layout.cuh"
 
 namespace servedeck::worker::cuda {
@@ -111,32 +110,36 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable
   }
 }
 
+/// Hidden rows per block of the quantised down: each warp reads one expert's k_down_rows
+/// consecutive rows, which are contiguous in the block (weights, and nvfp4's scales).
+constexpr int k_down_rows = 8;
+
 /// Shared memory of the quantised down, in floats: act (k, inter) in chunked_x_index order per
-/// expert, then per warp the partial dot of each chunk of its rows (k_quant_down_rows · chunks per
-/// row), then per warp nvfp4's scales of its rows (k_quant_down_rows · inter / 16 bytes, as floats).
+/// expert, then per warp the partial dot of each chunk of its rows (k_down_rows · chunks per
+/// row), then per warp nvfp4's scales of its rows (k_down_rows · inter / 16 bytes, as floats).
 struct DownSmem {
   int act, part, scales;  // floats: act's, each warp's partials, each warp's scales
   std::size_t bytes;
   __host__ __device__ DownSmem(ExpertFormat f, int k, int inter) {
     act = k * inter;
-    part = k_quant_down_rows * (inter / (f == ExpertFormat::fp8_block ? 16 : 32));
-    scales = f == ExpertFormat::nvfp4 ? k_quant_down_rows * inter / 16 / 4 : 0;
+    part = k_down_rows * (inter / (f == ExpertFormat::fp8_block ? 16 : 32));
+    scales = f == ExpertFormat::nvfp4 ? k_down_rows * inter / 16 / 4 : 0;
     bytes = (static_cast<std::size_t>(act) + static_cast<std::size_t>(k_warps) * (part + scales)) * sizeof(float);
   }
 };
 
-/// Uint4 chunks in flight per lane in the quantised down: a warp's span of k_quant_down_rows rows of
+/// Uint4 chunks in flight per lane in the quantised down: a warp's span of k_down_rows rows of
 /// inter 768 at once (nvfp4 192 chunks, fp8 384).
 template <ExpertFormat F>
 constexpr int down_batch() { return F == ExpertFormat::fp8_block ? 12 : 6; }
 
-// Block b: hidden rows h0 = b · k_quant_down_rows .. + k_quant_down_rows. Warp w takes the experts j = w,
+// Block b: hidden rows h0 = b · k_down_rows .. + k_down_rows. Warp w takes the experts j = w,
 // w + k_warps, ...: the span of its rows h0.. of expert j's down is contiguous (rows of
 // inter / chunk_cols uint4 each), read as uint4 chunks lane, lane + 32, ... (every load of the
 // warp 512 contiguous bytes, whole 128-byte lines over PCIe, where a warp per row read 384-byte
 // rows and 48-byte scale runs); nvfp4's scales of the span (contiguous too, 2 bytes per chunk)
 // as uint4 by the first lanes, through shared memory. Each chunk's dot against act_j goes to
-// shared memory; lane r < k_quant_down_rows sums row r's chunks in order; then thread r sums
+// shared memory; lane r < k_down_rows sums row r's chunks in order; then thread r sums
 // weights[j] · row r of expert j over j = 0..k-1 in order and adds it to out[h0 + r].
 template <ExpertFormat F>
 __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t, const float* __restrict__ act,
@@ -148,12 +151,12 @@ __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t,
   extern __shared__ float as[];
   __shared__ const uint8_t* blocks[32];
   __shared__ float w[32];
-  __shared__ float rowdot[32][k_quant_down_rows];
+  __shared__ float rowdot[32][k_down_rows];
   constexpr int per = chunk_cols<F>(), B = down_batch<F>();
   const QuantLayout L = layout_of(t);
   const DownSmem S(F, k, t.inter);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int n = t.inter / per, h0 = blockIdx.x * k_quant_down_rows, rows = min(k_quant_down_rows, t.hidden - h0), span = rows * n;
+  const int n = t.inter / per, h0 = blockIdx.x * k_down_rows, rows = min(k_down_rows, t.hidden - h0), span = rows * n;
   for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[(i / t.inter) * t.inter + chunked_x_index<F>(i % t.inter, t.inter)] = act[i];
   if (threadIdx.x < k) {
     blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
@@ -287,10 +290,10 @@ void launch_moe_gate_up_quant(const ExpertTable& table, const float* xn, const i
 void launch_moe_down_quant(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
                            float* out, cudaStream_t stream) {
   require_quantised(table, k, "launch_moe_down_quant");
-  detail::require(table.format != ExpertFormat::fp8_block || table.block_rows % k_quant_down_rows == 0, "launch_moe_down_quant",
-                  "fp8 block rows must be a multiple of " + std::to_string(k_quant_down_rows) + ", got " + std::to_string(table.block_rows));
+  detail::require(table.format != ExpertFormat::fp8_block || table.block_rows % k_down_rows == 0, "launch_moe_down_quant",
+                  "fp8 block rows must be a multiple of " + std::to_string(k_down_rows) + ", got " + std::to_string(table.block_rows));
   const DownSmem S(table.format, k, table.inter);
-  const int grid = (table.hidden + k_quant_down_rows - 1) / k_quant_down_rows;
+  const int grid = (table.hidden + k_down_rows - 1) / k_down_rows;
   // Both instantiations' attribute at once (they share a type: a static per `go` instantiation
   // would set only the first one used), at the largest layout: 12288 floats of act at k = 1.
   static const bool prepared = (detail::allow_dynamic_smem(down_quant_kernel<ExpertFormat::fp8_block>,

@@ -7,8 +7,8 @@
 // at a stale value, changes logits here; one that could deadlock hangs the test (ctest's timeout).
 // Two models: the backend test's small MoE (hidden 256, 16 experts) and the Qwen3-30B-A3B shape
 // with two layers (128 experts, the staged down's 192 KB blocks), all through the folded router;
-// the latter also with NVFP4 and FP8 experts, half of them hot (gate/up and the down in one grid,
-// H5).
+// the latter also with NVFP4 and FP8 experts, half of them hot (gate/up dequantising in registers
+// after the folded router, then the quantised down).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -113,7 +113,7 @@ TEST_CASE("decode step handshakes under random SM load: logits bit-identical to 
   stress("Qwen3-30B-A3B shape", *be, 151936, 32, 4);
 }
 
-TEST_CASE("decode step handshakes under random SM load: quantised experts, gate/up and the down in one grid (Qwen3-30B-A3B shape, 2 layers)") {
+TEST_CASE("decode step handshakes under random SM load: NVFP4 and FP8 experts, half hot (Qwen3-30B-A3B shape, 2 layers)") {
   gpu_test::skip_without_gpu();
   const ModelDescription d = qwen3_30b_a3b_shape(2);
   for (const auto f : {cuda::ExpertFormat::nvfp4, cuda::ExpertFormat::fp8_block}) {
