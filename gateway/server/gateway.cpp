@@ -9,6 +9,7 @@
 
 #include <boost/asio.hpp>
 
+#include "common/client_text.hpp"
 #include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"
@@ -279,7 +280,7 @@ void Gateway::Impl::handle_responses(http::Request& req, std::shared_ptr<http::R
       doc.reset();
     }
     if (!doc || !doc->contains("messages"))
-      return local(404, "previous response '" + pid + "' not found (it was not stored with store=true, or has expired)",
+      return local(404, "previous response '" + quoted_client_id(pid) + "' not found (it was not stored with store=true, or has expired)",
                    "previous_response_not_found");
     previous = (*doc)["messages"];
     prev = &previous;
@@ -325,7 +326,7 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
     std::string known;
     for (const auto& m : reg.models)
       for (const auto& i : m.all_ids()) known += (known.empty() ? "" : ", ") + i;
-    return local(404, "", id, stream, "model '" + id + "' is not configured; configured ids: " + known,
+    return local(404, "", id, stream, "model '" + quoted_client_id(id) + "' is not configured; configured ids: " + known,
                  "invalid_request_error", "model_not_found");
   }
   if (route != Route::completions && (!body.contains("messages") || !body["messages"].is_array()))

@@ -4,6 +4,7 @@
 
 #include <boost/asio.hpp>
 
+#include "common/client_text.hpp"
 #include "common/json_limits.hpp"
 #include "gateway/anthropic/messages_responder.hpp"
 #include "gateway/anthropic/request_translator.hpp"
@@ -56,7 +57,7 @@ std::optional<Prepared> prepare(const MessagesRoutes& routes, const http::Reques
     std::string known;
     for (const auto& m : routes.reg->models)
       for (const auto& i : m.all_ids()) known += (known.empty() ? "" : ", ") + i;
-    local(404, "model: '" + p.id + "' is not configured; configured ids: " + known, "model_not_found");
+    local(404, "model: '" + quoted_client_id(p.id) + "' is not configured; configured ids: " + known, "model_not_found");
     return std::nullopt;
   }
   anthropic::TranslateOptions opt;

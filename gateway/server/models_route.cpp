@@ -1,5 +1,6 @@
 #include "gateway/server/models_route.hpp"
 
+#include "common/client_text.hpp"
 #include "common/json_limits.hpp"
 #include "gateway/server/messages_route.hpp"
 
@@ -37,7 +38,7 @@ void handle_model(const registry::Registry& reg, const http::Request& req, http:
   const std::string id = req.path.substr(std::string_view("/v1/models/").size());
   if (const registry::ModelEntry* m = reg.find_by_id(id))
     return res.send(200, "application/json", dump_safe(model_object(*m, id)));
-  const std::string message = "model: '" + id + "' is not configured";
+  const std::string message = "model: '" + quoted_client_id(id) + "' is not configured";
   if (!req.header("anthropic-version").empty()) return send_messages_error(res, 404, message);
   http::send_error(res, 404, message, "invalid_request_error", "model_not_found");
 }

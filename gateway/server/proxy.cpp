@@ -9,6 +9,7 @@
 
 #include <cstdio>
 
+#include "common/client_text.hpp"
 #include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/proxy_internal.hpp"
 #include "gateway/server/request_body.hpp"
@@ -356,7 +357,7 @@ void record_local_answer(ProxyShared& shared, Route route, const std::string& mo
   r.time_ms = state::now_ms() - static_cast<int64_t>(total);
   r.route = std::string(route_path(route));
   r.model = model;
-  r.alias = alias;
+  r.alias = quoted_client_id(alias);  // a client's unknown id: bounded before it reaches the log
   r.stream = stream;
   r.status = status;
   r.total_ms = total;

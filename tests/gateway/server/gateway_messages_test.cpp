@@ -361,6 +361,17 @@ TEST_CASE("effort-preset aliases work on /v1/messages: the preset's kwargs reach
   CHECK(sent["chat_template_kwargs"]["enable_thinking"] == false);  // the client's thinking switch
 }
 
+TEST_CASE("/v1/messages: a very long unknown model id is quoted cut in the 404 and in the request log") {
+  Rig rig;
+  auto r = rig.post("/v1/messages", messages_body(std::string(2000, 'q'), false).dump());
+  CHECK(r.status == 404);
+  const auto m = json::parse(r.body)["error"]["message"].get<std::string>();
+  CHECK_MESSAGE(m.find(std::string(128, 'q') + "\xE2\x80\xA6 (2000 bytes)") != std::string::npos, m);
+  CHECK(m.find(std::string(129, 'q')) == std::string::npos);
+  REQUIRE(wait_for([&] { return rig.store.count_requests("/v1/messages") == 1; }));
+  CHECK(rig.store.recent_requests(1)[0].alias.size() < 200);
+}
+
 TEST_CASE("an engine answer the Messages bridge cannot translate is 502 to the client and 502 in the request log") {
   Rig rig;
   // Tool arguments that are JSON but no object: no Anthropic `input` can carry them.

@@ -31,6 +31,18 @@ TEST_CASE("request errors the gateway answers itself") {
     CHECK(r.status == 404);
     CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("glm53-flash-high") != std::string::npos);
   }
+  SUBCASE("404 for a very long unknown model id: the id quoted cut, and cut in the request log") {
+    const std::string id(3000, 'm');
+    auto r = rig.post("/v1/chat/completions", chat(id));
+    CHECK(r.status == 404);
+    const auto m = json::parse(r.body)["error"]["message"].get<std::string>();
+    CHECK_MESSAGE(m.find(std::string(128, 'm') + "\xE2\x80\xA6 (3000 bytes)") != std::string::npos, m);
+    CHECK(m.find(std::string(129, 'm')) == std::string::npos);
+    REQUIRE(wait_for([&] { return !rig.store.recent_requests(1).empty(); }));
+    const auto row = rig.store.recent_requests(1)[0];
+    CHECK(row.status == 404);
+    CHECK(row.alias.size() < 200);
+  }
   SUBCASE("409 naming the running model and the switch command") {
     auto r = rig.post("/v1/chat/completions", chat("qwen3.8-flash-next"));
     CHECK(r.status == 409);
