@@ -154,6 +154,12 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
   }
   std::string pending_reasoning;
   std::map<std::string, bool> call_ids;  // call_id → seen as function_call
+  // The calls of the turns before this input (a stored turn of previous_response_id): the
+  // outputs of those calls are what a tool loop sends next.
+  for (const auto& m : messages)
+    if (m.is_object() && m.contains("tool_calls") && m["tool_calls"].is_array())
+      for (const auto& c : m["tool_calls"])
+        if (c.is_object() && c.contains("id") && c["id"].is_string()) call_ids[c["id"].get<std::string>()] = true;
   json* open_assistant = nullptr;        // assistant message collecting tool_calls
   auto attach_reasoning = [&](json& msg) {
     if (!pending_reasoning.empty()) {
@@ -258,10 +264,59 @@ std::optional<std::string> translate_request(const json& body, const json* previ
 }
 
 namespace {
+
+/// JSON types a top-level Responses field may have (bit per nlohmann value_t kind).
+enum FieldKinds : unsigned { k_string = 1, k_bool = 2, k_integer = 4, k_number = 8, k_array = 16, k_object = 32 };
+
+std::string kinds_text(unsigned kinds) {
+  std::string out;
+  auto add = [&](unsigned k, const char* name) {
+    if (kinds & k) out += (out.empty() ? "" : " or ") + std::string(name);
+  };
+  add(k_string, "a string");
+  add(k_bool, "a boolean");
+  add(k_integer, "an integer");
+  add(k_number, "a number");
+  add(k_array, "an array");
+  add(k_object, "an object");
+  return out;
+}
+
+bool has_kind(const json& v, unsigned kinds) {
+  return ((kinds & k_string) && v.is_string()) || ((kinds & k_bool) && v.is_boolean()) ||
+         ((kinds & k_integer) && v.is_number_integer()) || ((kinds & k_number) && v.is_number()) ||
+         ((kinds & k_array) && v.is_array()) || ((kinds & k_object) && v.is_object());
+}
+
+/// The first top-level field of `body` whose type the Responses API does not allow, named with
+/// what was read and what was expected ("field 'max_output_tokens' has the wrong type: expected an
+/// integer, got string"); null fields count as absent. Also max_output_tokens >= 1.
+std::optional<std::string> check_field_types(const json& body) {
+  static const std::pair<const char*, unsigned> k_fields[] = {
+      {"model", k_string},          {"stream", k_bool},           {"store", k_bool},
+      {"previous_response_id", k_string}, {"instructions", k_string}, {"input", k_string | k_array},
+      {"max_output_tokens", k_integer}, {"temperature", k_number},  {"top_p", k_number},
+      {"parallel_tool_calls", k_bool}, {"user", k_string},          {"seed", k_integer},
+      {"tools", k_array},           {"tool_choice", k_string | k_object}, {"reasoning", k_object},
+      {"text", k_object},           {"metadata", k_object},       {"truncation", k_string},
+  };
+  for (const auto& [name, kinds] : k_fields) {
+    if (!body.contains(name) || body[name].is_null()) continue;
+    const json& v = body[name];
+    if (!has_kind(v, kinds))
+      return "field '" + std::string(name) + "' has the wrong type: expected " + kinds_text(kinds) + ", got " + v.type_name();
+  }
+  if (body.contains("max_output_tokens") && body["max_output_tokens"].is_number_integer() &&
+      !(body["max_output_tokens"].is_number_unsigned() && body["max_output_tokens"].get<std::uint64_t>() >= 1))
+    return "field 'max_output_tokens' must be a positive integer, got " + dump_safe(body["max_output_tokens"]);
+  return std::nullopt;
+}
+
 std::optional<std::string> translate_request_unchecked(const json& body, const json* previous_messages,
                                                        TranslatedRequest& out) {
   if (!body.is_object()) return "request body must be a JSON object";
   if (!body.contains("model") || !body["model"].is_string()) return "'model' (string) is required";
+  if (auto err = check_field_types(body)) return err;
   out = TranslatedRequest{};
   out.chat["model"] = body["model"];
   out.stream = body.value("stream", false);

@@ -103,3 +103,49 @@ TEST_CASE("input whose every item is dropped says why, not that input is missing
   REQUIRE(err.has_value());
   CHECK(*err == "'input' is required");
 }
+
+TEST_CASE("a top-level field of the wrong type is named with what was read and what was expected") {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"model":"tiny","input":"hi","max_output_tokens":"5"})", "field 'max_output_tokens' has the wrong type: expected an integer, got string"},
+      {R"({"model":"tiny","input":"hi","max_output_tokens":-5})", "field 'max_output_tokens' must be a positive integer, got -5"},
+      {R"({"model":"tiny","input":"hi","max_output_tokens":0})", "field 'max_output_tokens' must be a positive integer, got 0"},
+      {R"({"model":"tiny","input":"hi","previous_response_id":5})", "field 'previous_response_id' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":"hi","stream":"yes"})", "field 'stream' has the wrong type: expected a boolean, got string"},
+      {R"({"model":"tiny","input":"hi","tools":"x"})", "field 'tools' has the wrong type: expected an array, got string"},
+      {R"({"model":"tiny","input":"hi","instructions":5})", "field 'instructions' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":"hi","reasoning":"x"})", "field 'reasoning' has the wrong type: expected an object, got string"},
+      {R"({"model":"tiny","input":5})", "field 'input' has the wrong type: expected a string or an array, got number"},
+  };
+  for (const auto& [body, message] : cases) {
+    INFO(body);
+    TranslatedRequest t;
+    const auto err = translate_request(json::parse(body), nullptr, t);
+    REQUIRE(err.has_value());
+    CHECK(*err == message);
+  }
+  // null is absent; a well-typed request passes.
+  TranslatedRequest t;
+  CHECK_FALSE(translate_request(json::parse(R"({"model":"tiny","input":"hi","reasoning":null,"max_output_tokens":16,"temperature":0.5})"), nullptr, t).has_value());
+  CHECK(t.chat["max_tokens"] == 16);
+}
+
+TEST_CASE("a function_call_output answers a call of the stored turn (previous_response_id's tool loop)") {
+  // The stored turn: the user's request and the assistant's call, as ResponsesResponder stores them.
+  const json previous = json::parse(R"([{"role":"user","content":"list the files"},
+    {"role":"assistant","content":"","tool_calls":[{"id":"call_989d","type":"function","function":{"name":"Bash","arguments":"{\"command\":\"ls\"}"}}]}])");
+  const json body = json::parse(R"({"model":"tiny","previous_response_id":"resp_1",
+    "tools":[{"type":"function","name":"Bash","parameters":{"type":"object","properties":{}}}],
+    "input":[{"type":"function_call_output","call_id":"call_989d","output":"a.txt"}]})");
+  TranslatedRequest t;
+  REQUIRE_FALSE(translate_request(body, &previous, t).has_value());
+  CHECK(t.warnings.empty());
+  const json& m = t.chat["messages"];
+  REQUIRE(m.size() == 3);
+  CHECK(m[1]["tool_calls"][0]["id"] == "call_989d");
+  CHECK(m[2] == json{{"role", "tool"}, {"tool_call_id", "call_989d"}, {"content", "a.txt"}});
+  // An output for a call no turn made is still dropped, and said.
+  const json stray = json::parse(R"({"model":"tiny","previous_response_id":"resp_1","input":[{"type":"function_call_output","call_id":"call_x","output":"?"},{"role":"user","content":"go on"}]})");
+  REQUIRE_FALSE(translate_request(stray, &previous, t).has_value());
+  REQUIRE(t.warnings.size() == 1);
+  CHECK(t.warnings[0] == "dropped function_call_output for unknown call_id 'call_x'");
+}
