@@ -2,6 +2,7 @@
 
 #include <exception>
 
+#include "common/json_limits.hpp"
 #include "worker/server/request_params.hpp"
 
 namespace servedeck::worker {
@@ -11,6 +12,40 @@ namespace {
 using Failure = std::optional<ChatPromptError>;
 
 Failure bad(std::string msg) { return ChatPromptError{400, std::move(msg), "invalid_messages", ""}; }
+
+/// An assistant turn's tool_calls as the chat templates read them: an array of
+/// {"id"?: string, "type"?: "function", "function": {"name": string, "arguments": object}}, each
+/// `arguments` string that holds a JSON object replaced by the object (templates iterate it);
+/// any other shape is the client's 400, named by its path (a template would fail on it).
+/// Arguments are parsed within common/json_limits.hpp's bounds (a string is not depth-checked
+/// with the body).
+Failure normalize_tool_calls(nlohmann::json& calls, const std::string& where) {
+  if (!calls.is_array()) return bad(where + ": expected an array of tool calls, got " + describe_value(calls));
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    auto& tc = calls[k];
+    const std::string cw = where + "[" + std::to_string(k) + "]";
+    if (!tc.is_object())
+      return bad(cw + ": expected {\"id\": \"...\", \"type\": \"function\", \"function\": {\"name\": \"...\", \"arguments\": \"...\"}}, got " +
+                 describe_value(tc));
+    if (tc.contains("id") && !tc["id"].is_null() && !tc["id"].is_string())
+      return bad(cw + ".id: expected a string, got " + describe_value(tc["id"]));
+    if (!tc.contains("function") || !tc["function"].is_object())
+      return bad(cw + ".function: expected an object with a string `name`, got " +
+                 (tc.contains("function") ? describe_value(tc["function"]) : std::string("nothing")));
+    auto& f = tc["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      return bad(cw + ".function.name: expected a string, got " + (f.contains("name") ? describe_value(f["name"]) : std::string("nothing")));
+    if (!f.contains("arguments") || f["arguments"].is_null()) {
+      f["arguments"] = nlohmann::json::object();
+    } else if (f["arguments"].is_string()) {
+      auto parsed = parse_untrusted(f["arguments"].get<std::string>());
+      if (!parsed.is_discarded() && parsed.is_object()) f["arguments"] = std::move(parsed);
+    } else if (!f["arguments"].is_object()) {
+      return bad(cw + ".function.arguments: expected a JSON-encoded string or an object, got " + describe_value(f["arguments"]));
+    }
+  }
+  return std::nullopt;
+}
 
 Failure normalize_message(nlohmann::json& m, std::size_t i) {
   const std::string where = "messages[" + std::to_string(i) + "]";
@@ -53,18 +88,8 @@ Failure normalize_message(nlohmann::json& m, std::size_t i) {
     for (const char* r : k_roles) known = known || role == r;
     if (!known) return bad(where + ".role: '" + role + "' is not a chat role; expected system, user, assistant, tool or developer");
   }
-  if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
-    for (auto& tc : m["tool_calls"]) {
-      if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object()) continue;
-      auto& f = tc["function"];
-      if (f.contains("arguments") && f["arguments"].is_string()) {
-        auto parsed = nlohmann::json::parse(f["arguments"].get<std::string>(), nullptr, false);
-        if (!parsed.is_discarded() && parsed.is_object()) f["arguments"] = std::move(parsed);
-      }
-    }
-  } else if (m.contains("tool_calls") && m["tool_calls"].is_null()) {
-    m.erase("tool_calls");
-  }
+  if (m.contains("tool_calls") && m["tool_calls"].is_null()) m.erase("tool_calls");
+  if (m.contains("tool_calls")) return normalize_tool_calls(m["tool_calls"], where + ".tool_calls");
   return std::nullopt;
 }
 

@@ -282,3 +282,36 @@ TEST_CASE("a refused tool_choice names its param and code; malformed messages ke
   CHECK(rj["error"]["code"] == "invalid_messages");
   CHECK(rj["error"]["param"].is_null());
 }
+
+TEST_CASE("malformed assistant tool_calls are the client's 400, named by path; deep arguments do not recurse") {
+  Fixture f;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("x")", "messages[0].tool_calls: expected an array of tool calls, got"},
+      {R"([5])", "messages[0].tool_calls[0]: expected {"},
+      {R"([{"id":5,"function":{"name":"f"}}])", "messages[0].tool_calls[0].id: expected a string, got"},
+      {R"([{"id":"c","function":{"name":null}}])", "messages[0].tool_calls[0].function.name: expected a string, got"},
+      {R"([{"id":"c"}])", "messages[0].tool_calls[0].function: expected an object with a string `name`, got nothing"},
+      {R"([{"id":"c","function":{"name":"f","arguments":5}}])", "messages[0].tool_calls[0].function.arguments: expected a JSON-encoded string or an object, got"},
+  };
+  for (const auto& [calls, message] : cases) {
+    INFO(calls);
+    json body = chat_body("hi", false);
+    body["messages"] = json::array({json{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::parse(calls)}},
+                                    json{{"role", "user"}, {"content", "hi"}}});
+    const auto r = f.post("/v1/chat/completions", body.dump());
+    CHECK(r.status == 400);
+    const auto e = json::parse(r.body)["error"];
+    CHECK(e["code"] == "invalid_messages");
+    CHECK_MESSAGE(e["message"].get<std::string>().find(message) == 0, e["message"]);
+  }
+  // Arguments nested 100000 deep inside their string: refused by the bounded parse (kept as the
+  // string), never a recursion through the parser; the request is answered.
+  json body = chat_body("hi", false);
+  body["messages"] = json::array(
+      {json{{"role", "assistant"},
+            {"content", ""},
+            {"tool_calls", json::array({json{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", std::string(100000, '[')}}}}})}},
+       json{{"role", "user"}, {"content", "hi"}}});
+  const auto r = f.post("/v1/chat/completions", body.dump());
+  CHECK(r.status == 200);
+}
