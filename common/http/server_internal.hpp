@@ -130,6 +130,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<std::size_t> pending_bytes{0};
   /// The request being answered is HEAD: its response carries the head only (RFC 9110 9.3.2).
   std::atomic<bool> head_request{false};
+  /// The request being answered is HTTP/1.0: no chunked coding (RFC 9112 7: 1.1 only), so a
+  /// stream's body is delimited by closing the connection, which every 1.0 response then does.
+  std::atomic<bool> http10{false};
   ServerCore& server() { return srv_; }
 
  private:

@@ -50,7 +50,8 @@ class ResponderImpl final : public Responder {
     started_ = true;
     streaming_ = true;
     std::string head = status_line(status);
-    head += "Content-Type: " + content_type + "\r\nTransfer-Encoding: chunked\r\n";
+    chunked_ = !session_->http10;  // HTTP/1.0: the body ends where the connection closes
+    head += "Content-Type: " + content_type + (chunked_ ? "\r\nTransfer-Encoding: chunked\r\n" : "\r\nConnection: close\r\n");
     if (!has_header(extra, "cache-control")) head += "Cache-Control: no-cache\r\n";
     for (const auto& [k, v] : extra) head += k + ": " + v + "\r\n";
     head += "\r\n";
@@ -68,10 +69,15 @@ class ResponderImpl final : public Responder {
     std::lock_guard lk(mu_);
     if (!streaming_ || ended_ || session_->gone) return false;
     if (bytes.empty()) return true;  // an empty chunk would end the stream
-    std::string chunk = to_hex(bytes.size());
-    chunk += "\r\n";
-    chunk.append(bytes);
-    chunk += "\r\n";
+    std::string chunk;
+    if (chunked_) {
+      chunk = to_hex(bytes.size());
+      chunk += "\r\n";
+      chunk.append(bytes);
+      chunk += "\r\n";
+    } else {
+      chunk.assign(bytes);
+    }
     // Stuck is a client that left more than the bound unread when the next chunk comes; one
     // chunk larger than the bound (a whole tool call in one event) is queued whole, so the
     // queue holds at most the bound plus one chunk. Counting the chunk itself closed a client
@@ -90,7 +96,7 @@ class ResponderImpl final : public Responder {
     std::lock_guard lk(mu_);
     if (!streaming_ || ended_) return;
     ended_ = true;
-    post_locked("0\r\n\r\n", true);
+    post_locked(chunked_ ? "0\r\n\r\n" : "", true);
   }
 
   bool client_gone() const override { return session_->gone; }
@@ -126,6 +132,7 @@ class ResponderImpl final : public Responder {
   bool started_ = false;
   bool streaming_ = false;
   bool ended_ = false;
+  bool chunked_ = true;  // the stream's body in chunks (HTTP/1.1) or close-delimited (HTTP/1.0)
 };
 
 }  // namespace

@@ -134,6 +134,21 @@ void Session::on_header(error_code ec) {
       return send_simple_and_close(refused->status, std::move(refused->body), refused->extra_headers);
     }
   }
+  // RFC 9112 6.1: chunked is the only transfer coding read here; a body in any other (gzip,
+  // identity, a list) would be read as if it were plain, so it is refused (501, RFC 9110 15.6.2).
+  if (auto te = req.find(bhttp::field::transfer_encoding); te != req.end()) {
+    std::string_view v = te->value();
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    if (!beast::iequals(v, "chunked")) {
+      std::string body = dump_safe(make_error("Transfer-Encoding '" + std::string(v.substr(0, 64)) +
+                                                  "' is not supported; send the body with Content-Length or Transfer-Encoding: chunked",
+                                              "invalid_request_error", "unsupported_transfer_encoding"));
+      head_.reset();
+      parser_.reset();  // v points into it: the message is built above
+      return send_simple_and_close(501, std::move(body));
+    }
+  }
   if (auto len = parser_->content_length(); len && *len > srv_.opt.max_body_bytes) {
     return send_simple_and_close(413, body_too_large());
   }
@@ -181,7 +196,8 @@ void Session::on_body(error_code ec) {
   head_.reset();
   head_request = msg.method() == bhttp::verb::head;
   req.body = std::move(msg.body());
-  keep_alive_ = msg.keep_alive();
+  http10 = msg.version() < 11;
+  keep_alive_ = msg.keep_alive() && !http10;
   response_complete_queued_ = false;
   response_done_ = false;
   pending_bytes = 0;
