@@ -1,7 +1,9 @@
 #include "gateway/anthropic/request_translator.hpp"
 
+#include <algorithm>
 #include <cctype>
 
+#include "common/json_field_types.hpp"
 #include "common/json_limits.hpp"
 
 namespace servedeck::gateway::anthropic {
@@ -267,10 +269,13 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
   out.chat["model"] = *model;
   const json* msgs = field(body, "messages");
   if (!msgs || !msgs->is_array() || msgs->empty()) return TranslateError{"messages: a non-empty array is required"};
-  if (const json* s = field(body, "stream")) {
-    if (!s->is_boolean()) return TranslateError{"stream: expected a boolean"};
-    out.stream = s->get<bool>();
-  }
+  if (auto e = first_mistyped_field(body,
+                                    {{"stream", k_json_bool}, {"max_tokens", k_json_integer}, {"system", k_json_string | k_json_array},
+                                     {"temperature", k_json_number}, {"top_p", k_json_number}, {"top_k", k_json_number},
+                                     {"tools", k_json_array}, {"tool_choice", k_json_object}, {"stop_sequences", k_json_array},
+                                     {"thinking", k_json_object}, {"metadata", k_json_object}, {"output_config", k_json_object}}))
+    return TranslateError{e->name + ": expected " + e->expected + ", got " + e->got};
+  if (const json* s = field(body, "stream")) out.stream = s->get<bool>();
   if (const json* mt = field(body, "max_tokens")) {
     if (!mt->is_number_integer() || mt->get<int64_t>() < 1)
       return TranslateError{"max_tokens: expected a positive integer, got " + dump_safe(*mt).substr(0, 40)};
@@ -302,6 +307,11 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
       return TranslateError{"messages." + std::to_string(m) + ".role: expected \"user\" or \"assistant\", got \"" + role + "\""};
     }
     if (err) return err;
+  }
+  if (std::none_of(messages.begin(), messages.end(), [](const json& m) { return m.value("role", "") != "system"; })) {
+    std::string why;
+    for (const auto& w : out.warnings) why += (why.empty() ? "" : "; ") + w;
+    return TranslateError{"messages: no user or assistant content the bridge can translate" + (why.empty() ? std::string() : " (" + why + ")")};
   }
   out.chat["messages"] = std::move(messages);
 

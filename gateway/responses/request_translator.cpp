@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "common/json_field_types.hpp"
 #include "common/json_limits.hpp"
 
 namespace servedeck::gateway::responses {
@@ -265,47 +266,18 @@ std::optional<std::string> translate_request(const json& body, const json* previ
 
 namespace {
 
-/// JSON types a top-level Responses field may have (bit per nlohmann value_t kind).
-enum FieldKinds : unsigned { k_string = 1, k_bool = 2, k_integer = 4, k_number = 8, k_array = 16, k_object = 32 };
-
-std::string kinds_text(unsigned kinds) {
-  std::string out;
-  auto add = [&](unsigned k, const char* name) {
-    if (kinds & k) out += (out.empty() ? "" : " or ") + std::string(name);
-  };
-  add(k_string, "a string");
-  add(k_bool, "a boolean");
-  add(k_integer, "an integer");
-  add(k_number, "a number");
-  add(k_array, "an array");
-  add(k_object, "an object");
-  return out;
-}
-
-bool has_kind(const json& v, unsigned kinds) {
-  return ((kinds & k_string) && v.is_string()) || ((kinds & k_bool) && v.is_boolean()) ||
-         ((kinds & k_integer) && v.is_number_integer()) || ((kinds & k_number) && v.is_number()) ||
-         ((kinds & k_array) && v.is_array()) || ((kinds & k_object) && v.is_object());
-}
-
 /// The first top-level field of `body` whose type the Responses API does not allow, named with
 /// what was read and what was expected ("field 'max_output_tokens' has the wrong type: expected an
 /// integer, got string"); null fields count as absent. Also max_output_tokens >= 1.
 std::optional<std::string> check_field_types(const json& body) {
-  static const std::pair<const char*, unsigned> k_fields[] = {
-      {"model", k_string},          {"stream", k_bool},           {"store", k_bool},
-      {"previous_response_id", k_string}, {"instructions", k_string}, {"input", k_string | k_array},
-      {"max_output_tokens", k_integer}, {"temperature", k_number},  {"top_p", k_number},
-      {"parallel_tool_calls", k_bool}, {"user", k_string},          {"seed", k_integer},
-      {"tools", k_array},           {"tool_choice", k_string | k_object}, {"reasoning", k_object},
-      {"text", k_object},           {"metadata", k_object},       {"truncation", k_string},
-  };
-  for (const auto& [name, kinds] : k_fields) {
-    if (!body.contains(name) || body[name].is_null()) continue;
-    const json& v = body[name];
-    if (!has_kind(v, kinds))
-      return "field '" + std::string(name) + "' has the wrong type: expected " + kinds_text(kinds) + ", got " + v.type_name();
-  }
+  if (auto e = first_mistyped_field(
+          body, {{"model", k_json_string},          {"stream", k_json_bool},          {"store", k_json_bool},
+                 {"previous_response_id", k_json_string}, {"instructions", k_json_string}, {"input", k_json_string | k_json_array},
+                 {"max_output_tokens", k_json_integer}, {"temperature", k_json_number}, {"top_p", k_json_number},
+                 {"parallel_tool_calls", k_json_bool}, {"user", k_json_string},         {"seed", k_json_integer},
+                 {"tools", k_json_array},          {"tool_choice", k_json_string | k_json_object}, {"reasoning", k_json_object},
+                 {"text", k_json_object},          {"metadata", k_json_object},      {"truncation", k_json_string}}))
+    return "field '" + e->name + "' has the wrong type: expected " + e->expected + ", got " + e->got;
   if (body.contains("max_output_tokens") && body["max_output_tokens"].is_number_integer() &&
       !(body["max_output_tokens"].is_number_unsigned() && body["max_output_tokens"].get<std::uint64_t>() >= 1))
     return "field 'max_output_tokens' must be a positive integer, got " + dump_safe(body["max_output_tokens"]);

@@ -202,3 +202,25 @@ TEST_CASE("Claude Code's recorded first request translates: billing header gone,
   CHECK(t.chat["reasoning_effort"] == "high");  // output_config.effort
   CHECK(t.stream);
 }
+
+TEST_CASE("a Messages field of the wrong type is named with what was read; content with nothing translatable says why") {
+  const json msgs = json::array({{{"role", "user"}, {"content", "x"}}});
+  const std::pair<json, const char*> cases[] = {
+      {{{"temperature", "x"}}, "temperature: expected a number, got string"},
+      {{{"tools", "x"}}, "tools: expected an array, got string"},
+      {{{"tool_choice", 5}}, "tool_choice: expected an object, got number"},
+      {{{"stop_sequences", "x"}}, "stop_sequences: expected an array, got string"},
+      {{{"thinking", "x"}}, "thinking: expected an object, got string"},
+      {{{"stream", "yes"}}, "stream: expected a boolean, got string"},
+      {{{"max_tokens", "5"}}, "max_tokens: expected an integer, got string"},
+  };
+  for (const auto& [extra, message] : cases) {
+    json b = {{"model", "m"}, {"max_tokens", 10}, {"messages", msgs}};
+    for (const auto& [k, v] : extra.items()) b[k] = v;
+    INFO(b.dump());
+    CHECK(refusal(b) == message);
+  }
+  const json weird = {{"model", "m"}, {"max_tokens", 10},
+                      {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "weird"}}})}}})}};
+  CHECK(refusal(weird) == "messages: no user or assistant content the bridge can translate (dropped messages.0.content.0 of type 'weird')");
+}
