@@ -87,6 +87,14 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     if (!s->is_number_integer()) return expected("seed", "an integer", *s);
     g.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
+  {  // accepted and not applied (docs/worker.md "Not done"), but a wrong type is the client's 400
+    std::optional<double> ignored;
+    for (const char* key : {"frequency_penalty", "presence_penalty"})
+      if (auto e = read_number(body, key, -2.0, 2.0, ignored)) return e;
+    if (auto e = read_number(body, "repetition_penalty", 0.0, 100.0, ignored)) return e;
+    if (const auto* lb = get(body, "logit_bias"); lb && !lb->is_object()) return expected("logit_bias", "an object of token id → bias", *lb);
+    if (const auto* u = get(body, "user"); u && !u->is_string()) return expected("user", "a string", *u);
+  }
   if (const auto* s = get(body, "stop")) {
     if (s->is_string()) {
       g.stop = {s->get<std::string>()};

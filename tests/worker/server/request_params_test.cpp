@@ -52,4 +52,11 @@ TEST_CASE("bad fields are refused naming field, value and expectation") {
   CHECK(err({{"logprobs", true}}, ApiKind::completions).find("field 'logprobs'") == 0);
   CHECK(err({{"stream_options", {{"include_usage", "yes"}}}}).find("stream_options.field 'include_usage'") == 0);
   CHECK(err({{"top_p", 0}}).find("field 'top_p'") == 0);
+  // Accepted but not applied: still type- and range-checked.
+  CHECK(err({{"frequency_penalty", "x"}}).find("field 'frequency_penalty': expected a number in [-2") == 0);
+  CHECK(err({{"presence_penalty", json::array({1})}}).find("field 'presence_penalty'") == 0);
+  CHECK(err({{"presence_penalty", 3}}).find("field 'presence_penalty'") == 0);
+  CHECK(err({{"logit_bias", "x"}}).find("field 'logit_bias': expected an object") == 0);
+  CHECK(err({{"user", 5}}).find("field 'user': expected a string, got 5") == 0);
+  CHECK(err({{"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"user", "u"}}).empty());
 }
