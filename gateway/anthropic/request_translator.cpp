@@ -265,10 +265,13 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
   out = TranslatedRequest{};
   if (!body.is_object()) return TranslateError{"the request body must be a JSON object"};
   const json* model = field(body, "model");
-  if (!model || !model->is_string()) return TranslateError{"model: a string is required"};
+  if (!model || !model->is_string())
+    return TranslateError{std::string("model: a string is required, got ") + (model ? model->type_name() : "none")};
   out.chat["model"] = *model;
   const json* msgs = field(body, "messages");
-  if (!msgs || !msgs->is_array() || msgs->empty()) return TranslateError{"messages: a non-empty array is required"};
+  if (!msgs || !msgs->is_array() || msgs->empty())
+    return TranslateError{std::string("messages: a non-empty array is required, got ") +
+                          (!msgs ? "none" : msgs->is_array() ? "an empty array" : msgs->type_name())};
   if (auto e = first_mistyped_field(body,
                                     {{"stream", k_json_bool}, {"max_tokens", k_json_integer}, {"system", k_json_string | k_json_array},
                                      {"temperature", k_json_number}, {"top_p", k_json_number}, {"top_k", k_json_number},

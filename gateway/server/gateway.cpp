@@ -319,7 +319,9 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
   };
   bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   if (!body.contains("model") || !body["model"].is_string())
-    return local(400, "", "", stream, "the request needs a string `model`", "invalid_request_error", "missing_model");
+    return local(400, "", "", stream,
+                 std::string("the request needs a string `model`, got ") + (body.contains("model") ? body["model"].type_name() : "none"),
+                 "invalid_request_error", "missing_model");
   std::string id = body["model"].get<std::string>();
   const registry::ModelEntry* entry = reg.find_by_id(id);
   if (!entry) {
@@ -330,8 +332,10 @@ void Gateway::Impl::handle_completion_body(Route route, json body, std::shared_p
                  "invalid_request_error", "model_not_found");
   }
   if (route != Route::completions && (!body.contains("messages") || !body["messages"].is_array()))
-    return local(400, entry->name, id, stream, "a chat completion needs a `messages` array", "invalid_request_error",
-                 "missing_messages");
+    return local(400, entry->name, id, stream,
+                 std::string("a chat completion needs a `messages` array, got ") +
+                     (body.contains("messages") ? body["messages"].type_name() : "none"),
+                 "invalid_request_error", "missing_messages");
   if (route == Route::completions && !body.contains("prompt"))
     return local(400, entry->name, id, stream, "a completion needs a `prompt`", "invalid_request_error", "missing_prompt");
 
