@@ -67,6 +67,13 @@ std::optional<json> image_part(const json& block) {
   return std::nullopt;
 }
 
+/// A text block's `text` when it is no string (a number, an object): the client's 400, named.
+std::optional<TranslateError> mistyped_text(const json& block, std::size_t m, std::size_t b) {
+  const json* t = field(block, "text");
+  if (!t || t->is_string()) return std::nullopt;
+  return TranslateError{where(m, b) + ".text: expected a string, got " + t->type_name()};
+}
+
 /// Chat content from text parts and image parts: a string when there is no image.
 json chat_content(const std::string& text, const json& images) {
   if (images.empty()) return text;
@@ -91,6 +98,7 @@ std::optional<TranslateError> user_message(const json& content, std::size_t m, c
     if (!block.is_object()) return TranslateError{where(m, b) + ": expected a content block object"};
     const std::string type = str(block, "type");
     if (type == "text") {
+      if (auto e = mistyped_text(block, m, b)) return e;
       if (!text.empty()) text += "\n";
       text += str(block, "text");
     } else if (type == "image") {
@@ -143,6 +151,7 @@ std::optional<TranslateError> assistant_message(const json& content, std::size_t
     if (!block.is_object()) return TranslateError{where(m, b) + ": expected a content block object"};
     const std::string type = str(block, "type");
     if (type == "text") {
+      if (auto e = mistyped_text(block, m, b)) return e;
       text += str(block, "text");
     } else if (type == "thinking") {
       // The signature is servedeck's own (stream_translator.hpp: thinking_signature) or another
@@ -155,6 +164,8 @@ std::optional<TranslateError> assistant_message(const json& content, std::size_t
       const std::string id = str(block, "id"), name = str(block, "name");
       if (id.empty() || name.empty()) return TranslateError{where(m, b) + ": a tool_use needs string `id` and `name`"};
       const json* input = field(block, "input");
+      if (input && !input->is_object())
+        return TranslateError{where(m, b) + ".input: expected an object (the tool's arguments), got " + input->type_name()};
       const std::string args = input ? dump_safe(*input) : std::string("{}");
       calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", args}}}});
     } else {

@@ -224,3 +224,14 @@ TEST_CASE("a Messages field of the wrong type is named with what was read; conte
                       {"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "weird"}}})}}})}};
   CHECK(refusal(weird) == "messages: no user or assistant content the bridge can translate (dropped messages.0.content.0 of type 'weird')");
 }
+
+TEST_CASE("a text block whose text is no string, and a tool_use whose input is no object, are named") {
+  auto body = [](json content, const char* role = "user") {
+    return json{{"model", "m"}, {"max_tokens", 10}, {"messages", json::array({{{"role", role}, {"content", std::move(content)}}})}};
+  };
+  CHECK(refusal(body(json::array({{{"type", "text"}, {"text", 5}}}))) == "messages.0.content.0.text: expected a string, got number");
+  CHECK(refusal(body(json::array({{{"type", "text"}, {"text", json::object()}}}), "assistant")) ==
+        "messages.0.content.0.text: expected a string, got object");
+  CHECK(refusal(body(json::array({{{"type", "tool_use"}, {"id", "t1"}, {"name", "f"}, {"input", "notobj"}}}), "assistant")) ==
+        "messages.0.content.0.input: expected an object (the tool's arguments), got string");
+}
