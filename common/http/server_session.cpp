@@ -134,26 +134,36 @@ void Session::on_header(error_code ec) {
       return send_simple_and_close(refused->status, std::move(refused->body), refused->extra_headers);
     }
   }
-  // RFC 9112 6.1: chunked is the only transfer coding read here; a body in any other (gzip,
-  // identity, a list) would be read as if it were plain, so it is refused (501, RFC 9110 15.6.2).
+  // RFC 9112 6.1: chunked is the only transfer coding read here. A request whose last coding is
+  // not chunked has no determinable length: 400 (RFC 9112 6.3). Codings before chunked (gzip,
+  // chunked) would be read as if plain: 501 (RFC 9110 15.6.2). Both close the connection.
   if (auto te = req.find(bhttp::field::transfer_encoding); te != req.end()) {
-    std::string_view v = te->value();
-    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-    if (!beast::iequals(v, "chunked")) {
-      std::string body = dump_safe(make_error("Transfer-Encoding '" + std::string(v.substr(0, 64)) +
-                                                  "' is not supported; send the body with Content-Length or Transfer-Encoding: chunked",
-                                              "invalid_request_error", "unsupported_transfer_encoding"));
+    auto trim = [](std::string_view v) {
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+      return v;
+    };
+    const std::string_view all = trim(te->value());
+    const auto comma = all.rfind(',');
+    const bool last_chunked = beast::iequals(trim(comma == std::string_view::npos ? all : all.substr(comma + 1)), "chunked");
+    if (!beast::iequals(all, "chunked")) {
+      const int status = last_chunked ? 501 : 400;
+      std::string body = dump_safe(make_error(
+          "Transfer-Encoding '" + std::string(all.substr(0, 64)) + "' " +
+              (last_chunked ? "is not supported" : "does not end in chunked") +
+              "; send the body with Content-Length or Transfer-Encoding: chunked",
+          "invalid_request_error", "unsupported_transfer_encoding"));
       head_.reset();
-      parser_.reset();  // v points into it: the message is built above
-      return send_simple_and_close(501, std::move(body));
+      parser_.reset();  // `all` points into it: the message is built above
+      return send_simple_and_close(status, std::move(body));
     }
   }
   if (auto len = parser_->content_length(); len && *len > srv_.opt.max_body_bytes) {
     return send_simple_and_close(413, body_too_large());
   }
   parser_->body_limit(srv_.opt.max_body_bytes);
-  if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
+  // RFC 9110 10.1.1: a 1.0 client's Expect is ignored (it would read the 100 as the answer).
+  if (req.version() >= 11 && beast::iequals(req[bhttp::field::expect], "100-continue")) {
     auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
     stream_.expires_after(std::chrono::milliseconds(srv_.opt.write_timeout_ms));
     asio::async_write(stream_, asio::buffer(*cont), [self = shared_from_this(), cont](error_code wec, std::size_t) {
@@ -343,6 +353,9 @@ void Session::close() {
   gone = true;
   out_.clear();
   error_code ignored;
+  // An HTTP/1.0 body ends where the connection closes, so a response cut short (the producer
+  // gone, a client that stopped reading) is reset instead: the client sees an error, not an end.
+  if (!response_done_ && http10) stream_.socket().set_option(asio::socket_base::linger(true, 0), ignored);
   stream_.socket().close(ignored);
   fire_drained();
 }
