@@ -291,9 +291,11 @@ std::optional<std::string> translate_request_unchecked(const json& body, const j
   if (auto err = check_field_types(body)) return err;
   out = TranslatedRequest{};
   out.chat["model"] = body["model"];
-  out.stream = body.value("stream", false);
-  out.store = body.value("store", true);
-  out.previous_response_id = body.value("previous_response_id", "");
+  // check_field_types let these through as their type or null; null is the default.
+  auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  out.stream = given("stream") ? body["stream"].get<bool>() : false;
+  out.store = given("store") ? body["store"].get<bool>() : true;
+  out.previous_response_id = given("previous_response_id") ? body["previous_response_id"].get<std::string>() : "";
 
   if (body.contains("tools") && body["tools"].is_array()) translate_tools(body["tools"], out);
 

@@ -125,7 +125,9 @@ TEST_CASE("a top-level field of the wrong type is named with what was read and w
   }
   // null is absent; a well-typed request passes.
   TranslatedRequest t;
-  CHECK_FALSE(translate_request(json::parse(R"({"model":"tiny","input":"hi","reasoning":null,"max_output_tokens":16,"temperature":0.5})"), nullptr, t).has_value());
+  CHECK_FALSE(translate_request(json::parse(R"({"model":"tiny","input":"hi","reasoning":null,"stream":null,"store":null,"previous_response_id":null,"max_output_tokens":16,"temperature":0.5})"), nullptr, t).has_value());
+  CHECK_FALSE(t.stream);
+  CHECK(t.store);
   CHECK(t.chat["max_tokens"] == 16);
 }
 
