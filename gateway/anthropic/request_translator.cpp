@@ -285,7 +285,7 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
                           (!msgs ? "none" : msgs->is_array() ? "an empty array" : msgs->type_name())};
   if (auto e = first_mistyped_field(body,
                                     {{"stream", k_json_bool}, {"max_tokens", k_json_integer}, {"system", k_json_string | k_json_array},
-                                     {"temperature", k_json_number}, {"top_p", k_json_number}, {"top_k", k_json_number},
+                                     {"temperature", k_json_number}, {"top_p", k_json_number}, {"top_k", k_json_integer},
                                      {"tools", k_json_array}, {"tool_choice", k_json_object}, {"stop_sequences", k_json_array},
                                      {"thinking", k_json_object}, {"metadata", k_json_object}, {"output_config", k_json_object}}))
     return TranslateError{e->name + ": expected " + e->expected + ", got " + e->got};
