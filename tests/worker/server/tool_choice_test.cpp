@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "tests/worker/server/server_fixture.hpp"
+#include "worker/server/chat_prompt.hpp"
 #include "worker/server/tool_choice.hpp"
 
 using namespace servedeck;
@@ -283,7 +284,7 @@ TEST_CASE("a refused tool_choice names its param and code; malformed messages ke
   CHECK(rj["error"]["param"].is_null());
 }
 
-TEST_CASE("malformed assistant tool_calls are the client's 400, named by path; deep arguments do not recurse") {
+TEST_CASE("malformed assistant tool_calls are the client's 400, named by path") {
   Fixture f;
   const std::pair<const char*, const char*> cases[] = {
       {R"("x")", "messages[0].tool_calls: expected an array of tool calls, got"},
@@ -304,14 +305,52 @@ TEST_CASE("malformed assistant tool_calls are the client's 400, named by path; d
     CHECK(e["code"] == "invalid_messages");
     CHECK_MESSAGE(e["message"].get<std::string>().find(message) == 0, e["message"]);
   }
-  // Arguments nested 100000 deep inside their string: refused by the bounded parse (kept as the
-  // string), never a recursion through the parser; the request is answered.
-  json body = chat_body("hi", false);
-  body["messages"] = json::array(
-      {json{{"role", "assistant"},
-            {"content", ""},
-            {"tool_calls", json::array({json{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", std::string(100000, '[')}}}}})}},
-       json{{"role", "user"}, {"content", "hi"}}});
-  const auto r = f.post("/v1/chat/completions", body.dump());
-  CHECK(r.status == 200);
+}
+
+namespace {
+/// The fake model, recording the context the chat template was given.
+class RecordingModel final : public TextModel {
+ public:
+  std::string token_bytes(int32_t id) const override { return inner_.token_bytes(id); }
+  bool is_special(int32_t id) const override { return inner_.is_special(id); }
+  std::vector<int32_t> encode(std::string_view text) const override { return inner_.encode(text); }
+  std::optional<std::string> decode(std::span<const int32_t> ids, bool skip, std::string& error) const override {
+    return inner_.decode(ids, skip, error);
+  }
+  std::optional<int32_t> token_id(std::string_view token) const override { return inner_.token_id(token); }
+  std::size_t vocab_size() const override { return inner_.vocab_size(); }
+  std::string render_chat(const json& ctx) const override {
+    seen = ctx;
+    return inner_.render_chat(ctx);
+  }
+  mutable json seen;
+
+ private:
+  FakeTextModel inner_;
+};
+}  // namespace
+
+TEST_CASE("tool-call arguments reach the template as an object when they are one, within the JSON depth bound") {
+  auto body_with = [](const std::string& arguments) {
+    json body = chat_body("hi", false);
+    body["messages"] = json::array(
+        {json{{"role", "assistant"},
+              {"content", ""},
+              {"tool_calls", json::array({json{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", arguments}}}}})}},
+         json{{"role", "user"}, {"content", "hi"}}});
+    return body;
+  };
+  RecordingModel model;
+  ChatPrompt out;
+  REQUIRE_FALSE(build_chat_prompt(body_with(R"({"city":"Paris"})"), model, out));
+  CHECK(model.seen["messages"][0]["tool_calls"][0]["function"]["arguments"] == json{{"city", "Paris"}});
+  // A valid object nested 100000 deep: past the bound, so it stays the string it came as (parsed,
+  // it would be a 100000-level value for the template to walk and print).
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(100000, '}');
+  REQUIRE_FALSE(build_chat_prompt(body_with(deep), model, out));
+  const json& args = model.seen["messages"][0]["tool_calls"][0]["function"]["arguments"];
+  CHECK(args.is_string());
+  CHECK(args.get<std::string>().size() == deep.size());
 }
