@@ -14,7 +14,7 @@
 
 namespace servedeck::worker::testing {
 
-class FakeTextModel final : public TextModel {
+class FakeTextModel : public TextModel {
  public:
   std::string token_bytes(int32_t id) const override { return vocab_.token_bytes(id); }
   bool is_special(int32_t id) const override { return vocab_.is_special(id); }

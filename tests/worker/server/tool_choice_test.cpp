@@ -309,24 +309,13 @@ TEST_CASE("malformed assistant tool_calls are the client's 400, named by path") 
 
 namespace {
 /// The fake model, recording the context the chat template was given.
-class RecordingModel final : public TextModel {
+class RecordingModel final : public FakeTextModel {
  public:
-  std::string token_bytes(int32_t id) const override { return inner_.token_bytes(id); }
-  bool is_special(int32_t id) const override { return inner_.is_special(id); }
-  std::vector<int32_t> encode(std::string_view text) const override { return inner_.encode(text); }
-  std::optional<std::string> decode(std::span<const int32_t> ids, bool skip, std::string& error) const override {
-    return inner_.decode(ids, skip, error);
-  }
-  std::optional<int32_t> token_id(std::string_view token) const override { return inner_.token_id(token); }
-  std::size_t vocab_size() const override { return inner_.vocab_size(); }
   std::string render_chat(const json& ctx) const override {
     seen = ctx;
-    return inner_.render_chat(ctx);
+    return FakeTextModel::render_chat(ctx);
   }
   mutable json seen;
-
- private:
-  FakeTextModel inner_;
 };
 }  // namespace
 
