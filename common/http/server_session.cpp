@@ -137,13 +137,16 @@ void Session::on_header(error_code ec) {
   // RFC 9112 6.1: chunked is the only transfer coding read here. A request whose last coding is
   // not chunked has no determinable length: 400 (RFC 9112 6.3). Codings before chunked (gzip,
   // chunked) would be read as if plain: 501 (RFC 9110 15.6.2). Both close the connection.
-  if (auto te = req.find(bhttp::field::transfer_encoding); te != req.end()) {
+  if (req.find(bhttp::field::transfer_encoding) != req.end()) {
     auto trim = [](std::string_view v) {
       while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
       while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
       return v;
     };
-    const std::string_view all = trim(te->value());
+    std::string codings;  // every Transfer-Encoding field, in order, as one list
+    const auto [first_te, end_te] = req.equal_range(bhttp::field::transfer_encoding);
+    for (auto f = first_te; f != end_te; ++f) codings += (codings.empty() ? "" : ", ") + std::string(trim(f->value()));
+    const std::string_view all = trim(codings);
     const auto comma = all.rfind(',');
     const bool last_chunked = beast::iequals(trim(comma == std::string_view::npos ? all : all.substr(comma + 1)), "chunked");
     if (!beast::iequals(all, "chunked")) {
@@ -154,7 +157,7 @@ void Session::on_header(error_code ec) {
               "; send the body with Content-Length or Transfer-Encoding: chunked",
           "invalid_request_error", "unsupported_transfer_encoding"));
       head_.reset();
-      parser_.reset();  // `all` points into it: the message is built above
+      parser_.reset();
       return send_simple_and_close(status, std::move(body));
     }
   }

@@ -77,6 +77,18 @@ TEST_CASE("a request body in a transfer coding other than chunked is refused, ne
     CHECK(got.find("unsupported_transfer_encoding") != std::string::npos);
     CHECK(got.find(std::string("Transfer-Encoding '") + te + "'") != std::string::npos);
   }
+  // Two Transfer-Encoding fields are one list: "chunked" then "gzip" ends in gzip (Beast's
+  // parser refuses that head itself: 400 bad_http).
+  const std::string two = exchange_until_close(srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                                                           "Transfer-Encoding: gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n").bytes;
+  CHECK(two.rfind("HTTP/1.1 400", 0) == 0);
+  CHECK_MESSAGE(two.find("\"invalid_request_error\"") != std::string::npos, two);
+  CHECK(handled == 0);
+  // "gzip" then "chunked" fields: a list ending in chunked with a coding before it, 501.
+  const std::string two_ok = exchange_until_close(srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
+                                                              "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n").bytes;
+  CHECK(two_ok.rfind("HTTP/1.1 501", 0) == 0);
+  CHECK_MESSAGE(two_ok.find("Transfer-Encoding 'gzip, chunked' is not supported") != std::string::npos, two_ok);
   CHECK(handled == 0);
   // chunked itself (any case) is read.
   const std::string ok = exchange_until_close(
