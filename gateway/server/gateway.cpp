@@ -9,7 +9,6 @@
 
 #include <boost/asio.hpp>
 
-#include "common/client_text.hpp"
 #include "common/json_limits.hpp"
 #include "common/openai_error.hpp"
 #include "common/sse.hpp"

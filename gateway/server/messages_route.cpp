@@ -4,7 +4,6 @@
 
 #include <boost/asio.hpp>
 
-#include "common/client_text.hpp"
 #include "common/json_limits.hpp"
 #include "gateway/anthropic/messages_responder.hpp"
 #include "gateway/anthropic/request_translator.hpp"

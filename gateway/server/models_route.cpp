@@ -1,6 +1,6 @@
 #include "gateway/server/models_route.hpp"
 
-#include "common/client_text.hpp"
+#include "gateway/server/request_notes.hpp"
 #include "common/json_limits.hpp"
 #include "gateway/server/messages_route.hpp"
 

@@ -9,7 +9,7 @@
 
 #include <cstdio>
 
-#include "common/client_text.hpp"
+#include "gateway/server/request_notes.hpp"
 #include "gateway/server/engine_tokenize.hpp"
 #include "gateway/server/proxy_internal.hpp"
 #include "gateway/server/request_body.hpp"

@@ -29,6 +29,11 @@ std::string log_safe(std::string_view text, std::size_t max_bytes) {
   return out;
 }
 
+std::string quoted_client_id(std::string_view id) {
+  if (id.size() <= k_max_quoted_id_bytes) return std::string(id);
+  return log_safe(id, k_max_quoted_id_bytes) + " (" + std::to_string(id.size()) + " bytes)";
+}
+
 void log_request_notes(std::string_view route, std::string_view model, const std::vector<std::string>& notes) {
   if (notes.empty()) return;
   const std::string prefix = "servedeck: " + std::string(route) + " (" + log_safe(model) + "): ";

@@ -24,4 +24,13 @@ std::string log_safe(std::string_view text, std::size_t max_bytes = k_max_note_b
 /// log_safe), then "servedeck: ROUTE (MODEL): N more note(s) not logged" when there are more.
 void log_request_notes(std::string_view route, std::string_view model, const std::vector<std::string>& notes);
 
+/// Bytes of a client identifier (a model id, a previous_response_id) kept verbatim where an
+/// error quotes it or the request log stores it; registry ids are at most 64.
+inline constexpr std::size_t k_max_quoted_id_bytes = 128;
+
+/// A client-supplied identifier as an error quotes it and the request log stores it: unchanged
+/// up to k_max_quoted_id_bytes, else log_safe's cut (between UTF-8 characters, "…") followed by
+/// " (N bytes)", N the full length — so a 10 MiB id is neither echoed nor stored whole.
+std::string quoted_client_id(std::string_view id);
+
 }  // namespace servedeck::gateway
