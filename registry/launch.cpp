@@ -33,12 +33,17 @@ std::vector<std::string> placeholders_in(std::string_view text) {
 
 namespace {
 
+/// `text` with every {name} of `values` replaced. Linear: a name is looked for only within the
+/// longest placeholder name's reach of its '{', so a run of '{' without '}' costs O(n), not O(n²).
 std::string fill(std::string_view text, const std::map<std::string, std::string>& values) {
+  std::size_t longest = 0;
+  for (const auto& [name, value] : values) longest = std::max(longest, name.size());
   std::string out;
   for (std::size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '{') {
-      std::size_t close = text.find('}', i + 1);
+      std::size_t close = text.substr(i + 1, longest + 1).find('}');
       if (close != std::string_view::npos) {
+        close += i + 1;
         auto it = values.find(std::string(text.substr(i + 1, close - i - 1)));
         if (it != values.end()) {
           out += it->second;

@@ -16,6 +16,10 @@
 
 namespace servedeck::registry {
 
+/// The largest KV cap (ctx × kv_cache_bytes_per_token) a model may declare: 256 TiB, far above
+/// any GPU's memory, so a larger product is a typo (or an overflow), not a plan.
+inline constexpr int64_t k_max_kv_cache_bytes = int64_t{1} << 48;
+
 /// Which kind of engine process a slot runs. `command` is any program speaking the OpenAI HTTP API.
 enum class EngineKind { native, vllm, llama_cpp, command };
 
@@ -128,10 +132,13 @@ struct ModelEntry {
   PolicyConfig policies;
 
   /// KV cap derived from the context: ctx × kv_cache_bytes_per_token, bytes.
-  /// (GLM: 327,680 × 17,200 = 5,636,096,000.) nullopt when kv_cache_bytes_per_token is unset.
+  /// (GLM: 327,680 × 17,200 = 5,636,096,000.) nullopt when kv_cache_bytes_per_token is unset;
+  /// INT64_MAX when the product overflows (the registry refuses a cap above k_max_kv_cache_bytes).
   std::optional<int64_t> kv_cache_bytes() const {
     if (!kv_cache_bytes_per_token) return std::nullopt;
-    return ctx * *kv_cache_bytes_per_token;
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(ctx, *kv_cache_bytes_per_token, &bytes)) return INT64_MAX;
+    return bytes;
   }
 
   /// Every id that reaches this model: served_name, aliases, preset aliases.
@@ -154,6 +161,9 @@ struct ServerConfig {
   int64_t log_max_bytes = 64 * 1024 * 1024;  // per-launch engine log rotation size, bytes (up to 2^31)
   int log_keep = 5;                 // rotated launch logs kept per model
   bool restore_previous_on_failed_start = false;
+  // The /dev/shm reaper keeps a file owned by the uid of a process whose maps or fds it cannot
+  // read (docs/supervisor.md, "/dev/shm"); by default such a process does not stop a reap.
+  bool shm_keep_unverifiable = false;
   /// Host names, besides IP addresses and `localhost`, that the Host header may carry, and that an
   /// Origin header may name (lower-cased). See docs/operations.md "Security".
   std::vector<std::string> allowed_hosts;

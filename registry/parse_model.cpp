@@ -162,6 +162,12 @@ void check_contradictions(const ModelEntry& m, const std::string& prefix, Diagno
                  prefix + ".validated_ctx = " + std::to_string(*m.validated_ctx) + " exceeds model_max_ctx = " +
                      std::to_string(*m.model_max_ctx) + src);
   }
+  if (auto kv = m.kv_cache_bytes(); kv && *kv > k_max_kv_cache_bytes)
+    sink.error(line("kv_cache_bytes_per_token"), prefix + ".kv_cache_bytes_per_token",
+               prefix + ": ctx = " + std::to_string(m.ctx) + " × kv_cache_bytes_per_token = " +
+                   std::to_string(*m.kv_cache_bytes_per_token) + " is a KV cap of " +
+                   (*kv == INT64_MAX ? std::string("more than 2^63") : std::to_string(*kv)) +
+                   " bytes; expected at most 2^48 (256 TiB)");
   if (m.cpu_offload_gib && m.host_ram_gib && *m.host_ram_gib < *m.cpu_offload_gib + kLoaderTransientGib)
     sink.error(line("host_ram_gib"), prefix + ".host_ram_gib",
                prefix + ".host_ram_gib = " + format_number(*m.host_ram_gib) + " is below cpu_offload_gib " +

@@ -10,6 +10,7 @@
 #include "registry/discovery.hpp"
 #include "registry/parse_internal.hpp"
 #include "registry/rules.hpp"
+#include "registry/toml_nesting.hpp"
 
 namespace servedeck::registry {
 
@@ -40,7 +41,7 @@ const std::vector<std::string>& server_keys() {
   static const std::vector<std::string> k = {"listen", "state_dir", "api_keys", "default_model", "max_body_bytes",
                                              "log_max_bytes", "log_keep", "restore_previous_on_failed_start",
                                              "allowed_hosts", "responses_retention_s", "history_retention_s",
-                                             "history_max_rows"};
+                                             "history_max_rows", "shm_keep_unverifiable"};
   return k;
 }
 
@@ -123,6 +124,7 @@ void parse_server(const toml::table& t, const std::string& config_dir, Diagnosti
   if (auto v = r.integer("log_max_bytes", 4096, int64_t{1} << 31, "bytes")) s.log_max_bytes = *v;
   if (auto v = r.integer("log_keep", 0, 1000, "files")) s.log_keep = static_cast<int>(*v);
   if (auto v = r.boolean("restore_previous_on_failed_start")) s.restore_previous_on_failed_start = *v;
+  if (auto v = r.boolean("shm_keep_unverifiable")) s.shm_keep_unverifiable = *v;
   parse_retention_and_hosts(r, sink, s);
 }
 
@@ -212,6 +214,13 @@ bool valid_model_name(std::string_view name) {
   return std::all_of(name.begin(), name.end(), [](char c) { return ascii_alnum(c) || c == '.' || c == '_' || c == '-'; });
 }
 
+namespace {
+// models.toml nests 3 or 4 deep ([models.X.policies], [rules.match]); these leave room and keep
+// toml++'s recursion and the registry's walks far from the stack's end.
+constexpr int k_max_toml_segments = 16;
+constexpr int k_max_toml_brackets = 16;
+}  // namespace
+
 Registry parse_registry(std::string_view text, const std::string& path, std::vector<Diagnostic>& diagnostics) {
   DiagnosticSink sink;
   sink.file = path;
@@ -221,6 +230,11 @@ Registry parse_registry(std::string_view text, const std::string& path, std::vec
   fs::path abs = fs::absolute(path, ec);
   reg.config_dir = (ec ? fs::path(".") : abs.parent_path()).lexically_normal().string();
   toml::table root;
+  if (auto deep = check_toml_nesting(text, k_max_toml_segments, k_max_toml_brackets)) {
+    sink.error(deep->line, "", "TOML nesting: " + deep->message);
+    diagnostics = std::move(sink.diagnostics);
+    return reg;
+  }
   try {
     root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
@@ -296,8 +310,9 @@ namespace {
 /// A registry is a few KiB; the shipped one is ~20 KiB. Anything past this is the wrong file (or
 /// a device such as /dev/zero, which would otherwise be read forever).
 constexpr std::size_t k_max_registry_bytes = 4u << 20;
+}  // namespace
 
-std::optional<std::string> read_file(const std::string& path, std::string& error) {
+std::optional<std::string> read_registry_file(const std::string& path, std::string& error) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     error = path + ": is a directory (expected a models.toml file)";
@@ -320,18 +335,18 @@ std::optional<std::string> read_file(const std::string& path, std::string& error
   }
   return text;
 }
-}  // namespace
+
 
 Registry load_registry(const std::string& path) {
   std::string error;
-  auto text = read_file(path, error);
+  auto text = read_registry_file(path, error);
   if (!text) throw RegistryError({Diagnostic{"error", SourceLocation{path, 0, 0}, "", error}});
   return parse_registry(*text, path);
 }
 
 std::vector<Diagnostic> lint_registry(const std::string& path) {
   std::string error;
-  auto text = read_file(path, error);
+  auto text = read_registry_file(path, error);
   if (!text) return {Diagnostic{"error", SourceLocation{path, 0, 0}, "", error}};
   std::vector<Diagnostic> d;
   Registry reg = parse_registry(*text, path, d);

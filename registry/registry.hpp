@@ -2,6 +2,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -32,6 +33,10 @@ struct RegistryError : std::runtime_error {
 /// `<checkpoint>/config.json` (max_position_embeddings, through text_config when nested) when
 /// not declared. Throws RegistryError with every problem found (not only the first).
 Registry load_registry(const std::string& path);
+
+/// The text of `path`, read with the registry's size bound (4 MiB; a device such as /dev/zero is
+/// refused once past it). nullopt with `error` naming the path and the cause otherwise.
+std::optional<std::string> read_registry_file(const std::string& path, std::string& error);
 
 /// Same, from text (tests). `path` names the text in diagnostics; relative paths in the text
 /// resolve against the directory of `path`.

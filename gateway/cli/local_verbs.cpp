@@ -1,8 +1,6 @@
 // Verbs that work without a daemon: lint (registry::lint_registry) and preflight (runs the
 // checks locally against this machine).
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "common/json_limits.hpp"
 #include "gateway/cli/cli_common.hpp"
@@ -18,12 +16,11 @@ namespace {
 /// verdict line of `lint`, counted like registry::lint_registry evaluates them (GPU unknown).
 /// Empty when `path` cannot be read (lint_registry already reported that).
 std::string rules_summary(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string error;  // lint_registry printed it
+  auto text = registry::read_registry_file(path, error);
+  if (!text) return "";
   std::vector<registry::Diagnostic> ignored;  // lint_registry printed them
-  registry::Registry reg = registry::parse_registry(text.str(), path, ignored);
+  registry::Registry reg = registry::parse_registry(*text, path, ignored);
   std::size_t hits = 0;
   for (const auto& m : reg.models)
     hits += registry::evaluate_rules(reg.rules, registry::make_rule_subject(m, reg.server, std::nullopt)).size();

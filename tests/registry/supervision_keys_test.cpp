@@ -68,3 +68,11 @@ TEST_CASE("shm_globs that would reach other programs' files are refused with the
   CHECK(errors_of(std::string(kModel) + "shm_globs = [\"/dev/shm/flashnext-kv-*\", \"/dev/shm/abc?\"]\n").empty());
   CHECK_FALSE(shm_glob_problem("/dev/shm/vllm-*"));
 }
+
+TEST_CASE("server.shm_keep_unverifiable: off by default, a boolean") {
+  CHECK_FALSE(parse_registry(kModel, "models.toml").server.shm_keep_unverifiable);
+  CHECK(parse_registry(std::string("[server]\nshm_keep_unverifiable = true\n") + kModel, "models.toml")
+            .server.shm_keep_unverifiable);
+  CHECK(errors_of(std::string("[server]\nshm_keep_unverifiable = \"yes\"\n") + kModel).find("shm_keep_unverifiable") !=
+        std::string::npos);
+}
