@@ -1,7 +1,8 @@
 // `servedeck serve`: the daemon. Loads the registry, opens the state store, serves the gateway
 // and the admin API, then (listening already: completions get 503 `slot_recovering` meanwhile)
 // adopts or reaps the engine a previous daemon left, starts the default model, and on
-// SIGTERM/SIGINT stops serving, then stops the engine cleanly.
+// SIGTERM/SIGINT stops serving, then stops the engine cleanly. SIGHUP (the terminal that started
+// it closing) is logged and ignored: the daemon and its engine keep serving.
 //
 // note: on SIGTERM the engine is stopped, not left for adoption. A daemon stop is how an operator
 // (and systemd, KillMode=mixed) says "give the GPU back"; leaving a 100 GiB engine without a
@@ -76,6 +77,7 @@ int cmd_serve(const Args& a) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Nothing the daemon (or an engine it starts) creates is readable by other users; the files
@@ -220,7 +222,11 @@ int cmd_serve(const Args& a) {
     });
 
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    for (;;) {
+      sigwait(&stop_signals, &sig);
+      if (sig != SIGHUP) break;
+      log_line("received SIGHUP: ignored (the daemon keeps serving; models.toml is read at the next start)");
+    }
     log_line(std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
              ": stopping the gateway, then the engine");
     service::notify_stopping();

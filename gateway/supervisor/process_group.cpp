@@ -117,7 +117,8 @@ int signal_members(const std::vector<ProcStat>& members, int sig) {
 }
 
 TerminateResult terminate_impl(const Target& t, std::chrono::milliseconds grace, std::chrono::milliseconds kill_wait,
-                               const std::function<void(const std::string&)>& progress) {
+                               const std::function<void(const std::string&)>& progress,
+                               const std::function<void()>& each_poll) {
   TerminateResult r;
   // Every process a scan ever found, by pid and start time: a member stays one until it is gone
   // (no /proc entry, a zombie, or its pid reused). note: a process killed mid-scan has already
@@ -154,6 +155,7 @@ TerminateResult terminate_impl(const Target& t, std::chrono::milliseconds grace,
         t.signal_all(SIGKILL);
         kill_known();
       }
+      if (each_poll) each_poll();
       std::this_thread::sleep_for(k_poll);
     }
   };
@@ -414,14 +416,15 @@ std::string TerminateResult::describe_survivors() const {
 
 TerminateResult terminate(EngineProcess& engine, std::chrono::milliseconds grace,
                           std::chrono::milliseconds kill_wait,
-                          const std::function<void(const std::string&)>& progress) {
+                          const std::function<void(const std::string&)>& progress,
+                          const std::function<void()>& each_poll) {
   Target t;
   t.label = "pid " + std::to_string(engine.pid()) + "'s launch";
   t.leader_running = [&] { return engine.running(); };
   t.members = [&] { return engine.members(); };
   t.signal_all = [&](int sig) { return engine.signal_all(sig); };
   t.cgroup = engine.identity().cgroup;
-  auto r = terminate_impl(t, grace, kill_wait, progress);
+  auto r = terminate_impl(t, grace, kill_wait, progress, each_poll);
   engine.wait_exit(std::chrono::milliseconds(500));
   r.exit_status = engine.exit_status();
   return r;
@@ -438,7 +441,7 @@ TerminateResult terminate_orphans(const EngineIdentity& id, std::chrono::millise
     return signal_members(launch_members(id, false), sig);
   };
   t.cgroup = id.cgroup;
-  return terminate_impl(t, grace, kill_wait, {});
+  return terminate_impl(t, grace, kill_wait, {}, {});
 }
 
 }  // namespace servedeck::supervisor

@@ -143,10 +143,12 @@ struct TerminateResult {
 /// SIGTERM to every member of the launch, wait up to `grace` for every member to exit, SIGKILL to
 /// whatever is left, wait up to `kill_wait`, then report survivors (typically state D: stuck in
 /// the kernel, e.g. in a driver call, holding its memory). Removes the launch cgroup once empty.
-/// `progress` gets one line per step.
+/// `progress` gets one line per step; `each_poll` runs at every poll of the waits (~every
+/// 50 ms; the supervisor bounds the engine's log there, which a dying engine may still flood).
 TerminateResult terminate(EngineProcess& engine, std::chrono::milliseconds grace,
                           std::chrono::milliseconds kill_wait,
-                          const std::function<void(const std::string&)>& progress = {});
+                          const std::function<void(const std::string&)>& progress = {},
+                          const std::function<void()>& each_poll = {});
 
 /// The same for a launch whose leader is gone (found at daemon start): only processes verifiably
 /// of the launch — in its cgroup or carrying its marker — are signalled; a process that merely

@@ -322,7 +322,7 @@ class Supervisor : public gateway::SlotControl {
   std::shared_ptr<Job> current_;
   std::condition_variable queue_cv_;
 
-  std::atomic<bool> abort_start_{false};  // set by stop(): a start in progress gives up
+  std::atomic<bool> abort_start_{false};  // set by a stop: the running switch gives up (cleared when the next job begins)
   bool shutting_down_ = false;
   std::condition_variable shutdown_cv_;
   std::thread monitor_;

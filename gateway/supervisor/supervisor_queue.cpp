@@ -43,7 +43,10 @@ void Supervisor::submit(std::shared_ptr<Job> job) {
         superseded.assign(queue_.begin(), queue_.end());
         queue_.clear();
         queue_.push_back(job);
-        if (job->kind == Job::Kind::stop && current_ && current_->kind == Job::Kind::switch_model) abort_start_ = true;
+        if (job->kind == Job::Kind::stop && current_ && current_->kind == Job::Kind::switch_model) {
+          abort_start_ = true;
+          shutdown_cv_.notify_all();  // a residency wait gives up too: nothing is launched
+        }
         queue_cv_.notify_all();
       }
     }
@@ -125,8 +128,9 @@ OpResult Supervisor::run_job(Job& job) {
         progress(line);
         lk.lock();
         shutdown_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
-                              [&] { return shutting_down_ || !job.for_request; });
+                              [&] { return shutting_down_ || !job.for_request || abort_start_; });
         if (shutting_down_) return {false, "the daemon is shutting down", 0};
+        if (abort_start_) return {false, "the switch to " + job.target + " was cancelled by a stop before it began", 0};
       }
     }
   }
@@ -144,6 +148,9 @@ void Supervisor::switch_loop() {
       job = queue_.front();
       queue_.pop_front();
       current_ = job;
+      // A stop that asked the previous job to give up is either this job or was superseded by
+      // it: either way the flag belonged to the job that just ended, never to this one.
+      abort_start_ = false;
     }
     const std::string what = job->kind == Job::Kind::stop ? "stop" : "switch to " + job->target;
     OpResult r;

@@ -64,8 +64,12 @@ std::string Supervisor::stop_engine(const std::string& why, bool drain, const Pr
   TerminateResult t;
   if (engine) {
     say(progress, "stopping " + model + " (pid " + std::to_string(engine->pid()) + ")");
+    // The log stays bounded while the engine dies (it may still write), and once more after.
     t = terminate(*engine, std::chrono::seconds(std::max(0, stop_s)), std::chrono::milliseconds(opt_.kill_wait_ms),
-                  progress);
+                  progress, [&log] {
+                    if (log) log->enforce_bound();
+                  });
+    if (log) log->enforce_bound();
   }
   std::string failure;
   if (!t.clean()) {
@@ -152,7 +156,7 @@ ReapReport Supervisor::reap(const std::vector<std::string>& models, const Progre
     globs.insert(globs.end(), e->shm_globs.begin(), e->shm_globs.end());
   }
   if (globs.empty()) return {};
-  ReapReport r = reap_shm(globs, opt_.shm_dir);
+  ReapReport r = reap_shm(globs, opt_.shm_dir, "/proc", reg_.server.shm_keep_unverifiable);
   for (const auto& g : r.ignored_globs) say(progress, "shm: glob " + g + " ignored");
   if (!r.freed.empty() || !r.kept.empty() || !r.errors.empty()) {
     say(progress, "shm: " + r.summary());

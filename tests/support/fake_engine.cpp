@@ -10,6 +10,7 @@
 //   --crash-mid-stream-after N   a stream sends N content chunks, then the process dies (_exit 1)
 //   --exit-after-ready-ms N  exit (code 3) N ms after listening (liveness after ready)
 //   --ignore-sigterm         SIGTERM is ignored (the group must be SIGKILLed)
+//   --flood-on-sigterm       on SIGTERM, writes ~64 MB/s to stdout until SIGKILLed
 //   --fork-grandchild MODE   fork a child that keeps running: MODE "session" (same group and
 //                            session), "setpgid" (moves into its own group, same session) or
 //                            "setsid" (forked after listening: leaves the session with setsid()
@@ -78,6 +79,7 @@ struct Options {
   int crash_mid_stream_after = -1;
   int exit_after_ready_ms = -1;
   bool ignore_sigterm = false;
+  bool flood_on_sigterm = false;
   std::string fork_grandchild;
   std::string grandchild_pid_file;
   std::string hold_shm;
@@ -120,6 +122,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--crash-mid-stream-after") o.crash_mid_stream_after = std::atoi(value().c_str());
     else if (a == "--exit-after-ready-ms") o.exit_after_ready_ms = std::atoi(value().c_str());
     else if (a == "--ignore-sigterm") o.ignore_sigterm = true;
+    else if (a == "--flood-on-sigterm") o.flood_on_sigterm = true;
     else if (a == "--fork-grandchild") o.fork_grandchild = value();
     else if (a == "--grandchild-pid-file") o.grandchild_pid_file = value();
     else if (a == "--hold-shm") o.hold_shm = value();
@@ -322,6 +325,22 @@ int main(int argc, char** argv) {
   say("starting: served_name " + o.served_name + ", port " + std::to_string(o.port));
   if (!o.hold_shm.empty()) hold_shm(o);
   if (!o.fork_grandchild.empty() && o.fork_grandchild != "setsid") fork_grandchild(o);  // before any thread exists
+  if (o.flood_on_sigterm) {
+    // Blocked before the server's threads exist, so only this one takes it.
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &term, nullptr);
+    std::thread([term] {
+      int sig = 0;
+      sigwait(&term, &sig);
+      const std::string line(64 * 1024 - 1, 'x');
+      const std::string chunk = line + "\n";
+      for (;;)
+        if (::write(1, chunk.data(), chunk.size()) >= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }).detach();
+    say("flooding stdout on SIGTERM");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   int shard = 0;

@@ -1,6 +1,7 @@
 // Liveness after ready: an engine that answers /health but hangs on completions, or whose /health
 // hangs, becomes `unhealthy` within a bounded time with the reason; a first-byte report from the
-// proxy does the same; restart_on_failure restarts it; probes that pass again make it ready.
+// proxy does the same; restart_on_failure restarts it; probes that pass again make it ready. The
+// launch log stays bounded while the engine runs and while it is stopped.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -150,4 +151,25 @@ TEST_CASE("monitor: rotating a large launch log does not hold the supervisor's m
   } else {
     CHECK(worst_us < copy_ms * 1000 / 2);
   }
+}
+
+TEST_CASE("stop: an engine flooding its log while it dies is held to log_max_bytes, during the stop and after") {
+  Fixture f;
+  f.reg.server.log_max_bytes = 1 << 20;
+  auto& m = f.add("flood", {"--flood-on-sigterm"});
+  m.stop_timeout_s = 2;  // ~128 MB written before the SIGKILL, unbounded
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("flood").ok);
+  const std::string log = sup.log_path();
+  REQUIRE_FALSE(log.empty());
+  auto r = sup.stop("test");
+  CHECK_MESSAGE(r.ok, r.error);
+  std::error_code ec;
+  const auto now_bytes = std::filesystem::file_size(log, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(now_bytes <= (1u << 20));
+  // The rotated copy holds at most one poll's worth (~50 ms, ~3 MB here) past the bound.
+  const auto rotated = std::filesystem::file_size(log + ".1", ec);
+  REQUIRE_FALSE(ec);  // it did rotate
+  CHECK(rotated < (16u << 20));
 }

@@ -1,7 +1,8 @@
 // The switch queue: a second switch to the same target joins the first (one launch); a switch to
 // another target supersedes the queued ones; a stop aborts a start in progress; a caller that
 // waits for a model gets its lease in the moment the slot becomes ready, so an operator's switch
-// issued right then has to drain it first.
+// issued right then has to drain it first. A stop that a later switch supersedes leaves nothing
+// behind; a stop cancels a request's switch that still waits out the running model's residency.
 #include <doctest/doctest.h>
 
 #include <future>
@@ -122,4 +123,60 @@ TEST_CASE("switch queue: a waiter's lease is taken as the slot becomes ready; an
   auto b = rb.get();
   CHECK_MESSAGE(b.ok, b.error);
   CHECK(sup.snapshot().model == "b");
+}
+
+TEST_CASE("switch queue: a stop superseded by a later switch aborts only the running start; the later switch starts") {
+  Fixture f;
+  auto& slow = f.add("slow", {"--slow-start-ms", "30000", "--log-progress"});
+  slow.start_timeout_s = 60;
+  f.add("b");
+  f.add("c");
+  auto& sup = f.make();
+  Result rs, rstop, rb;
+  sup.submit_switch("slow", {}, rs.done());
+  REQUIRE(sdtest::wait_for([&] { return sup.snapshot().state == SlotState::starting; }, 5000));
+  sup.submit_stop("operator", {}, rstop.done());
+  sup.submit_switch("b", {}, rb.done());
+  auto stop = rstop.get();
+  CHECK_FALSE(stop.ok);
+  CHECK(stop.error == "the stop was superseded by a later switch to b before it began");
+  CHECK(rs.get().error.find("start aborted by stop") != std::string::npos);
+  auto b = rb.get();
+  CHECK_MESSAGE(b.ok, b.error);
+  CHECK(sup.snapshot().model == "b");
+  // Nothing of the stop is left behind for the switches after it.
+  auto c = sup.switch_to("c");
+  CHECK_MESSAGE(c.ok, c.error);
+  CHECK(sup.snapshot().state == SlotState::ready);
+}
+
+TEST_CASE("switch queue: a stop cancels a request-triggered switch still waiting out min_residency_s") {
+  Fixture f;
+  auto& a = f.add("a");
+  a.min_residency_s = 60;
+  f.add("b");
+  auto& sup = f.make();
+  REQUIRE(sup.switch_to("a").ok);
+  std::promise<std::pair<bool, std::string>> waited;
+  auto got = waited.get_future();
+  sup.ensure_running("b", [&waited](gateway::Lease lease, std::string why) {
+    waited.set_value({lease != nullptr, std::move(why)});
+  });
+  // Time for the request's switch to become the running job, waiting out a's residency.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(got.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
+  Result rstop;
+  auto t0 = state::now_ms();
+  sup.submit_stop("operator", {}, rstop.done());
+  auto stop = rstop.get();
+  CHECK_MESSAGE(stop.ok, stop.error);
+  CHECK(state::now_ms() - t0 < 10000);  // not the 60 s of residency
+  REQUIRE(got.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  auto [leased, why] = got.get();
+  CHECK_FALSE(leased);
+  CHECK(why.find("the switch to b was cancelled by a stop before it began") != std::string::npos);
+  auto launches = f.store->recent_launches(10);
+  REQUIRE(launches.size() == 1);  // b was never launched
+  CHECK(launches[0].model == "a");
+  CHECK(sup.snapshot().state == SlotState::stopped);
 }
