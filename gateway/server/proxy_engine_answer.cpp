@@ -5,6 +5,7 @@
 #include "gateway/server/proxy_internal.hpp"
 
 #include "common/json_limits.hpp"
+#include "gateway/server/engine_chunk.hpp"
 #include "gateway/server/request_body.hpp"
 
 namespace servedeck::gateway {
@@ -61,6 +62,10 @@ void ProxyCall::handle_event(const sse::Event& ev, bool at_end) {
                 ErrorSource::engine);
   }
   if (chunk.is_object() && chunk.contains("error")) return on_engine_error(chunk["error"]);
+  // Valid JSON that is not a chunk (an array, a number, `choices` not an array, an index out of
+  // range) ends the stream here, before the policies or the normaliser read it.
+  if (std::string bad = engine_chunk_error(chunk, {requested_choices(engine_body_), chat_}); !bad.empty())
+    return fail(502, bad, "server_error", "engine_bad_event", ErrorSource::engine);
   std::vector<json> chunks;
 #ifdef SERVEDECK_HAVE_POLICIES
   if (stream_pipeline_)

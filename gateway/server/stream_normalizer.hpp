@@ -65,7 +65,8 @@ class StreamNormalizer {
   explicit StreamNormalizer(Options opt);
 
   /// One upstream chunk (a JSON object that is not an error). Appends zero or more SSE events
-  /// to `out`. A non-object or a chunk without usable choices is dropped (usage kept).
+  /// to `out`. A non-object or a chunk without usable choices is dropped (usage kept): the proxy
+  /// ends the stream on such chunks before they get here (engine_chunk.hpp).
   void on_chunk(const nlohmann::json& chunk, std::string& out);
 
   /// Upstream ended properly ([DONE], or closed after a finish chunk). Appends the finish

@@ -282,7 +282,8 @@ TEST_CASE("an engine stream past what the normaliser keeps ends with stream_too_
   const std::string too_many = json{{"id", "c1"}, {"object", "chat.completion.chunk"}, {"choices", choices}}.dump();
   Rig rig;
   rig.engine.push(test::sse_script({role_ev(), content_ev("partial"), too_many, content_ev("never"), "[DONE]"}, 4096));
-  auto r = stream(rig, chat());
+  // The request asks for that many choices, so every index is in range (engine_chunk.hpp).
+  auto r = stream(rig, chat("glm53-flash", true, ",\"n\":" + std::to_string(gateway::k_max_stream_choices + 1)));
   CHECK(r.status == 200);
   REQUIRE(r.data.size() >= 3);
   CHECK(r.event(1)["choices"][0]["delta"]["content"] == "partial");
