@@ -37,7 +37,7 @@ namespace {
 using json = nlohmann::json;
 
 struct CallState {
-  int index = 0;
+  int64_t index = 0;
   std::string id;
   std::string name_raw;
   std::string raw_pending;  // raw arguments received before the name was resolved
@@ -60,9 +60,9 @@ struct EmittedCall {
 };
 
 struct ChoiceState {
-  std::map<int, CallState> calls;
-  std::vector<int> order;
-  int current = -1;
+  std::map<int64_t, CallState> calls;  // by the engine's tool-call index
+  std::vector<int64_t> order;
+  int64_t current = -1;
   std::string reasoning_all;
   std::string content_all;   // every content byte received
   std::string content_sent;  // content passed on
@@ -87,7 +87,7 @@ std::size_t partial_suffix(std::string_view s, std::string_view tag) {
 }  // namespace
 
 struct StreamPipeline::State {
-  std::map<int, ChoiceState> choices;
+  std::map<int64_t, ChoiceState> choices;  // by the engine's choice index
   std::vector<DeclaredTool> tools;
   bool repair_on = false, sanitize = false, coerce = false, rescue = false, mirror = false;
   std::optional<PolicyError> error;
@@ -100,7 +100,7 @@ struct StreamPipeline::State {
     if (!error) error = PolicyError{"servedeck: " + std::move(message), std::move(code)};
   }
 
-  json make_chunk(int idx, json delta, json finish = nullptr) const {
+  json make_chunk(int64_t idx, json delta, json finish = nullptr) const {
     json c = last_chunk.is_object() ? last_chunk : json::object();
     c.erase("usage");
     c["choices"] = json::array({{{"index", idx}, {"delta", std::move(delta)}, {"finish_reason", std::move(finish)}}});
@@ -341,13 +341,13 @@ struct StreamPipeline::State {
     return scan_content(st, text);
   }
 
-  void finalize(ChoiceState& st, int idx, std::optional<std::string> finish, const json* upstream_choice,
+  void finalize(ChoiceState& st, int64_t idx, std::optional<std::string> finish, const json* upstream_choice,
                 std::vector<json>& out) {
     st.finished = true;
     json deltas = json::array();
     std::string content_out;
     if (st.think_watch) content_out += release_think_watch(st);
-    for (int i : st.order) {
+    for (int64_t i : st.order) {
       end_call(st, st.calls[i], deltas);
       if (error) return;
     }
@@ -468,7 +468,9 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
   std::vector<json> out;
   for (const auto& choice : chunk["choices"]) {
     if (!choice.is_object()) continue;
-    int idx = choice.contains("index") && choice["index"].is_number_integer() ? choice["index"].get<int>() : 0;
+    // note: the gateway checked the indexes' ranges (gateway/server/engine_chunk.hpp); read whole
+    // here all the same, so 4294967296 can never alias 0.
+    int64_t idx = choice.contains("index") && choice["index"].is_number_integer() ? choice["index"].get<int64_t>() : 0;
     auto [it, inserted] = s.choices.try_emplace(idx);
     ChoiceState& st = it->second;
     if (inserted) st.think_watch = s.rescue;
@@ -493,7 +495,7 @@ std::vector<json> StreamPipeline::on_chunk(const json& chunk) {
     if (delta.contains("tool_calls") && delta["tool_calls"].is_array()) {
       for (const auto& tc : delta["tool_calls"]) {
         if (!tc.is_object()) continue;
-        int i = tc.contains("index") && tc["index"].is_number_integer() ? tc["index"].get<int>()
+        int64_t i = tc.contains("index") && tc["index"].is_number_integer() ? tc["index"].get<int64_t>()
                                                                           : (st.current < 0 ? 0 : st.current);
         if (st.current >= 0 && i != st.current) s.end_call(st, st.calls[st.current], tool_deltas);
         if (s.error) break;

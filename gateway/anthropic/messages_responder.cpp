@@ -19,7 +19,11 @@ std::string string_field(const json& j, const char* key) {
 /// numeric `code` is a status; otherwise the OpenAI type, where the two vocabularies meet.
 std::string stream_error_type(const json& err) {
   if (err.is_object())
-    if (auto c = err.find("code"); c != err.end() && c->is_number_integer()) return error_type_for_status(c->get<int>());
+    if (auto c = err.find("code"); c != err.end() && c->is_number_integer()) {
+      // Read whole: a code of 4294967696 must not wrap onto 400. Out of the status range: api_error.
+      const auto code = c->get<int64_t>();
+      return error_type_for_status(code >= 100 && code <= 599 ? static_cast<int>(code) : 500);
+    }
   const std::string type = string_field(err, "type");
   if (type == "overloaded_error" || type == "invalid_request_error" || type == "authentication_error" ||
       type == "permission_error" || type == "not_found_error" || type == "rate_limit_error")

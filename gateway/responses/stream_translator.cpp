@@ -161,7 +161,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
   if (delta.contains("tool_calls") && delta["tool_calls"].is_array()) {
     for (const auto& tc : delta["tool_calls"]) {
       if (!tc.is_object()) continue;
-      int index = tc.contains("index") && tc["index"].is_number_integer() ? tc["index"].get<int>() : 0;
+      const int64_t index = tc.contains("index") && tc["index"].is_number_integer() ? tc["index"].get<int64_t>() : 0;
       const json fn = tc.contains("function") && tc["function"].is_object() ? tc["function"] : json::object();
       auto found = tool_index_.find(index);
       if (found == tool_index_.end()) {

@@ -92,7 +92,7 @@ class StreamTranslator {
   int item_counter_ = 0;
   std::vector<OpenItem> items_;       // every item, in output order
   int current_ = -1;                  // index into items_ of the open reasoning/message item
-  std::map<int, int> tool_index_;     // chat tool_calls index → items_ index
+  std::map<int64_t, int> tool_index_; // chat tool_calls index → items_ index
   std::string finish_reason_;
   nlohmann::json usage_;              // upstream usage (chat shape), null when none
   std::size_t text_bytes_ = 0;        // text kept in items_, bytes (≤ k_max_stream_text_bytes)
