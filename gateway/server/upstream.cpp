@@ -35,6 +35,10 @@ std::string_view to_string(UpstreamFailure f) {
 
 namespace {
 
+/// The most interim 1xx responses (100 Continue, 103 Early Hints) skipped before the final one;
+/// an engine sends one at most.
+constexpr int k_max_interim_responses = 8;
+
 class Call final : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
   Call(asio::any_io_executor ex, UpstreamRequest req, UpstreamCallbacks cb)
@@ -137,33 +141,52 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
       if (self->done_) return;
       if (e) return self->finish(UpstreamFailure::io, "write " + self->where() + ": " + e.message());
       self->msg_.reset();
-      self->parser_.body_limit(std::uint64_t{1} << 62);  // note: boost::none trips a Beast 1.74 bug (len > none)
-      bhttp::async_read_header(self->socket_, self->buffer_, self->parser_,
-                               [self](error_code he, std::size_t) { self->on_header(he); });
+      self->read_head();
     });
+  }
+
+  /// Reads the next response head into a fresh parser (the one before may hold an interim 1xx).
+  void read_head() {
+    parser_.emplace();
+    parser_->body_limit(std::uint64_t{1} << 62);  // note: boost::none trips a Beast 1.74 bug (len > none)
+    bhttp::async_read_header(socket_, buffer_, *parser_,
+                             [self = shared_from_this()](error_code he, std::size_t) { self->on_header(he); });
   }
 
   void on_header(error_code ec) {
     if (done_) return;
     if (ec) return finish(classify(ec), "reading the response head of " + where() + ": " + ec.message());
+    const unsigned status = parser_->get().result_int();
+    if (status == 101)
+      return finish(UpstreamFailure::io, "the engine answered " + where() +
+                                             " with 101 Switching Protocols; expected a final HTTP/1.1 response");
+    if (status >= 100 && status <= 199) {
+      // RFC 9110 section 15.2: an interim response (100 Continue, 103 Early Hints) precedes the
+      // final one on the same connection; it has no body.
+      if (++interim_responses_ > k_max_interim_responses)
+        return finish(UpstreamFailure::io, "the engine sent more than " + std::to_string(k_max_interim_responses) +
+                                               " interim 1xx responses to " + where() + " (the last: " +
+                                               std::to_string(status) + "); expected a final response after them");
+      return read_head();
+    }
     std::map<std::string, std::string> headers;
-    for (const auto& f : parser_.get()) {
+    for (const auto& f : parser_->get()) {
       std::string name(f.name_string());
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
       headers[name] = std::string(f.value());
     }
     // Callbacks run from a copy: one may cancel this call, and finish() then clears cb_, which
     // must not destroy the closure that is running (nor the owner it keeps alive).
-    if (auto on_head = cb_.on_head) on_head(static_cast<int>(parser_.get().result_int()), headers);
+    if (auto on_head = cb_.on_head) on_head(static_cast<int>(status), headers);
     if (done_) return;  // on_head may cancel
     read_body();
   }
 
   void read_body() {
-    if (parser_.is_done()) return finish(UpstreamFailure::none, {});
-    parser_.get().body().data = buf_;
-    parser_.get().body().size = sizeof(buf_);
-    bhttp::async_read_some(socket_, buffer_, parser_, [self = shared_from_this()](error_code ec, std::size_t) {
+    if (parser_->is_done()) return finish(UpstreamFailure::none, {});
+    parser_->get().body().data = buf_;
+    parser_->get().body().size = sizeof(buf_);
+    bhttp::async_read_some(socket_, buffer_, *parser_, [self = shared_from_this()](error_code ec, std::size_t) {
       self->on_body(ec);
     });
   }
@@ -171,7 +194,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   void on_body(error_code ec) {
     if (done_) return;
     if (ec == bhttp::error::need_buffer) ec = {};
-    std::size_t n = sizeof(buf_) - parser_.get().body().size;
+    std::size_t n = sizeof(buf_) - parser_->get().body().size;
     if (n > 0) {
       got_body_ = true;
       arm(req_.max_gap_ms, UpstreamFailure::gap_timeout);
@@ -179,7 +202,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
       if (done_) return;
     }
     if (ec) return finish(classify(ec), "reading the response body of " + where() + ": " + ec.message());
-    if (n > 0 && !parser_.is_done() && should_pause()) {
+    if (n > 0 && !parser_->is_done() && should_pause()) {
       paused_ = true;
       ++timer_gen_;  // the client is slow, not the engine: no gap deadline while paused
       timer_.cancel();
@@ -224,11 +247,12 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   tcp::resolver resolver_;
   boost::beast::flat_buffer buffer_;
   std::optional<bhttp::request<bhttp::string_body>> msg_;
-  bhttp::response_parser<bhttp::buffer_body> parser_;
+  std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_;  // the response being read (read_head)
   char buf_[16384];
   UpstreamFailure armed_kind_ = UpstreamFailure::connect_timeout;
   int armed_ms_ = 0;
   uint64_t timer_gen_ = 0;
+  int interim_responses_ = 0;  // 1xx heads skipped before the final one
   bool got_body_ = false;
   bool paused_ = false;
   bool done_ = false;

@@ -12,6 +12,10 @@
 //                 exchange from connect to the end of the body; it replaces the first-byte
 //                 deadline, which for a body that arrives at once would bound the generation.
 //
+// Interim responses: up to 8 (k_max_interim_responses) 1xx heads before the final one (100
+// Continue, 103 Early Hints; RFC 9110 section 15.2) are read and skipped, on_head sees the final
+// status only; a 101, or a 9th interim head, ends the call with `io` naming it.
+//
 // Threading: every callback runs on `executor` (a strand the caller owns), one at a time, and
 // on_end runs exactly once unless cancel() came first (then it runs with `cancelled`).
 // cancel() may be called from any thread, including from inside a callback (on `executor` it
