@@ -186,6 +186,10 @@ void ProxyCall::send_upstream() {
     auto keep = self;
     return keep->should_pause();
   };
+  cb.made_progress = [self] {
+    auto keep = self;
+    return std::exchange(keep->progressed_, false);
+  };
   upstream_ = start_upstream(strand_, std::move(req), std::move(cb));
 }
 

@@ -32,6 +32,7 @@ sse::Parser ProxyCall::make_parser() { return sse::Parser(k_max_engine_event, ss
 void ProxyCall::on_upstream_data(std::string_view bytes) {
   if (done_) return;
   if (upstream_status_ != 200 || !stream_) {
+    progressed_ = true;
     if (engine_text_.size() + bytes.size() > k_max_engine_body)
       return fail(502, "the engine's answer exceeds " + std::to_string(k_max_engine_body) + " bytes",
                   "server_error", "engine_body_too_large", ErrorSource::servedeck);
@@ -40,6 +41,7 @@ void ProxyCall::on_upstream_data(std::string_view bytes) {
   }
   const int attempt = attempt_;
   for (auto& ev : parser_.feed(bytes)) {
+    if (!ev.comment) progressed_ = true;  // a comment is no sign of life (`: keepalive` forever)
     handle_event(ev);
     if (done_ || attempt != attempt_) return;  // ended, or retried (G09): the rest is stale
   }

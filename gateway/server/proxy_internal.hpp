@@ -164,6 +164,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   bool upstream_ended_ = false;     // on_end of the current attempt has run (cancel() is a no-op)
   int attempt_ = 0;
   bool done_ = false;               // the client's answer is complete (or the client is gone)
+  bool progressed_ = false;         // since the upstream last asked: a data event (or body bytes) arrived
   bool recorded_ = false;           // record() ran
   clock_type::time_point last_write_ = clock_type::now();  // the last bytes written to the client
   bool capture_ = false;            // policies/capture.hpp: policy on and SERVEDECK_CAPTURE=1

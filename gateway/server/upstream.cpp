@@ -197,9 +197,10 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     std::size_t n = sizeof(buf_) - parser_->get().body().size;
     if (n > 0) {
       got_body_ = true;
-      arm(req_.max_gap_ms, UpstreamFailure::gap_timeout);
       if (auto on_data = cb_.on_data) on_data(std::string_view(buf_, n));
       if (done_) return;
+      auto progressed = cb_.made_progress;  // a copy, as for on_data
+      if (!progressed || progressed()) arm(req_.max_gap_ms, UpstreamFailure::gap_timeout);
     }
     if (ec) return finish(classify(ec), "reading the response body of " + where() + ": " + ec.message());
     if (n > 0 && !parser_->is_done() && should_pause()) {

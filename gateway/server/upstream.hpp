@@ -65,6 +65,12 @@ struct UpstreamCallbacks {
   /// Asked after each on_data: true pauses reading (backpressure from a slow client) until
   /// resume(). While paused the gap deadline does not run.
   std::function<bool()> should_pause;
+  /// Asked after each on_data: whether those bytes completed something that counts as the
+  /// engine's progress (for a stream: a data event, not a comment nor a fragment). Only progress
+  /// replaces the running first-byte or gap deadline by a fresh gap deadline, so an engine that
+  /// sends only `: keepalive` comments, or one event a byte at a time, still meets its deadlines.
+  /// Unset: every byte is progress.
+  std::function<bool()> made_progress;
 };
 
 class UpstreamCall {

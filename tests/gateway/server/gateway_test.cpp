@@ -165,6 +165,31 @@ TEST_CASE("deadlines: time to first byte and the gap between events") {
     CHECK(r.event(2)["error"]["message"].get<std::string>().rfind("no event from the engine within 300 ms of the last one (", 0) == 0);
     CHECK_FALSE(r.done());
   }
+  SUBCASE("TTFT: SSE comments are no first event") {
+    Rig rig("glm53", 5000, [](registry::Registry& r) { r.models[0].first_byte_timeout_ms = 400; });
+    Script s;
+    for (int i = 0; i < 20; ++i) s.pieces.push_back({": keepalive\n\n", 100});  // 2 s of comments
+    s.pieces.push_back({"data: " + role_ev() + "\n\n", 0});
+    s.ending = Script::Ending::hang;
+    rig.engine.push(s);
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = rig.post("/v1/chat/completions", chat());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1800));
+    CHECK(r.status == 504);
+    CHECK(json::parse(r.body)["error"]["code"] == "upstream_first_byte_timeout");
+  }
+  SUBCASE("gap: one event trickled a byte at a time is no progress") {
+    Rig rig("glm53", 5000, [](registry::Registry& r) { r.models[0].max_gap_ms = 300; });
+    Script s;
+    s.pieces = {{"data: " + role_ev() + "\n\ndata: " + content_ev("a") + "\n\n", 0}};
+    const std::string slow = "data: " + content_ev("b") + "\n\n";
+    for (char c : slow) s.pieces.push_back({std::string(1, c), 100});  // each byte within the gap
+    rig.engine.push(s);
+    auto r = stream(rig, chat());
+    REQUIRE(r.data.size() == 3);
+    CHECK(r.event(2)["error"]["code"] == "upstream_gap_timeout");
+    CHECK_FALSE(r.done());
+  }
 }
 
 TEST_CASE("client disconnect cancels the upstream at once") {
