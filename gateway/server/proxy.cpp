@@ -173,7 +173,10 @@ void ProxyCall::send_upstream() {
   // Each callback pins the call on its own stack (`keep`): the std::function holding `self` may
   // be released (by the upstream ending, or the client's connection dropping on another
   // thread) while the callback still runs.
-  cb.on_head = [self](int status, const std::map<std::string, std::string>&) { self->upstream_status_ = status; };
+  cb.on_head = [self](int status, const std::map<std::string, std::string>& headers) {
+    auto keep = self;
+    keep->on_upstream_head(status, headers);
+  };
   cb.on_data = [self](std::string_view bytes) {
     auto keep = self;
     keep->on_upstream_data(bytes);

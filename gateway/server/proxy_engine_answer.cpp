@@ -7,6 +7,7 @@
 #include "common/json_limits.hpp"
 #include "gateway/server/engine_chunk.hpp"
 #include "gateway/server/request_body.hpp"
+#include "gateway/server/request_notes.hpp"
 
 namespace servedeck::gateway {
 
@@ -23,6 +24,20 @@ int status_for_engine_error(const json& err) {
   return 502;
 }
 
+/// A header value without the spaces and tabs around it (RFC 9110 section 5.5: OWS).
+std::string trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return std::string(v);
+}
+
+/// ASCII lower case (header tokens and media types are case-insensitive).
+std::string lowercase(std::string v) {
+  for (char& c : v)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return v;
+}
+
 }  // namespace
 
 namespace detail {
@@ -31,7 +46,7 @@ sse::Parser ProxyCall::make_parser() { return sse::Parser(k_max_engine_event, ss
 
 void ProxyCall::on_upstream_data(std::string_view bytes) {
   if (done_) return;
-  if (upstream_status_ != 200 || !stream_) {
+  if (upstream_status_ != 200 || !stream_ || !not_sse_type_.empty()) {
     progressed_ = true;
     if (engine_text_.size() + bytes.size() > k_max_engine_body)
       return fail(502, "the engine's answer exceeds " + std::to_string(k_max_engine_body) + " bytes",
@@ -192,6 +207,8 @@ void ProxyCall::restart_attempt() {
   normalizer_.emplace(normalizer_options());
   held_.clear();
   upstream_status_ = 0;
+  not_sse_type_.clear();
+  engine_text_.clear();
   send_upstream();
 }
 
@@ -233,18 +250,22 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
                     "upstream_closed", ErrorSource::engine);
       return answer_engine_error_body();
     }
-    if (!stream_) {
+    if (!stream_ || !not_sse_type_.empty()) {
       if (f == UpstreamFailure::closed)
         return fail(502, "the engine closed the connection before its answer was complete (" + detail + ")",
                     "server_error", "upstream_closed", ErrorSource::engine);
-      return answer_body();
+      return not_sse_type_.empty() ? answer_body() : not_sse_answer();
     }
     if (auto last = parser_.finish()) {
       handle_event(*last, true);
       if (done_ || !upstream_ended_) return;  // ended, or a G09 retry started a new attempt
     }
     if (normalizer_->finish_seen()) return finish_stream();
-    return fail(502, "the engine closed the stream before its finish chunk or [DONE] (" + detail + ")",
+    // f == none: the body ended by its own framing (Content-Length reached, or the last chunk).
+    return fail(502, "the engine closed the stream before its finish chunk or [DONE] (" +
+                         (detail.empty() ? std::string("its response body ended at its declared length or last chunk")
+                                         : detail) +
+                         ")",
                 "server_error", "upstream_closed", ErrorSource::engine);
   }
   if (f == UpstreamFailure::request_timeout)
@@ -262,6 +283,35 @@ void ProxyCall::on_upstream_end(UpstreamFailure f, const std::string& detail) {
     return fail(502, "cannot reach the engine of model '" + job_.model->name + "': " + detail, "server_error",
                 "engine_unreachable", ErrorSource::servedeck);
   fail(502, detail, "server_error", "upstream_io", ErrorSource::servedeck);
+}
+
+void ProxyCall::on_upstream_head(int status, const std::map<std::string, std::string>& headers) {
+  upstream_status_ = status;
+  auto header = [&](const char* name) {
+    auto it = headers.find(name);  // upstream.cpp lower-cases the names
+    return it == headers.end() ? std::string() : it->second;
+  };
+  const std::string encoding = lowercase(trim(header("content-encoding")));
+  if (!encoding.empty() && encoding != "identity")
+    return fail(502, "the engine answered HTTP " + std::to_string(status) + " with Content-Encoding '" +
+                         log_safe(encoding, 100) +
+                         "'; servedeck asks for Accept-Encoding: identity and reads no compressed body",
+                "server_error", "engine_bad_response", ErrorSource::engine);
+  if (!stream_ || status != 200) return;
+  const std::string type = header("content-type");
+  const std::string media = lowercase(trim(type.substr(0, type.find(';'))));
+  // No Content-Type at all is read as SSE (some engines omit it); any other type is not.
+  if (!media.empty() && media != "text/event-stream") not_sse_type_ = log_safe(trim(type), 100);
+}
+
+void ProxyCall::not_sse_answer() {
+  JsonError perr;
+  json j = parse_untrusted(engine_text_, &perr);
+  if (j.is_object() && j.contains("error")) return on_engine_error(j["error"]);
+  fail(502, "the engine answered a streamed request with HTTP 200 and Content-Type '" + not_sse_type_ + "' (" +
+                std::to_string(engine_text_.size()) + " bytes: " + log_safe(engine_text_, k_max_quoted_event_bytes) +
+                "); expected text/event-stream",
+       "server_error", "engine_bad_response", ErrorSource::engine);
 }
 
 void ProxyCall::answer_engine_error_body() {

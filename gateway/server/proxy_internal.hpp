@@ -96,6 +96,14 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   // --- upstream data (proxy_engine_answer.cpp) -------------------------------------------
   static sse::Parser make_parser();
   void on_upstream_data(std::string_view bytes);
+  /// The engine's final response head: its status, and a refusal of what this proxy cannot read
+  /// (a Content-Encoding other than identity; a 200 to a streamed request that is not
+  /// text/event-stream is read whole and answered at its end by not_sse_answer()).
+  void on_upstream_head(int status, const std::map<std::string, std::string>& headers);
+  /// The end of a 200 answer to a streamed request whose Content-Type was not text/event-stream:
+  /// the engine's `{"error": …}` when the body is one, else a 502 `engine_bad_response` that names
+  /// the Content-Type and quotes the body (cut at 200 bytes).
+  void not_sse_answer();
   /// `at_end`: the event the engine left unterminated when it closed (a parse failure there is
   /// a stream cut inside an event, `upstream_closed`, not a malformed event).
   void handle_event(const sse::Event& ev, bool at_end = false);
@@ -141,6 +149,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   std::shared_ptr<UpstreamCall> upstream_;
   json engine_body_;
   std::string engine_text_;       // non-streaming or error body from the engine
+  std::string not_sse_type_;      // a streamed request's 200 answered with this media type, not SSE
   sse::Parser parser_ = make_parser();
   std::optional<StreamNormalizer> normalizer_;
   http::Headers client_headers_;  // added to the client's response (policies' notes)

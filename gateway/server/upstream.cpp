@@ -135,6 +135,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     msg_->set(bhttp::field::host, req_.host + ":" + std::to_string(req_.port));
     msg_->set(bhttp::field::content_type, "application/json");
     msg_->set(bhttp::field::accept, "application/json, text/event-stream");
+    msg_->set(bhttp::field::accept_encoding, "identity");  // the proxy reads no compressed body
     msg_->body() = std::move(req_.body);
     msg_->prepare_payload();
     bhttp::async_write(socket_, *msg_, [self = shared_from_this()](error_code e, std::size_t) {

@@ -32,6 +32,7 @@ struct Script {
   std::vector<Piece> pieces;
   enum class Ending { end, cut, hang } ending = Ending::end;
   bool chunked = true;  // false: one Content-Length body (pieces joined)
+  http::Headers headers;  // added to the response head (a Content-Encoding, say)
 };
 
 /// Splits an SSE wire text into pieces of `step` bytes (awkward boundaries: inside "data:",
@@ -84,6 +85,11 @@ class FakeEngine {
     std::lock_guard lk(mu_);
     return last_body_;
   }
+  /// The Accept-Encoding of the last request ("" when it had none).
+  std::string last_accept_encoding() const {
+    std::lock_guard lk(mu_);
+    return last_accept_encoding_;
+  }
 
  private:
   void handle(http::Request req, std::shared_ptr<http::Responder> res) {
@@ -92,6 +98,7 @@ class FakeEngine {
       std::lock_guard lk(mu_);
       ++requests_;
       last_body_ = nlohmann::json::parse(req.body, nullptr, false);
+      last_accept_encoding_ = req.header("accept-encoding");
       if (scripts_.empty()) {
         res->send(500, "application/json", R"({"error":{"message":"no script","type":"server_error","code":500}})");
         return;
@@ -108,10 +115,10 @@ class FakeEngine {
           std::this_thread::sleep_for(std::chrono::milliseconds(p.delay_ms));
           body += p.bytes;
         }
-        res->send(s.status, s.content_type, body);
+        res->send(s.status, s.content_type, body, s.headers);
         return;
       }
-      res->start_stream(s.status, s.content_type);
+      res->start_stream(s.status, s.content_type, s.headers);
       for (const auto& p : s.pieces) {
         if (p.delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(p.delay_ms));
         // Like a real engine, wait for the reader instead of queueing without bound.
@@ -136,6 +143,7 @@ class FakeEngine {
   std::deque<Script> scripts_;
   std::vector<std::thread> threads_;
   nlohmann::json last_body_;
+  std::string last_accept_encoding_;
   std::atomic<int> requests_{0};
   std::atomic<int> disconnects_{0};
   http::Server server_;  // last: stopped first
