@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "common/stream_limits.hpp"
 #include "gateway/server/stream_normalizer.hpp"
 
 using namespace servedeck;
@@ -189,4 +190,33 @@ TEST_CASE("/v1/messages: an event that is not a chunk ends with an error event, 
     CHECK(got.data.back()["error"]["message"].get<std::string>().find("a JSON object with a \"choices\" array") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("/v1/messages: tool-call arguments past k_max_stream_text_bytes end with an error event naming the bound") {
+  // An engine that streams one call's arguments without end, 1 MiB a fragment: the stream ends
+  // naming the bound once the arguments pass it, instead of holding them all (chat's
+  // stream_too_large for the same stream: tests/policies/response_test.cpp).
+  const std::string fragment(std::size_t{1} << 20, 'x');
+  std::vector<std::string> events = {role_ev(), tool_ev(0, "call_a", "{\"content\": \"")};
+  for (std::size_t sent = 0; sent <= k_max_stream_text_bytes; sent += fragment.size())
+    events.push_back(json{{"id", "c1"},
+                          {"choices", json::array({{{"index", 0},
+                                                    {"delta", {{"tool_calls", json::array({{{"index", 0},
+                                                                                            {"function", {{"arguments", fragment}}}}})}}},
+                                                    {"finish_reason", nullptr}}})}}
+                         .dump());
+  events.push_back(content_ev("LOST"));
+  events.push_back(finish_ev());
+  events.push_back("[DONE]");
+  Rig rig;
+  rig.engine.push(sse_script(events, std::size_t{1} << 20));
+  auto got = stream_named(rig, "/v1/messages",
+                          {{"model", "glm53-flash"}, {"max_tokens", 64}, {"stream", true},
+                           {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}});
+  CAPTURE(got.types.size());
+  REQUIRE_FALSE(got.types.empty());
+  CHECK(got.types.back() == "error");
+  CHECK_FALSE(got.has("message_stop"));
+  CHECK(got.data.back()["error"]["message"].get<std::string>().find(
+            std::to_string(k_max_stream_text_bytes >> 20) + " MiB") != std::string::npos);
 }
