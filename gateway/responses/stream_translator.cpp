@@ -200,9 +200,11 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
 std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out;
   if (ended_) return out;
-  // Finish "length": the token limit cut the item generated last; its output_item.done (below)
-  // and the final response object carry status "incomplete". Items closed earlier were whole.
-  if (finish_reason_ == "length" && !items_.empty()) items_.back().truncated = true;
+  // Finish "length" (the token limit) or "content_filter" (the engine's filter) cut the item
+  // generated last; its output_item.done (below) and the final response object carry status
+  // "incomplete". Items closed earlier were whole.
+  const bool cut = finish_reason_ == "length" || finish_reason_ == "content_filter";
+  if (cut && !items_.empty()) items_.back().truncated = true;
   close_current(out);
   for (const auto& [index, pos] : tool_index_) {
     (void)index;
@@ -212,7 +214,7 @@ std::vector<StreamEvent> StreamTranslator::finish() {
     out.push_back(make("response.output_item.done", {{"output_index", item.output_index}, {"item", item_json(item, true)}}));
   }
   ended_ = true;
-  status_ = finish_reason_ == "length" ? "incomplete" : "completed";
+  status_ = cut ? "incomplete" : "completed";
   out.push_back(make(status_ == "incomplete" ? "response.incomplete" : "response.completed", {{"response", response()}}));
   return out;
 }
@@ -243,7 +245,8 @@ json StreamTranslator::response() const {
             {"output", output},
             {"usage", ended_ ? usage_json() : json(nullptr)},
             {"error", error_.is_null() ? json(nullptr) : error_},
-            {"incomplete_details", status_ == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
+            {"incomplete_details", status_ != "incomplete" ? json(nullptr)
+                                  : json{{"reason", finish_reason_ == "content_filter" ? "content_filter" : "max_output_tokens"}}},
             {"instructions", echoed("instructions", nullptr)},
             {"tools", echoed("tools", json::array())},
             {"tool_choice", echoed("tool_choice", "auto")},

@@ -9,7 +9,8 @@
 //                response.content_part.done
 //     function:  response.function_call_arguments.delta… / .done
 //   response.output_item.done,
-//   and last exactly one of response.completed, response.incomplete (finish "length"), or
+//   and last exactly one of response.completed, response.incomplete (finish "length" or
+//   "content_filter"), or
 //   response.failed (any upstream failure, at any point: field case G32; and an answer whose
 //   text passes k_max_stream_text_bytes, common/stream_limits.hpp: code stream_too_large).
 // A non-streaming chat.completion is translated through the same state machine
@@ -51,8 +52,10 @@ class StreamTranslator {
   /// One upstream chat.completion.chunk (already normalised by the gateway).
   std::vector<StreamEvent> on_chunk(const nlohmann::json& chunk);
   /// Upstream ended properly: closes open items, then response.completed (or .incomplete when
-  /// the finish reason was "length"; then the last output item, the one the token limit cut,
-  /// is closed with status "incomplete" and earlier items with "completed", as OpenAI does).
+  /// the finish reason was "length" or "content_filter", with incomplete_details.reason
+  /// "max_output_tokens" or "content_filter"; then the last output item, the one the limit or
+  /// the filter cut, is closed with status "incomplete" and earlier items with "completed", as
+  /// OpenAI does).
   std::vector<StreamEvent> finish();
   /// Upstream failed: closes nothing further, emits response.failed with `code` and `message`.
   std::vector<StreamEvent> fail(const std::string& code, const std::string& message);

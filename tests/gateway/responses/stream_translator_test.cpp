@@ -228,3 +228,25 @@ TEST_CASE("an answer past k_max_stream_text_bytes ends as response.failed stream
   CHECK(t.response()["error"]["code"] == "stream_too_large");
   CHECK(t.finish().empty());
 }
+
+TEST_CASE("finish content_filter gives response.incomplete with reason content_filter, never response.completed") {
+  TranslatedRequest req;
+  StreamTranslator t("resp_cf", "tiny", 1, req);
+  std::vector<StreamEvent> all = t.start();
+  append(all, t.on_chunk(chunk({{"content", "The answer is"}})));
+  append(all, t.on_chunk(chunk(json::object(), "content_filter")));
+  append(all, t.finish());
+  CHECK(all.back().type == "response.incomplete");
+  const json& r = all.back().data["response"];
+  CHECK(r["status"] == "incomplete");
+  CHECK(r["incomplete_details"]["reason"] == "content_filter");
+  REQUIRE(r["output"].size() == 1);
+  CHECK(r["output"][0]["status"] == "incomplete");
+
+  // The whole (non-streamed) answer says the same.
+  const json completion = {{"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "The answer is"}}},
+                                                      {"finish_reason", "content_filter"}}})}};
+  const json whole = translate_completion(completion, "resp_cf2", "tiny", 1, req);
+  CHECK(whole["status"] == "incomplete");
+  CHECK(whole["incomplete_details"]["reason"] == "content_filter");
+}
