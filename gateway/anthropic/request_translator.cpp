@@ -29,32 +29,6 @@ std::string where(std::size_t m, std::size_t b) {
   return "messages." + std::to_string(m) + ".content." + std::to_string(b);
 }
 
-/// Text of a tool_result's `content`: a string, or blocks whose text blocks are joined by "\n".
-/// An image inside a tool result is refused like any image when the model has no vision.
-std::optional<TranslateError> tool_result_text(const json& content, const std::string& at,
-                                               const TranslateOptions& opt, std::string& text, json& images) {
-  if (content.is_null()) return std::nullopt;
-  if (content.is_string()) {
-    text = content.get<std::string>();
-    return std::nullopt;
-  }
-  if (!content.is_array()) return TranslateError{at + ".content: expected a string or an array of blocks"};
-  for (std::size_t i = 0; i < content.size(); ++i) {
-    const json& b = content[i];
-    const std::string type = str(b, "type");
-    if (type == "text") {
-      if (!text.empty()) text += "\n";
-      text += str(b, "text");
-    } else if (type == "image") {
-      if (!opt.vision)
-        return TranslateError{at + ".content." + std::to_string(i) + ": an image in a tool result needs a model with "
-                              "vision; model '" + opt.model_name + "' has none (registry key `vision`)"};
-      images.push_back(b);
-    }
-  }
-  return std::nullopt;
-}
-
 /// An Anthropic image block → a chat `image_url` part (base64 sources as a data: URL).
 std::optional<json> image_part(const json& block) {
   const json* src = field(block, "source");
@@ -64,6 +38,60 @@ std::optional<json> image_part(const json& block) {
     return json{{"type", "image_url"},
                 {"image_url", {{"url", "data:" + str(*src, "media_type") + ";base64," + str(*src, "data")}}}};
   if (type == "url") return json{{"type", "image_url"}, {"image_url", {{"url", str(*src, "url")}}}};
+  return std::nullopt;
+}
+
+/// A plain-text document block's text appended to `text` (other sources are refused: the
+/// engines servedeck runs read no PDF or file).
+std::optional<TranslateError> document_text(const json& block, const std::string& at, std::string& text) {
+  const json* src = field(block, "source");
+  const json* data = src ? field(*src, "data") : nullptr;
+  if (!src || str(*src, "type") != "text")
+    return TranslateError{at + ": document blocks other than plain text (source.type \"text\") are not "
+                          "supported by the engines servedeck runs"};
+  if (data && !data->is_string())
+    return TranslateError{at + ".source.data: expected a string, got " + std::string(data->type_name())};
+  if (!text.empty()) text += "\n";
+  text += str(*src, "data");
+  return std::nullopt;
+}
+
+/// Text of a tool_result's `content`: a string, or blocks whose text (and plain-text document)
+/// blocks are joined by "\n"; image blocks go to `images` as chat parts. A block of the wrong
+/// shape is the client's 400, an image without vision too; other block types are dropped with
+/// a warning.
+std::optional<TranslateError> tool_result_text(const json& content, const std::string& at,
+                                               const TranslateOptions& opt, TranslatedRequest& out, std::string& text,
+                                               json& images) {
+  if (content.is_null()) return std::nullopt;
+  if (content.is_string()) {
+    text = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return TranslateError{at + ".content: expected a string or an array of blocks"};
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const json& b = content[i];
+    const std::string bat = at + ".content." + std::to_string(i);
+    if (!b.is_object()) return TranslateError{bat + ": expected a content block object, got " + b.type_name()};
+    const std::string type = str(b, "type");
+    if (type == "text") {
+      if (const json* t = field(b, "text"); t && !t->is_string())
+        return TranslateError{bat + ".text: expected a string, got " + t->type_name()};
+      if (!text.empty()) text += "\n";
+      text += str(b, "text");
+    } else if (type == "image") {
+      if (!opt.vision)
+        return TranslateError{bat + ": an image in a tool result needs a model with vision; model '" + opt.model_name +
+                              "' has none (registry key `vision`)"};
+      auto part = image_part(b);
+      if (!part) return TranslateError{bat + ".source: expected {type: base64, media_type, data} or {type: url, url}"};
+      images.push_back(*part);
+    } else if (type == "document") {
+      if (auto e = document_text(b, bat, text)) return e;
+    } else {
+      out.warnings.push_back("dropped " + bat + " of type '" + type + "'");
+    }
+  }
   return std::nullopt;
 }
 
@@ -114,22 +142,14 @@ std::optional<TranslateError> user_message(const json& content, std::size_t m, c
       std::string result;
       json result_images = json::array();
       if (const json* c = field(block, "content"))
-        if (auto err = tool_result_text(*c, where(m, b), opt, result, result_images)) return err;
+        if (auto err = tool_result_text(*c, where(m, b), opt, out, result, result_images)) return err;
       const json* is_error = field(block, "is_error");
       // note: chat completions have no error flag on a tool message; the model reads it in the text.
       if (is_error && is_error->is_boolean() && is_error->get<bool>()) result = "Error: " + result;
       messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", result}});
-      for (const auto& img : result_images)
-        if (auto part = image_part(img)) images.push_back(*part);
+      for (const auto& part : result_images) images.push_back(part);
     } else if (type == "document") {
-      const json* src = field(block, "source");
-      if (src && str(*src, "type") == "text") {
-        if (!text.empty()) text += "\n";
-        text += str(*src, "data");
-      } else {
-        return TranslateError{where(m, b) + ": document blocks other than plain text (source.type \"text\") are not "
-                              "supported by the engines servedeck runs"};
-      }
+      if (auto e = document_text(block, where(m, b), text)) return e;
     } else {
       out.warnings.push_back("dropped " + where(m, b) + " of type '" + type + "'");
     }

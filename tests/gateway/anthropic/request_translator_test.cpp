@@ -235,3 +235,27 @@ TEST_CASE("a text block whose text is no string, and a tool_use whose input is n
   CHECK(refusal(body(json::array({{{"type", "tool_use"}, {"id", "t1"}, {"name", "f"}, {"input", "notobj"}}}), "assistant")) ==
         "messages.0.content.0.input: expected an object (the tool's arguments), got string");
 }
+
+TEST_CASE("tool_result content: blocks of the wrong shape are named, documents read as text, other types warned, never dropped silently") {
+  auto body = [](json content) {
+    return json{{"model", "m"}, {"max_tokens", 10}, {"messages", json::array({{{"role", "user"}, {"content", json::array({
+                    {{"type", "tool_result"}, {"tool_use_id", "t1"}, {"content", std::move(content)}}})}}})}};
+  };
+  CHECK(refusal(body(json::array({json::array({{{"type", "text"}, {"text", "nested"}}})}))) ==
+        "messages.0.content.0.content.0: expected a content block object, got array");
+  CHECK(refusal(body(json::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", 5}}}))) ==
+        "messages.0.content.0.content.1.text: expected a string, got number");
+  CHECK(refusal(body(json::array({{{"type", "document"}, {"source", {{"type", "base64"}, {"media_type", "application/pdf"}, {"data", "JVBE"}}}}})))
+            .find("messages.0.content.0.content.0: document blocks other than plain text") == 0);
+  TranslateOptions sees;
+  sees.vision = true;
+  CHECK(refusal(body(json::array({{{"type", "image"}, {"source", {{"type", "file"}, {"file_id", "f1"}}}}})), sees) ==
+        "messages.0.content.0.content.0.source: expected {type: base64, media_type, data} or {type: url, url}");
+
+  auto t = translate(body(json::array({{{"type", "text"}, {"text", "head"}},
+                                       {{"type", "document"}, {"source", {{"type", "text"}, {"media_type", "text/plain"}, {"data", "body"}}}},
+                                       {{"type", "search_result"}, {"source", "s"}, {"title", "t"}, {"content", json::array()}}})));
+  CHECK(t.chat["messages"][0] == json{{"role", "tool"}, {"tool_call_id", "t1"}, {"content", "head\nbody"}});
+  REQUIRE(t.warnings.size() == 1);
+  CHECK(t.warnings[0] == "dropped messages.0.content.0.content.2 of type 'search_result'");
+}
