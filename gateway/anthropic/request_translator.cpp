@@ -228,7 +228,9 @@ std::optional<TranslateError> system_text(const json& system, const TranslateOpt
   return std::nullopt;
 }
 
-void translate_tools(const json& tools, TranslatedRequest& out) {
+/// Client tools → chat function tools; typed (server) tools dropped with a warning. An
+/// `input_schema` that is no object is the client's 400 (a tool without one takes no arguments).
+std::optional<TranslateError> translate_tools(const json& tools, TranslatedRequest& out) {
   json chat_tools = json::array();
   for (std::size_t i = 0; i < tools.size(); ++i) {
     const json& t = tools[i];
@@ -244,10 +246,14 @@ void translate_tools(const json& tools, TranslatedRequest& out) {
     json fn = {{"name", name}};
     if (const json* d = field(t, "description"); d && d->is_string()) fn["description"] = *d;
     const json* schema = field(t, "input_schema");
-    fn["parameters"] = schema && schema->is_object() ? *schema : json{{"type", "object"}, {"properties", json::object()}};
+    if (schema && !schema->is_object())
+      return TranslateError{"tools." + std::to_string(i) + ".input_schema: expected an object (a JSON Schema), got " +
+                            schema->type_name()};
+    fn["parameters"] = schema ? *schema : json{{"type", "object"}, {"properties", json::object()}};
     chat_tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
   if (!chat_tools.empty()) out.chat["tools"] = std::move(chat_tools);
+  return std::nullopt;
 }
 
 void translate_tool_choice(const json& tc, TranslatedRequest& out) {
@@ -349,7 +355,8 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
   }
   out.chat["messages"] = std::move(messages);
 
-  if (const json* t = field(body, "tools"); t && t->is_array()) translate_tools(*t, out);
+  if (const json* t = field(body, "tools"); t && t->is_array())
+    if (auto err = translate_tools(*t, out)) return err;
   if (const json* tc = field(body, "tool_choice"); tc && tc->is_object()) translate_tool_choice(*tc, out);
   if (const json* th = field(body, "thinking"); th && th->is_object()) translate_thinking(*th, out);
   if (const json* oc = field(body, "output_config"); oc && oc->is_object())

@@ -259,3 +259,11 @@ TEST_CASE("tool_result content: blocks of the wrong shape are named, documents r
   REQUIRE(t.warnings.size() == 1);
   CHECK(t.warnings[0] == "dropped messages.0.content.0.content.2 of type 'search_result'");
 }
+
+TEST_CASE("a tool whose input_schema is no object is refused, naming the tool, never served without its parameters") {
+  json b = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+            {"tools", json::array({{{"name", "Bash"}, {"input_schema", {{"type", "object"}}}}, {{"name", "Edit"}, {"input_schema", "junk"}}})}};
+  CHECK(refusal(b) == "tools.1.input_schema: expected an object (a JSON Schema), got string");
+  b["tools"][1]["input_schema"] = json::array({1});
+  CHECK(refusal(b) == "tools.1.input_schema: expected an object (a JSON Schema), got array");
+}
