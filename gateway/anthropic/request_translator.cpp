@@ -176,6 +176,8 @@ std::optional<TranslateError> assistant_message(const json& content, std::size_t
     } else if (type == "thinking") {
       // The signature is servedeck's own (stream_translator.hpp: thinking_signature) or another
       // provider's: either way the text goes back to the template as the turn's reasoning.
+      if (const json* v = field(block, "thinking"); v && !v->is_string())
+        return TranslateError{where(m, b) + ".thinking: expected a string, got " + v->type_name()};
       if (!reasoning.empty()) reasoning += "\n";
       reasoning += str(block, "thinking");
     } else if (type == "redacted_thinking") {
@@ -217,6 +219,8 @@ std::optional<TranslateError> system_text(const json& system, const TranslateOpt
     const json& b = system[i];
     if (!b.is_object() || str(b, "type") != "text")
       return TranslateError{"system." + std::to_string(i) + ": expected a text block {type: \"text\", text}"};
+    if (const json* v = field(b, "text"); v && !v->is_string())
+      return TranslateError{"system." + std::to_string(i) + ".text: expected a string, got " + v->type_name()};
     const std::string t = str(b, "text");
     if (opt.strip_billing_header && is_billing_header(t)) {
       ++out.billing_blocks_removed;

@@ -267,3 +267,13 @@ TEST_CASE("a tool whose input_schema is no object is refused, naming the tool, n
   b["tools"][1]["input_schema"] = json::array({1});
   CHECK(refusal(b) == "tools.1.input_schema: expected an object (a JSON Schema), got array");
 }
+
+TEST_CASE("a system block's text and a thinking block's thinking that are no string are named, never read as empty") {
+  json b = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+            {"system", json::array({{{"type", "text"}, {"text", "You are terse."}}, {{"type", "text"}, {"text", 5}, {"cache_control", {{"type", "ephemeral"}}}}})}};
+  CHECK(refusal(b) == "system.1.text: expected a string, got number");
+  json a = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}},
+                                                      {{"role", "assistant"}, {"content", json::array({{{"type", "thinking"}, {"thinking", json::array()}, {"signature", "s"}},
+                                                                                                        {{"type", "text"}, {"text", "ok"}}})}}})}};
+  CHECK(refusal(a) == "messages.1.content.0.thinking: expected a string, got array");
+}
