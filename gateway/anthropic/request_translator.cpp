@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 
 #include "common/json_field_types.hpp"
 #include "common/json_limits.hpp"
@@ -274,20 +275,27 @@ void translate_tool_choice(const json& tc, TranslatedRequest& out) {
 
 /// thinking → the model's reasoning switch (chat_template_kwargs.enable_thinking, the key the
 /// Qwen3, GLM and DeepSeek templates read) and the thinking budget (thinking_token_budget, which
-/// the policy of that name forwards to engines that enforce it and removes for the rest).
-void translate_thinking(const json& thinking, TranslatedRequest& out) {
+/// the policy of that name forwards to engines that enforce it and removes for the rest). A
+/// budget_tokens that is no positive integer is the client's 400.
+std::optional<TranslateError> translate_thinking(const json& thinking, TranslatedRequest& out) {
   const std::string type = str(thinking, "type");
   json& kwargs = out.chat["chat_template_kwargs"];
   if (type == "enabled") {
     kwargs["enable_thinking"] = true;
-    if (const json* b = field(thinking, "budget_tokens"); b && b->is_number_integer() && b->get<int64_t>() > 0)
+    if (const json* b = field(thinking, "budget_tokens")) {
+      const bool positive = b->is_number_unsigned() ? b->get<uint64_t>() >= 1 && b->get<uint64_t>() <= INT64_MAX
+                                                    : b->is_number_integer() && b->get<int64_t>() >= 1;
+      if (!positive)
+        return TranslateError{"thinking.budget_tokens: expected a positive integer, got " + dump_safe(*b).substr(0, 40)};
       out.chat["thinking_token_budget"] = *b;
+    }
   } else if (type == "disabled") {
     kwargs["enable_thinking"] = false;
   } else if (type != "adaptive") {  // adaptive: the model decides, its template's default
     out.warnings.push_back("ignored thinking of type '" + type + "'");
   }
   if (kwargs.empty()) out.chat.erase("chat_template_kwargs");
+  return std::nullopt;
 }
 
 }  // namespace
@@ -362,7 +370,8 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
   if (const json* t = field(body, "tools"); t && t->is_array())
     if (auto err = translate_tools(*t, out)) return err;
   if (const json* tc = field(body, "tool_choice"); tc && tc->is_object()) translate_tool_choice(*tc, out);
-  if (const json* th = field(body, "thinking"); th && th->is_object()) translate_thinking(*th, out);
+  if (const json* th = field(body, "thinking"); th && th->is_object())
+    if (auto err = translate_thinking(*th, out)) return err;
   if (const json* oc = field(body, "output_config"); oc && oc->is_object())
     if (const json* e = field(*oc, "effort"); e && e->is_string()) out.chat["reasoning_effort"] = *e;
   for (const char* key : {"temperature", "top_p", "top_k"})

@@ -277,3 +277,17 @@ TEST_CASE("a system block's text and a thinking block's thinking that are no str
                                                                                                         {{"type", "text"}, {"text", "ok"}}})}}})}};
   CHECK(refusal(a) == "messages.1.content.0.thinking: expected a string, got array");
 }
+
+TEST_CASE("thinking.budget_tokens that is no positive integer is refused, never served without the budget") {
+  json b = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
+  b["thinking"] = {{"type", "enabled"}, {"budget_tokens", -5}};
+  CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got -5");
+  b["thinking"]["budget_tokens"] = 0;
+  CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got 0");
+  b["thinking"]["budget_tokens"] = 1024.5;
+  CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got 1024.5");
+  b["thinking"]["budget_tokens"] = "2048";
+  CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got \"2048\"");
+  b["thinking"]["budget_tokens"] = json::parse("18446744073709551615");
+  CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got 18446744073709551615");
+}
