@@ -32,6 +32,24 @@ std::string sanitize(const std::string& s) {
   return out;
 }
 
+/// A field inside the request (an input item's, a tool's) of a type the Responses API does not
+/// allow; translate_request answers it as the 400 "field '<path>' has the wrong type: …".
+struct FieldTypeError {
+  std::string path;      // "input.3.name"
+  std::string expected;  // "a string"
+  std::string got;       // json type name
+};
+
+/// The string `obj[key]` (at path `at`), or `fallback` when the key is absent or null.
+/// Throws FieldTypeError for any other type.
+std::string string_at(const json& obj, const char* key, const std::string& at, std::string fallback = "") {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) throw FieldTypeError{at + "." + key, "a string", it->type_name()};
+  return it->get<std::string>();
+}
+
 /// Text of a content value: a string, or an array of parts whose text-bearing parts
 /// (input_text, output_text, text, refusal) are joined.
 std::string parts_text(const json& content) {
@@ -55,19 +73,20 @@ std::string parts_text(const json& content) {
 
 /// Chat content for a message: a string when every part is text, else an array of chat parts
 /// (text and image_url).
-json chat_content(const json& content) {
+json chat_content(const json& content, const std::string& at) {
   if (content.is_string()) return content;
-  if (!content.is_array()) return "";
+  if (!content.is_array()) throw FieldTypeError{at, "a string or an array of content parts", content.type_name()};
   bool has_image = false;
-  for (const auto& p : content)
-    if (p.is_object() && p.value("type", "") == "input_image") has_image = true;
+  for (std::size_t i = 0; i < content.size(); ++i)
+    if (string_at(content[i], "type", at + "." + std::to_string(i)) == "input_image") has_image = true;
   if (!has_image) return parts_text(content);
   json parts = json::array();
-  for (const auto& p : content) {
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const json& p = content[i];
     if (!p.is_object()) continue;
-    std::string type = p.value("type", "");
+    std::string type = string_at(p, "type", at + "." + std::to_string(i));
     if (type == "input_image") {
-      json url = p.contains("image_url") ? p["image_url"] : json(p.value("file_id", ""));
+      json url = p.contains("image_url") ? p["image_url"] : json(string_at(p, "file_id", at + "." + std::to_string(i)));
       parts.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
     } else if (p.contains("text") && p["text"].is_string()) {
       parts.push_back({{"type", "text"}, {"text", p["text"]}});
@@ -106,19 +125,21 @@ json function_tool(const json& t, const std::string& flat_name) {
 
 void translate_tools(const json& tools, TranslatedRequest& out) {
   json chat_tools = json::array();
-  for (const auto& t : tools) {
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const std::string at = "tools." + std::to_string(i);
     if (!t.is_object()) {
       out.warnings.push_back("dropped a tool that is not an object");
       continue;
     }
-    std::string type = t.value("type", "");
+    std::string type = string_at(t, "type", at);
     if (type == "function" && t.contains("name") && t["name"].is_string()) {
       std::string name = t["name"].get<std::string>();
       std::string flat = flatten_tool_name("", name);
       out.tool_names[flat] = ToolOrigin{"", name};
       chat_tools.push_back(function_tool(t, flat));
     } else if (type == "namespace" && t.contains("tools") && t["tools"].is_array()) {
-      std::string ns = t.value("name", "");
+      std::string ns = string_at(t, "name", at);
       for (const auto& inner : t["tools"]) {
         if (!inner.is_object() || !inner.contains("name") || !inner["name"].is_string()) {
           out.warnings.push_back("dropped a tool without a name in namespace '" + ns + "'");
@@ -174,17 +195,19 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
       out.warnings.push_back("dropped input item " + std::to_string(i) + ": not an object");
       continue;
     }
-    std::string type = item.value("type", item.contains("role") ? "message" : "");
+    const std::string at = "input." + std::to_string(i);
+    std::string type = string_at(item, "type", at, item.contains("role") ? "message" : "");
     if (type == "message") {
-      std::string role = item.value("role", "user");
+      std::string role = string_at(item, "role", at, "user");
       if (role == "developer") role = "system";
       if (role != "system" && role != "user" && role != "assistant") {
         out.warnings.push_back("dropped input item " + std::to_string(i) + ": unknown role '" + role + "'");
         continue;
       }
-      json msg = {{"role", role}, {"content", chat_content(item.value("content", json(""))) }};
+      const json content = item.contains("content") && !item["content"].is_null() ? item["content"] : json("");
+      json msg = {{"role", role}, {"content", chat_content(content, at + ".content")}};
       if (role == "assistant") {
-        msg["content"] = parts_text(item.value("content", json("")));
+        msg["content"] = parts_text(content);
         attach_reasoning(msg);
         messages.push_back(std::move(msg));
         open_assistant = &messages.back();
@@ -193,8 +216,8 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
         open_assistant = nullptr;
       }
     } else if (type == "function_call") {
-      std::string call_id = item.value("call_id", item.value("id", ""));
-      std::string name = engine_name_for(out, item.value("namespace", ""), item.value("name", ""));
+      std::string call_id = string_at(item, "call_id", at, string_at(item, "id", at));
+      std::string name = engine_name_for(out, string_at(item, "namespace", at), string_at(item, "name", at));
       json args = item.contains("arguments") ? item["arguments"] : json("{}");
       if (!args.is_string()) args = dump_safe(args);
       if (call_id.empty()) {
@@ -211,12 +234,14 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
       if (!calls.is_array()) calls = json::array();
       calls.push_back({{"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", args}}}});
     } else if (type == "function_call_output") {
-      std::string call_id = item.value("call_id", "");
+      std::string call_id = string_at(item, "call_id", at);
       if (!call_ids.count(call_id)) {
         out.warnings.push_back("dropped function_call_output for unknown call_id '" + call_id + "'");
         continue;
       }
-      const json output = item.contains("output") ? item["output"] : json("");
+      const json output = item.contains("output") && !item["output"].is_null() ? item["output"] : json("");
+      if (!output.is_string() && !output.is_array())
+        throw FieldTypeError{at + ".output", "a string or an array of content parts", output.type_name()};
       std::string text = output.is_string() ? output.get<std::string>() : parts_text(output);
       messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}});
       open_assistant = nullptr;
@@ -252,10 +277,12 @@ std::optional<std::string> translate_request_unchecked(const json& body, const j
 
 std::optional<std::string> translate_request(const json& body, const json* previous_messages,
                                              TranslatedRequest& out) {
-  // note: the translation reads optional fields with json::value(), which throws on a field of
-  // the wrong type (e.g. "stream": "yes"); that is the client's error, answered as a 400.
+  // note: a field of the wrong type is the client's error, answered as a 400 naming its path
+  // (string_at throws FieldTypeError); json::exception stays caught for any other access.
   try {
     return translate_request_unchecked(body, previous_messages, out);
+  } catch (const FieldTypeError& e) {
+    return "field '" + e.path + "' has the wrong type: expected " + e.expected + ", got " + e.got;
   } catch (const json::exception& e) {
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
@@ -337,8 +364,8 @@ std::optional<std::string> translate_request_unchecked(const json& body, const j
     const json& tc = body["tool_choice"];
     if (tc.is_string()) {
       out.chat["tool_choice"] = tc;
-    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name")) {
-      std::string name = engine_name_for(out, tc.value("namespace", ""), tc.value("name", ""));
+    } else if (tc.is_object() && string_at(tc, "type", "tool_choice") == "function" && tc.contains("name")) {
+      std::string name = engine_name_for(out, string_at(tc, "namespace", "tool_choice"), string_at(tc, "name", "tool_choice"));
       out.chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
     } else {
       out.warnings.push_back("ignored tool_choice of an unsupported shape");
@@ -346,11 +373,12 @@ std::optional<std::string> translate_request_unchecked(const json& body, const j
   }
   if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
     const json& f = body["text"]["format"];
-    if (f.is_object() && f.value("type", "") == "json_schema") {
-      json schema = {{"name", f.value("name", "response")}, {"schema", f.value("schema", json::object())}};
+    const std::string ftype = string_at(f, "type", "text.format");
+    if (ftype == "json_schema") {
+      json schema = {{"name", string_at(f, "name", "text.format", "response")}, {"schema", f.value("schema", json::object())}};
       if (f.contains("strict")) schema["strict"] = f["strict"];
       out.chat["response_format"] = {{"type", "json_schema"}, {"json_schema", schema}};
-    } else if (f.is_object() && f.value("type", "") == "json_object") {
+    } else if (ftype == "json_object") {
       out.chat["response_format"] = {{"type", "json_object"}};
     }
   }

@@ -41,8 +41,10 @@ struct TranslatedRequest {
 /// Translates a Responses request body. `previous_messages` are the chat messages stored for
 /// `previous_response_id` (the earlier turn's input and output), or null when none.
 /// Returns an error message (the client's fault, HTTP 400) when the body is not a Responses
-/// request at all (not an object, `input` of a wrong type, `model` missing); otherwise fills
-/// `out`. Items that cannot be translated are dropped with a warning, never a 400.
+/// request at all (not an object, `input` of a wrong type, `model` missing, a field of the
+/// wrong type — inside an item too, named by its path: "field 'input.3.name' has the wrong
+/// type: expected a string, got number"); otherwise fills `out`. Items that cannot be
+/// translated are dropped with a warning, never a 400.
 std::optional<std::string> translate_request(const nlohmann::json& body,
                                              const nlohmann::json* previous_messages,
                                              TranslatedRequest& out);

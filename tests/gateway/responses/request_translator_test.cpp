@@ -151,3 +151,25 @@ TEST_CASE("a function_call_output answers a call of the stored turn (previous_re
   REQUIRE(t.warnings.size() == 1);
   CHECK(t.warnings[0] == "dropped function_call_output for unknown call_id 'call_x'");
 }
+
+TEST_CASE("a field inside an input item, a tool or text.format of the wrong type is named by its path, never read as empty") {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"model":"tiny","input":[{"role":"user","content":"a"},{"type":5}]})", "field 'input.1.type' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":[{"role":5,"content":"hi"}]})", "field 'input.0.role' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":[{"role":"user","content":{"text":"hi"}}]})", "field 'input.0.content' has the wrong type: expected a string or an array of content parts, got object"},
+      {R"({"model":"tiny","input":[{"role":"assistant","content":5}]})", "field 'input.0.content' has the wrong type: expected a string or an array of content parts, got number"},
+      {R"({"model":"tiny","input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":7}]}]})", "field 'input.0.content.1.type' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":[{"type":"function_call","call_id":"c","name":5,"arguments":"{}"}]})", "field 'input.0.name' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":[{"type":"function_call","call_id":"c","name":"f"},{"type":"function_call_output","call_id":"c","output":{"ok":true}}]})", "field 'input.1.output' has the wrong type: expected a string or an array of content parts, got object"},
+      {R"({"model":"tiny","input":"hi","tools":[{"type":"function","name":"f"},{"type":5}]})", "field 'tools.1.type' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":"hi","tool_choice":{"type":"function","name":5}})", "field 'tool_choice.name' has the wrong type: expected a string, got number"},
+      {R"({"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":5}}})", "field 'text.format.name' has the wrong type: expected a string, got number"},
+  };
+  for (const auto& [body, message] : cases) {
+    INFO(body);
+    TranslatedRequest t;
+    const auto err = translate_request(json::parse(body), nullptr, t);
+    REQUIRE(err.has_value());
+    CHECK(*err == message);
+  }
+}
