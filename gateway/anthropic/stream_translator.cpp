@@ -85,13 +85,14 @@ StreamEvent StreamTranslator::make(const std::string& type, json data) const {
 }
 
 json StreamTranslator::usage_json() const {
-  const int64_t prompt = int_field(usage_, "prompt_tokens");
+  // note: an engine's negative count reads as 0 (and keeps std::clamp's bounds ordered).
+  const int64_t prompt = std::max<int64_t>(int_field(usage_, "prompt_tokens"), 0);
   int64_t cached = 0;
   if (usage_.is_object() && usage_.contains("prompt_tokens_details"))
     cached = std::clamp<int64_t>(int_field(usage_["prompt_tokens_details"], "cached_tokens"), 0, prompt);
   // Anthropic counts cache reads apart from input_tokens (total input = input + cache reads).
   json u = {{"input_tokens", prompt - cached},
-            {"output_tokens", int_field(usage_, "completion_tokens")},
+            {"output_tokens", std::max<int64_t>(int_field(usage_, "completion_tokens"), 0)},
             {"cache_creation_input_tokens", 0},
             {"cache_read_input_tokens", cached}};
   // A usage the gateway synthesised because the engine reported none keeps its marker (G12).

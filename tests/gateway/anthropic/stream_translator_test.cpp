@@ -278,3 +278,13 @@ TEST_CASE("an answer past k_max_stream_text_bytes ends with an error event, neve
   CHECK(last.back().data["error"]["message"].get<std::string>().find(std::to_string(servedeck::k_max_stream_text_bytes >> 20) + " MiB") != std::string::npos);
   CHECK(t.finish().empty());  // no message_stop after it
 }
+
+TEST_CASE("an engine's negative token counts read as 0, never a negative cache_read_input_tokens") {
+  TranslatedRequest req;
+  StreamTranslator t("msg_neg", "tiny", req);
+  const json usage = {{"prompt_tokens", -5}, {"completion_tokens", -2}, {"prompt_tokens_details", {{"cached_tokens", 3}}}};
+  auto all = run(t, {chunk({{"content", "hi"}}), {{"choices", json::array()}, {"usage", usage}}});
+  REQUIRE(all[all.size() - 2].type == "message_delta");
+  CHECK(all[all.size() - 2].data["usage"] == json{{"input_tokens", 0}, {"output_tokens", 0}, {"cache_creation_input_tokens", 0},
+                                                  {"cache_read_input_tokens", 0}});
+}
