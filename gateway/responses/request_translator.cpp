@@ -50,46 +50,62 @@ std::string string_at(const json& obj, const char* key, const std::string& at, s
   return it->get<std::string>();
 }
 
-/// Text of a content value: a string, or an array of parts whose text-bearing parts
-/// (input_text, output_text, text, refusal) are joined.
-std::string parts_text(const json& content) {
+/// "dropped input.0.content.1 of type 'input_file' (no text the engine can read)".
+void drop_part(const json& p, const std::string& at, std::vector<std::string>& warnings) {
+  const std::string what = p.is_object() ? "of type '" + string_at(p, "type", at) + "'" : std::string("(a JSON ") + p.type_name() + ")";
+  warnings.push_back("dropped " + at + " " + what + " (no text the engine can read)");
+}
+
+/// Text of a content value at path `at`: a string, or an array of parts whose text-bearing
+/// parts (input_text, output_text, text, refusal) are joined. A part that bears no text (an
+/// input_file, an image where none can go, a nested array) is dropped with a warning; a
+/// content of another type is a FieldTypeError.
+std::string parts_text(const json& content, const std::string& at, std::vector<std::string>& warnings) {
   if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw FieldTypeError{at, "a string or an array of content parts", content.type_name()};
   std::string out;
-  if (!content.is_array()) return out;
-  for (const auto& p : content) {
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const json& p = content[i];
     if (p.is_string()) {
       out += p.get<std::string>();
-    } else if (p.is_object()) {
+      continue;
+    }
+    bool read = false;
+    if (p.is_object()) {
       for (const char* key : {"text", "refusal"}) {
         if (auto it = p.find(key); it != p.end() && it->is_string()) {
           out += it->get<std::string>();
+          read = true;
           break;
         }
       }
     }
+    if (!read) drop_part(p, at + "." + std::to_string(i), warnings);
   }
   return out;
 }
 
-/// Chat content for a message: a string when every part is text, else an array of chat parts
-/// (text and image_url).
-json chat_content(const json& content, const std::string& at) {
+/// Chat content for a user or system message: a string when every part is text, else an
+/// array of chat parts (text and image_url); other parts dropped with a warning (parts_text).
+json chat_content(const json& content, const std::string& at, std::vector<std::string>& warnings) {
   if (content.is_string()) return content;
   if (!content.is_array()) throw FieldTypeError{at, "a string or an array of content parts", content.type_name()};
   bool has_image = false;
   for (std::size_t i = 0; i < content.size(); ++i)
     if (string_at(content[i], "type", at + "." + std::to_string(i)) == "input_image") has_image = true;
-  if (!has_image) return parts_text(content);
+  if (!has_image) return parts_text(content, at, warnings);
   json parts = json::array();
   for (std::size_t i = 0; i < content.size(); ++i) {
     const json& p = content[i];
-    if (!p.is_object()) continue;
-    std::string type = string_at(p, "type", at + "." + std::to_string(i));
+    const std::string pat = at + "." + std::to_string(i);
+    std::string type = string_at(p, "type", pat);
     if (type == "input_image") {
-      json url = p.contains("image_url") ? p["image_url"] : json(string_at(p, "file_id", at + "." + std::to_string(i)));
+      json url = p.contains("image_url") ? p["image_url"] : json(string_at(p, "file_id", pat));
       parts.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
-    } else if (p.contains("text") && p["text"].is_string()) {
+    } else if (p.is_object() && p.contains("text") && p["text"].is_string()) {
       parts.push_back({{"type", "text"}, {"text", p["text"]}});
+    } else {
+      drop_part(p, pat, warnings);
     }
   }
   return parts;
@@ -205,13 +221,14 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
         continue;
       }
       const json content = item.contains("content") && !item["content"].is_null() ? item["content"] : json("");
-      json msg = {{"role", role}, {"content", chat_content(content, at + ".content")}};
+      json msg = {{"role", role}};
       if (role == "assistant") {
-        msg["content"] = parts_text(content);
+        msg["content"] = parts_text(content, at + ".content", out.warnings);
         attach_reasoning(msg);
         messages.push_back(std::move(msg));
         open_assistant = &messages.back();
       } else {
+        msg["content"] = chat_content(content, at + ".content", out.warnings);
         messages.push_back(std::move(msg));
         open_assistant = nullptr;
       }
@@ -242,11 +259,14 @@ std::optional<std::string> translate_input(const json& input, TranslatedRequest&
       const json output = item.contains("output") && !item["output"].is_null() ? item["output"] : json("");
       if (!output.is_string() && !output.is_array())
         throw FieldTypeError{at + ".output", "a string or an array of content parts", output.type_name()};
-      std::string text = output.is_string() ? output.get<std::string>() : parts_text(output);
+      std::string text = parts_text(output, at + ".output", out.warnings);
       messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}});
       open_assistant = nullptr;
     } else if (type == "reasoning") {
       std::string text = reasoning_text(item);
+      if (text.empty() && item.contains("encrypted_content"))
+        out.warnings.push_back("dropped " + at + " (reasoning): only encrypted_content, which another provider wrote and "
+                               "no engine here can read");
       if (!text.empty()) {
         if (!pending_reasoning.empty()) pending_reasoning += "\n";
         pending_reasoning += text;

@@ -173,3 +173,22 @@ TEST_CASE("a field inside an input item, a tool or text.format of the wrong type
     CHECK(*err == message);
   }
 }
+
+TEST_CASE("content parts without text (input_file, images in a tool output, nested arrays) are dropped with a warning, never silently") {
+  TranslatedRequest t;
+  auto err = translate_request(json::parse(R"({"model":"tiny","input":[
+    {"role":"user","content":[{"type":"input_text","text":"read this"},{"type":"input_file","filename":"a.pdf","file_data":"data:application/pdf;base64,AA"}]},
+    {"type":"function_call","call_id":"c","name":"shot","arguments":"{}"},
+    {"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"taken"},{"type":"input_image","image_url":"data:image/png;base64,AA"},[{"type":"input_text","text":"deep"}]]},
+    {"type":"reasoning","summary":[],"encrypted_content":"gAAAAB"},
+    {"role":"assistant","content":"ok"}]})"), nullptr, t);
+  REQUIRE_FALSE(err.has_value());
+  CHECK(t.chat["messages"][0]["content"] == "read this");
+  CHECK(t.chat["messages"][2]["content"] == "taken");
+  const std::vector<std::string> expected = {
+      "dropped input.0.content.1 of type 'input_file' (no text the engine can read)",
+      "dropped input.2.output.1 of type 'input_image' (no text the engine can read)",
+      "dropped input.2.output.2 (a JSON array) (no text the engine can read)",
+      "dropped input.3 (reasoning): only encrypted_content, which another provider wrote and no engine here can read"};
+  CHECK(t.warnings == expected);
+}
