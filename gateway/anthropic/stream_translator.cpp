@@ -5,6 +5,7 @@
 #include <optional>
 #include <string_view>
 
+#include "common/finish_reason.hpp"
 #include "common/json_limits.hpp"
 #include "common/random_id.hpp"
 #include "common/stream_limits.hpp"
@@ -266,6 +267,10 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
 std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out = start();
   if (ended_) return out;
+  if (finish_reason_is_failure(finish_reason_)) {
+    for (auto& e : fail("api_error", "servedeck: " + finish_reason_failure_message(finish_reason_))) out.push_back(std::move(e));
+    return out;
+  }
   close_open(out);
   if (ended_) return out;
   ended_ = true;

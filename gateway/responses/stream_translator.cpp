@@ -1,6 +1,7 @@
 #include "gateway/responses/stream_translator.hpp"
 
 
+#include "common/finish_reason.hpp"
 #include "common/json_limits.hpp"
 #include "common/random_id.hpp"
 #include "common/stream_limits.hpp"
@@ -200,6 +201,7 @@ std::vector<StreamEvent> StreamTranslator::on_chunk(const json& chunk) {
 std::vector<StreamEvent> StreamTranslator::finish() {
   std::vector<StreamEvent> out;
   if (ended_) return out;
+  if (finish_reason_is_failure(finish_reason_)) return fail("engine_aborted", finish_reason_failure_message(finish_reason_));
   // Finish "length" (the token limit) or "content_filter" (the engine's filter) cut the item
   // generated last; its output_item.done (below) and the final response object carry status
   // "incomplete". Items closed earlier were whole.

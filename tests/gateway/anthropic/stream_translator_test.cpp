@@ -288,3 +288,24 @@ TEST_CASE("an engine's negative token counts read as 0, never a negative cache_r
   CHECK(all[all.size() - 2].data["usage"] == json{{"input_tokens", 0}, {"output_tokens", 0}, {"cache_creation_input_tokens", 0},
                                                   {"cache_read_input_tokens", 0}});
 }
+
+TEST_CASE("an engine's finish_reason abort or error ends with an error event, streamed or not; unknown reasons stay end_turn") {
+  TranslatedRequest req;
+  for (const char* reason : {"abort", "error"}) {
+    CAPTURE(reason);
+    StreamTranslator t("msg_a", "m", req);
+    auto events = run(t, {chunk({{"content", "partial"}}), chunk(json::object(), reason)});
+    CHECK(shape(events) == "message_start, content_block_start:text@0, content_block_delta:text_delta@0, error");
+    CHECK(events.back().data["error"]["message"].get<std::string>().find(std::string("finish_reason '") + reason + "'") !=
+          std::string::npos);
+    const json completion = {{"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "partial"}}},
+                                                        {"finish_reason", reason}}})}};
+    std::string why;
+    CHECK(translate_completion(completion, "msg_b", "m", req, &why).is_null());
+    CHECK(why.find("the output so far is incomplete") != std::string::npos);
+  }
+  StreamTranslator t("msg_c", "m", req);
+  auto events = run(t, {chunk({{"content", "done"}}), chunk(json::object(), "eos_token")});
+  CHECK(events.back().type == "message_stop");
+  CHECK(events[events.size() - 2].data["delta"]["stop_reason"] == "end_turn");
+}

@@ -250,3 +250,23 @@ TEST_CASE("finish content_filter gives response.incomplete with reason content_f
   CHECK(whole["status"] == "incomplete");
   CHECK(whole["incomplete_details"]["reason"] == "content_filter");
 }
+
+TEST_CASE("an engine's finish_reason abort or error gives response.failed, streamed or not, never response.completed") {
+  TranslatedRequest req;
+  for (const char* reason : {"abort", "error"}) {
+    CAPTURE(reason);
+    StreamTranslator t("resp_ab", "tiny", 1, req);
+    std::vector<StreamEvent> all = t.start();
+    append(all, t.on_chunk(chunk({{"content", "The answer is"}})));
+    append(all, t.on_chunk(chunk(json::object(), reason)));
+    append(all, t.finish());
+    CHECK(all.back().type == "response.failed");
+    const json& r = all.back().data["response"];
+    CHECK(r["status"] == "failed");
+    CHECK(r["error"]["code"] == "engine_aborted");
+    CHECK(r["error"]["message"].get<std::string>().find(std::string("finish_reason '") + reason + "'") != std::string::npos);
+    const json completion = {{"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "The answer is"}}},
+                                                        {"finish_reason", reason}}})}};
+    CHECK(translate_completion(completion, "resp_ab2", "tiny", 1, req)["status"] == "failed");
+  }
+}
