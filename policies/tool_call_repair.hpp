@@ -1,7 +1,7 @@
-// tool_call_repair: tool calls that would reach the client invalid (field cases G03, G04, G05,
-// G07). Enabled per model by `tool_call_repair` (PolicyConfig::extra["tool_call_repair"], default:
-// on when sanitize_tool_tags is on); G07 by coerce_tool_argument_types. Counter policy name
-// "tool_call_repair".
+// tool_call_repair: tool calls that would reach the client invalid (docs/field-cases.md: G03,
+// G04, G05, G07). Enabled per model by `tool_call_repair` (PolicyConfig::extra["tool_call_repair"],
+// default: on when sanitize_tool_tags or coerce_tool_argument_types is on); G07 by
+// coerce_tool_argument_types. Counter policy name "tool_call_repair".
 //
 //   G03  a tool with required parameters called with `{}` arguments → recover the arguments from
 //        the raw markup in content/reasoning (tolerant: a missing `<arg_value>` is fine), else
