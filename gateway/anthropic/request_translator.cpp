@@ -20,6 +20,16 @@ std::string str(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+/// `text` cut to at most 64 bytes (never inside a UTF-8 character, "…" appended when cut), for
+/// quoting a client's value in an error.
+std::string cut_for_error(const std::string& text) {
+  constexpr std::size_t k_max = 64;
+  if (text.size() <= k_max) return text;
+  std::size_t end = k_max;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end) + "…";
+}
+
 const json* field(const json& j, const char* key) {
   if (!j.is_object()) return nullptr;
   auto it = j.find(key);
@@ -341,10 +351,18 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   for (std::size_t m = 0; m < msgs->size(); ++m) {
     const json& msg = (*msgs)[m];
-    const std::string role = str(msg, "role");
+    const std::string at = "messages." + std::to_string(m);
+    if (!msg.is_object())
+      return TranslateError{at + ": expected a message object with \"role\" and \"content\", got " + msg.type_name()};
+    const json* role_field = field(msg, "role");
+    if (!role_field || !role_field->is_string())
+      return TranslateError{at + ".role: expected \"user\" or \"assistant\", got " +
+                            (role_field ? std::string(role_field->type_name()) : std::string("nothing"))};
+    const std::string role = role_field->get<std::string>();
     const json* content = field(msg, "content");
     if (!content || !(content->is_string() || content->is_array()))
-      return TranslateError{"messages." + std::to_string(m) + ".content: expected a string or an array of blocks"};
+      return TranslateError{at + ".content: expected a string or an array of blocks, got " +
+                            (content ? std::string(content->type_name()) : std::string("nothing"))};
     std::optional<TranslateError> err;
     if (role == "user") {
       err = user_message(*content, m, opt, out, messages);
@@ -356,7 +374,7 @@ std::optional<TranslateError> translate_request(const json& body, const Translat
       if (auto e = system_text(*content, opt, out, text)) return TranslateError{"messages." + std::to_string(m) + ": " + e->message};
       if (!text.empty()) messages.push_back({{"role", "system"}, {"content", text}});
     } else {
-      return TranslateError{"messages." + std::to_string(m) + ".role: expected \"user\" or \"assistant\", got \"" + role + "\""};
+      return TranslateError{at + ".role: expected \"user\" or \"assistant\", got \"" + cut_for_error(role) + "\""};
     }
     if (err) return err;
   }

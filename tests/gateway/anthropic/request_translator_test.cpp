@@ -291,3 +291,18 @@ TEST_CASE("thinking.budget_tokens that is no positive integer is refused, never 
   b["thinking"]["budget_tokens"] = json::parse("18446744073709551615");
   CHECK(refusal(b) == "thinking.budget_tokens: expected a positive integer, got 18446744073709551615");
 }
+
+TEST_CASE("a message that is no object, or a role or content of the wrong type, is refused naming what was read") {
+  auto with = [](json msg) { return json{{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}, msg})}}; };
+  CHECK(refusal(with(5)) == "messages.1: expected a message object with \"role\" and \"content\", got number");
+  CHECK(refusal(with("hi")) == "messages.1: expected a message object with \"role\" and \"content\", got string");
+  CHECK(refusal(with({{"role", 7}, {"content", "x"}})) == "messages.1.role: expected \"user\" or \"assistant\", got number");
+  CHECK(refusal(with({{"content", "x"}})) == "messages.1.role: expected \"user\" or \"assistant\", got nothing");
+  CHECK(refusal(with({{"role", "user"}, {"content", json::object()}})) ==
+        "messages.1.content: expected a string or an array of blocks, got object");
+  CHECK(refusal(with({{"role", "user"}})) == "messages.1.content: expected a string or an array of blocks, got nothing");
+  // An unknown role is quoted cut, so a huge one cannot make a huge error.
+  const std::string why = refusal(with({{"role", std::string(100000, 'r')}, {"content", "x"}}));
+  CHECK(why.find("messages.1.role: expected \"user\" or \"assistant\", got \"rrrr") == 0);
+  CHECK(why.size() < 200);
+}
