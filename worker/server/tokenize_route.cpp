@@ -36,9 +36,16 @@ void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::sha
                            (body.contains("prompt") ? "prompt = " + describe_value(body["prompt"]) : std::string("neither")),
                        "invalid_request_error", "invalid_parameter");
   }
+  bool want_strs = false;
+  if (auto it = body.find("return_token_strs"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return reply_error(ctx, "tokenize", *res, 400, "field 'return_token_strs': expected true or false, got " + describe_value(*it),
+                         "invalid_request_error", "invalid_parameter");
+    want_strs = it->get<bool>();
+  }
   nlohmann::json out = {{"count", tokens.size()}, {"max_model_len", ctx.model.max_model_len}, {"tokens", tokens},
                         {"token_strs", nullptr}};
-  if (body.value("return_token_strs", false)) {
+  if (want_strs) {
     nlohmann::json strs = nlohmann::json::array();
     for (int32_t t : tokens) strs.push_back(ctx.model.text->token_bytes(t));
     out["token_strs"] = std::move(strs);
