@@ -62,12 +62,13 @@ nlohmann::json parse_request_object(const RouteContext& ctx, const char* route, 
                 "invalid_request_error", "invalid_json");
     return nlohmann::json::value_t::discarded;
   }
-  auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  JsonError error;
+  auto body = parse_untrusted(req.body, &error);
   if (body.is_discarded() || !body.is_object()) {
     reply_error(ctx, route, res, 400,
                 "request body is not a JSON object (read " + std::to_string(req.body.size()) + " bytes" +
-                    (body.is_discarded() ? ", not valid JSON" : ": " + describe_value(body)) + "); expected " +
-                    std::string(expected),
+                    (body.is_discarded() ? ", not valid JSON: " + error.message : ": " + describe_value(body)) +
+                    "); expected " + std::string(expected),
                 "invalid_request_error", "invalid_json");
     return nlohmann::json::value_t::discarded;
   }

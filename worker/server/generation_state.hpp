@@ -50,9 +50,10 @@ struct GenerationState {
   void close_stream(const GenerationResult& r);
 };
 
-/// Parses `req`'s body as a JSON object for `route`. On failure answers 400 (nesting too deep,
-/// not JSON, not an object; `expected` names the shape, e.g. {"model": ..., "prompt": ...}) and
-/// returns a discarded value.
+/// Parses `req`'s body as a JSON object for `route` (common/json_limits.hpp's parse_untrusted).
+/// On failure answers 400 (nesting too deep; not JSON, naming the byte and the reason; not an
+/// object; `expected` names the shape, e.g. {"model": ..., "prompt": ...}) and returns a
+/// discarded value.
 nlohmann::json parse_request_object(const RouteContext& ctx, const char* route, const http::Request& req,
                                     http::Responder& res, std::string_view expected);
 

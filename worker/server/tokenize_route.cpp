@@ -4,7 +4,7 @@
 //   /detokenize {"model", "tokens": [...]} → {"prompt": text}
 #include "worker/server/chat_prompt.hpp"
 
-#include "common/json_limits.hpp"
+#include "worker/server/generation_state.hpp"
 #include "worker/server/openai_format.hpp"
 #include "worker/server/request_params.hpp"
 #include "worker/server/route_context.hpp"
@@ -12,15 +12,8 @@
 namespace servedeck::worker {
 
 void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
-  if (auto deep = check_json_nesting(req.body))
-    return reply_error(ctx, "tokenize", *res, 400, *deep + "; request bodies are limited to " +
-                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
-  const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object())
-    return reply_error(ctx, "tokenize", *res, 400,
-                       "request body is not a JSON object (read " + std::to_string(req.body.size()) +
-                           " bytes); expected {\"prompt\": \"...\"} or {\"messages\": [...]}",
-                       "invalid_request_error", "invalid_json");
+  const auto body = parse_request_object(ctx, "tokenize", req, *res, "{\"prompt\": \"...\"} or {\"messages\": [...]}");
+  if (body.is_discarded()) return;
   std::vector<int32_t> tokens;
   if (body.contains("messages")) {
     ChatPrompt prompt;
@@ -55,15 +48,10 @@ void handle_tokenize(const RouteContext& ctx, const http::Request& req, std::sha
 }
 
 void handle_detokenize(const RouteContext& ctx, const http::Request& req, std::shared_ptr<http::Responder> res) {
-  if (auto deep = check_json_nesting(req.body))
-    return reply_error(ctx, "detokenize", *res, 400, *deep + "; request bodies are limited to " +
-                       std::to_string(k_max_json_depth) + " levels", "invalid_request_error", "invalid_json");
-  const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
-    return reply_error(ctx, "detokenize", *res, 400,
-                       "expected a JSON object {\"tokens\": [ids...]}, got " +
-                           (body.is_discarded() ? std::string("invalid JSON (") + std::to_string(req.body.size()) + " bytes)"
-                                                : describe_value(body)),
+  const auto body = parse_request_object(ctx, "detokenize", req, *res, "{\"tokens\": [ids...]}");
+  if (body.is_discarded()) return;
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    return reply_error(ctx, "detokenize", *res, 400, "expected a JSON object {\"tokens\": [ids...]}, got " + describe_value(body),
                        "invalid_request_error", "invalid_parameter");
   std::vector<int32_t> ids;
   const auto& arr = body["tokens"];

@@ -25,3 +25,20 @@ TEST_CASE("/tokenize: a non-boolean return_token_strs is a 400 naming the field,
   CHECK(ok.status == 200);
   CHECK(json::parse(ok.body)["token_strs"].size() == 2);
 }
+
+TEST_CASE("a body that is not JSON is refused naming the byte and the reason, on every route") {
+  Fixture f;
+  // note: 1e400 overflows a double; the old message said only "not valid JSON".
+  const std::string overflow = R"({"messages":[{"role":"user","content":"hi"}],"temperature":1e400})";
+  auto r = f.post("/v1/chat/completions", overflow);
+  CHECK(r.status == 400);
+  const std::string msg = error_message(r);
+  CHECK(msg.find("read 65 bytes, not valid JSON: malformed JSON at byte 63") != std::string::npos);
+  CHECK(msg.find("1e400") != std::string::npos);
+  for (const char* route : {"/v1/completions", "/tokenize", "/detokenize"}) {
+    auto t = f.post(route, R"({"prompt": "a", ])");
+    CHECK(t.status == 400);
+    CHECK(json::parse(t.body)["error"]["code"] == "invalid_json");
+    CHECK(error_message(t).find("malformed JSON at byte 16: syntax error") != std::string::npos);
+  }
+}
