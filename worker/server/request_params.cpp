@@ -1,6 +1,7 @@
 #include "worker/server/request_params.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace servedeck::worker {
 
@@ -37,7 +38,9 @@ std::optional<std::string> read_int(const nlohmann::json& body, const char* key,
                                     std::optional<long long>& out) {
   const auto* v = get(body, key);
   if (!v) return std::nullopt;
-  if (!v->is_number_integer() || v->get<long long>() < lo || v->get<long long>() > hi) {
+  // note: an unsigned value above LLONG_MAX would read as a negative long long (2^64-1 as -1).
+  const bool above = v->is_number_unsigned() && v->get<unsigned long long>() > static_cast<unsigned long long>(hi);
+  if (!v->is_number_integer() || above || v->get<long long>() < lo || v->get<long long>() > hi) {
     return expected(key, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", *v);
   }
   out = v->get<long long>();
@@ -81,7 +84,7 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   g.sampling.temperature = temperature.value_or(defaults.temperature);
   g.sampling.top_p = top_p.value_or(defaults.top_p);
   std::optional<long long> top_k, seed, budget, prompt_logprobs;
-  if (auto e = read_int(body, "top_k", -1, 1LL << 31, top_k)) return e;
+  if (auto e = read_int(body, "top_k", -1, std::numeric_limits<int>::max(), top_k)) return e;
   g.sampling.top_k = top_k ? (*top_k > 0 ? static_cast<int>(*top_k) : 0) : defaults.top_k;
   if (const auto* s = get(body, "seed")) {
     if (!s->is_number_integer()) return expected("seed", "an integer", *s);

@@ -60,3 +60,14 @@ TEST_CASE("bad fields are refused naming field, value and expectation") {
   CHECK(err({{"user", 5}}).find("field 'user': expected a string, got 5") == 0);
   CHECK(err({{"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"user", "u"}}).empty());
 }
+
+TEST_CASE("an integer that would wrap is refused: above LLONG_MAX, or a top_k above INT_MAX") {
+  CommonParams p;
+  const auto e = parse_common_params(json{{"top_k", 18446744073709551615ULL}}, ApiKind::chat, p);
+  REQUIRE(e);
+  CHECK(*e == "field 'top_k': expected an integer in [-1, 2147483647], got 18446744073709551615");
+  CommonParams k;  // 2^31 would be INT_MIN as the sampler's int
+  CHECK(parse_common_params(json{{"top_k", 2147483648LL}}, ApiKind::chat, k));
+  CommonParams q;
+  CHECK(parse_common_params(json{{"max_tokens", 9223372036854775808ULL}}, ApiKind::completions, q));
+}
