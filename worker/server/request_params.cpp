@@ -111,9 +111,13 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     }
   }
   if (const auto* s = get(body, "stop_token_ids")) {
-    if (!s->is_array()) return expected("stop_token_ids", "an array of integers", *s);
+    constexpr const char* what = "an array of token ids (integers in [0, 2147483647])";
+    if (!s->is_array()) return expected("stop_token_ids", what, *s);
     for (const auto& x : *s) {
-      if (!x.is_number_integer()) return expected("stop_token_ids", "an array of integers", *s);
+      // note: a bare cast would read 2^32 as token 0, a real token that then stops the answer.
+      if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX) ||
+          x.get<long long>() < 0 || x.get<long long>() > INT32_MAX)
+        return expected("stop_token_ids", what, *s);
       g.stop_token_ids.push_back(static_cast<int32_t>(x.get<long long>()));
     }
   }

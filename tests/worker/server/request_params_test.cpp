@@ -71,3 +71,16 @@ TEST_CASE("an integer that would wrap is refused: above LLONG_MAX, or a top_k ab
   CommonParams q;
   CHECK(parse_common_params(json{{"max_tokens", 9223372036854775808ULL}}, ApiKind::completions, q));
 }
+
+TEST_CASE("stop_token_ids outside int32 are refused, not truncated to another token") {
+  auto err = [](json ids) {
+    CommonParams p;
+    return parse_common_params(json{{"stop_token_ids", std::move(ids)}}, ApiKind::chat, p).value_or("");
+  };
+  CHECK(err({4294967296LL}) == "field 'stop_token_ids': expected an array of token ids (integers in [0, 2147483647]), got [4294967296]");
+  CHECK(err({-1}).find("field 'stop_token_ids'") == 0);
+  CHECK(err({18446744073709551615ULL}).find("field 'stop_token_ids'") == 0);
+  CommonParams ok;
+  REQUIRE(!parse_common_params(json{{"stop_token_ids", {0, 2147483647}}}, ApiKind::chat, ok));
+  CHECK(ok.gen.stop_token_ids == std::vector<int32_t>{0, 2147483647});
+}
