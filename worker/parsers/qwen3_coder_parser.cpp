@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/json_limits.hpp"
 #include "worker/parsers/tool_call_block.hpp"
 
 namespace servedeck::worker {
@@ -266,7 +267,7 @@ nlohmann::json qwen3_coder_value(const nlohmann::json& tools, std::string_view f
     if (t == "false") return false;
     return std::string(text);
   }
-  auto j = nlohmann::json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
+  auto j = parse_untrusted(trim(text));
   if (!j.is_discarded()) return j;
   return std::string(text);
 }

@@ -1,5 +1,6 @@
 #include "worker/parsers/tool_call_parser.hpp"
 
+#include "common/json_limits.hpp"
 #include "worker/parsers/qwen3_coder_parser.hpp"
 #include "worker/parsers/tool_call_block.hpp"
 
@@ -144,7 +145,7 @@ class HermesParser final : public BlockParser {
     const std::string body = pos == std::string::npos ? buf_ : buf_.substr(0, pos);
     const bool closed = pos != std::string::npos;
     buf_.erase(0, closed ? pos + k_close.size() : buf_.size());
-    const auto j = nlohmann::json::parse(trim(body), nullptr, /*allow_exceptions=*/false);
+    const auto j = parse_untrusted(trim(body));
     if (j.is_object() && j.contains("name") && j["name"].is_string()) {
       const int index = start_call(out, j["name"].get<std::string>());
       std::string args = "{}";
@@ -285,7 +286,7 @@ class GlmParser final : public BlockParser {
       if (type == prop->end()) break;
       const bool is_string = (type->is_string() && type->get<std::string>() == "string");
       if (is_string) break;
-      auto j = nlohmann::json::parse(trim(value), nullptr, /*allow_exceptions=*/false);
+      auto j = parse_untrusted(trim(value));
       if (!j.is_discarded()) return j;
       break;
     }

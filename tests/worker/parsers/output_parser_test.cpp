@@ -256,3 +256,26 @@ TEST_CASE("hermes: other key orders, escaped names and missing arguments parse w
     check_every_split(text, false, false, ToolParserKind::hermes);
   }
 }
+
+TEST_CASE("tool-call JSON nested past the request limit stays text instead of overflowing the stack") {
+  // note: nlohmann's dump recurses once per level; 200000 levels of model output crashed the
+  // worker (SEGV in serializer::dump) before the parsers went through parse_untrusted.
+  const std::size_t depth = 200000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  const std::string hermes = "<tool_call>\n{\"arguments\": " + deep + ", \"name\": \"f\"}\n</tool_call>";
+  const auto h = parse_whole(hermes, opts(false, false, ToolParserKind::hermes));
+  CHECK(h.tool_calls.empty());
+  CHECK(h.content == hermes);  // as a malformed call
+
+  const nlohmann::json tools = nlohmann::json::parse(
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"array"}}}}}])");
+  const auto g = parse_whole("<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>" + deep + "</arg_value>\n</tool_call>",
+                             opts(false, false, ToolParserKind::glm, tools));
+  REQUIRE(g.tool_calls.size() == 1);
+  CHECK(g.tool_calls[0].arguments.size() > 2 * depth);  // kept as the string the model wrote
+
+  const auto q = parse_whole("<tool_call>\n<function=f>\n<parameter=x>\n" + deep + "\n</parameter>\n</function>\n</tool_call>",
+                             opts(false, false, ToolParserKind::qwen3_coder, tools));
+  REQUIRE(q.tool_calls.size() == 1);
+  CHECK(q.tool_calls[0].arguments.size() > 2 * depth);
+}
