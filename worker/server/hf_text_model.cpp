@@ -59,6 +59,11 @@ class HfTextModel final : public TextModel {
       return tmpl_.render(ctx);
     } catch (const TemplateRaised& e) {
       throw ChatRenderError(e.what());
+    } catch (const TemplateError& e) {
+      // note: the template parsed at load, so a render error comes from this request's values
+      // (a kwarg that shadows `namespace`, a tool schema deeper than tojson's bound): the
+      // client's 400, as vLLM answers a failed apply_chat_template.
+      throw ChatRenderError(e.what());
     }
   }
 

@@ -19,7 +19,8 @@
 
 namespace servedeck::worker {
 
-/// The chat template refused the conversation (raise_exception) or could not render it: a client
+/// The chat template refused the conversation (raise_exception) or could not render it (the
+/// template loaded, so this request's messages, tools or chat_template_kwargs broke it): a client
 /// error (HTTP 400) whose message says why.
 struct ChatRenderError : std::runtime_error {
   using std::runtime_error::runtime_error;
