@@ -73,6 +73,9 @@ std::optional<std::string> read_prompt(const nlohmann::json& body, const TextMod
   if (it == body.end()) return "field 'prompt' is missing; expected a string or an array of token ids";
   nlohmann::json p = *it;
   if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
+  if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array()))
+    return "field 'prompt': expected one prompt per request (a string, an array of token ids, or a one-element array of "
+           "either), got an array of " + std::to_string(p.size()) + " prompts";
   if (p.is_string()) {
     out = text.encode(p.get<std::string>());
     return std::nullopt;

@@ -42,3 +42,15 @@ TEST_CASE("a body that is not JSON is refused naming the byte and the reason, on
     CHECK(error_message(t).find("malformed JSON at byte 16: syntax error") != std::string::npos);
   }
 }
+
+TEST_CASE("completions: several prompts in one request are refused as such, not as a bad token id") {
+  Fixture f;
+  for (const char* prompt : {R"(["a", "b"])", R"([[1, 2], [3]])"}) {
+    auto r = f.post("/v1/completions", std::string(R"({"max_tokens": 1, "prompt": )") + prompt + "}");
+    CHECK(r.status == 400);
+    CHECK(error_message(r) ==
+          "field 'prompt': expected one prompt per request (a string, an array of token ids, or a one-element array of "
+          "either), got an array of 2 prompts");
+  }
+  CHECK(f.post("/v1/completions", R"({"max_tokens": 1, "prompt": [[72, 105]]})").status == 200);
+}
