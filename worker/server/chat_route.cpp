@@ -160,7 +160,15 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
   }
   if (!state->params.max_tokens_given) {
     const std::size_t room = std::min(ctx.model.max_model_len, engine.kv_capacity_tokens());
-    gen.max_tokens = room > gen.prompt.size() ? room - gen.prompt.size() : 0;
+    // note: without this, engine.check() would answer "max_tokens is 0", a field the client never sent.
+    if (gen.prompt.size() >= room)
+      return reply_error(ctx, k_route, *res, 400,
+                         "This model's maximum context length is " + std::to_string(ctx.model.max_model_len) +
+                             " tokens (KV cache capacity " + std::to_string(engine.kv_capacity_tokens()) +
+                             " tokens). However, your request has " + std::to_string(gen.prompt.size()) +
+                             " input tokens, which leaves no room for output. Please reduce the length of the messages.",
+                         "invalid_request_error", "context_length_exceeded");
+    gen.max_tokens = room - gen.prompt.size();
     if (ctx.options.default_max_tokens > 0) gen.max_tokens = std::min(gen.max_tokens, ctx.options.default_max_tokens);
   }
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))

@@ -54,3 +54,16 @@ TEST_CASE("completions: several prompts in one request are refused as such, not 
   }
   CHECK(f.post("/v1/completions", R"({"max_tokens": 1, "prompt": [[72, 105]]})").status == 200);
 }
+
+TEST_CASE("chat without max_tokens whose prompt fills the context names the prompt, not a max_tokens of 0") {
+  Fixture f(64 * 256);  // 64 tokens of KV cache at 256 bytes per token
+  const auto body = chat_body(std::string(80, 'x'), false);
+  const auto prompt = json::parse(f.post("/tokenize", body.dump()).body)["count"].get<int>();
+  REQUIRE(prompt >= 64);
+  auto r = f.post("/v1/chat/completions", body.dump());
+  CHECK(r.status == 400);
+  CHECK(json::parse(r.body)["error"]["code"] == "context_length_exceeded");
+  CHECK(error_message(r) == "This model's maximum context length is 4096 tokens (KV cache capacity 64 tokens). However, your "
+                            "request has " + std::to_string(prompt) +
+                            " input tokens, which leaves no room for output. Please reduce the length of the messages.");
+}
