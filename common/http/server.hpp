@@ -108,6 +108,12 @@ struct HeadRejection {
 /// (a throw is answered 500 and the connection closed).
 using HeadCheck = std::function<std::optional<HeadRejection>(const Request& head)>;
 
+/// Most bytes one connection's read buffer holds (bytes): a request head (64 KiB at most), a
+/// chunk header or trailer line, and what a pipelining client sent ahead. A body passes through
+/// in reads of 64 KiB, so max_body_bytes is not bounded by it. A chunk header or trailer that
+/// has not ended within it is refused (400) instead of buffered.
+inline constexpr std::size_t k_max_read_buffer_bytes = 1024 * 1024;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                                // 0 = ephemeral; see Server::port()

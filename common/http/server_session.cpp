@@ -18,7 +18,7 @@ namespace servedeck::http {
 using detail::status_line;
 
 Session::Session(tcp::socket socket, std::shared_ptr<ServerCore> srv)
-    : core_(std::move(srv)), srv_(*core_), stream_(std::move(socket)) {}
+    : core_(std::move(srv)), srv_(*core_), stream_(std::move(socket)), buffer_(k_max_read_buffer_bytes) {}
 
 Session::~Session() {
   std::lock_guard lk(srv_.sessions_mu);
@@ -194,6 +194,11 @@ void Session::on_read_error(error_code ec) {
   if (ec == bhttp::error::header_limit)
     return send_simple_and_close(431, dump_safe(make_error("request headers too large", "invalid_request_error",
                                                            "headers_too_large")));
+  // note: Beast 1.74 reads a chunk header or trailer until its CRLF without a limit of its own.
+  if (ec == bhttp::error::buffer_overflow)
+    return send_simple_and_close(400, dump_safe(make_error("malformed HTTP request: a chunk header or trailer longer than " +
+                                                               std::to_string(k_max_read_buffer_bytes) + " bytes",
+                                                           "invalid_request_error", "bad_http")));
   if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
       ec == asio::error::operation_aborted || ec == asio::error::connection_reset || buffer_.size() == 0)
     return close();

@@ -8,6 +8,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -141,4 +142,35 @@ TEST_CASE("Expect: 100-continue from an HTTP/1.0 client is ignored") {
   CHECK(got.find("100 Continue") == std::string::npos);
   CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(got.find("got:ok") != std::string::npos);
+}
+
+TEST_CASE("a chunk header or trailer line without end is refused at the read buffer's bound, not buffered") {
+  int handled = 0;
+  Server srv({}, [&](Request req, std::shared_ptr<Responder> res) {
+    ++handled;
+    res->send(200, "text/plain", "got " + std::to_string(req.body.size()));
+  });
+  srv.start();
+  // note: Beast 1.74 looks for a chunk header's or trailer's CRLF without a limit, so before the
+  // bound 200 MiB of chunk extension were held in memory until the 30 s read timeout.
+  const std::string head = "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string endless = std::string(2 * k_max_read_buffer_bytes, 'a');
+  for (const std::string& req : {head + "5;" + endless, head + "5\r\nhello\r\n0\r\nX-T: " + endless}) {
+    const Exchange got = exchange_until_close(srv.port(), req);
+    CHECK_MESSAGE(got.bytes.rfind("HTTP/1.1 400", 0) == 0, got.bytes.substr(0, 200));
+    CHECK(got.bytes.find("chunk header or trailer longer than") != std::string::npos);
+  }
+  CHECK(handled == 0);
+  // Bodies larger than the bound still arrive whole, chunked (one chunk) or with Content-Length.
+  const std::string big(3 * k_max_read_buffer_bytes, 'b');
+  char size_hex[32];
+  std::snprintf(size_hex, sizeof size_hex, "%zx", big.size());
+  const std::string chunked = exchange_until_close(srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                                               "Transfer-Encoding: chunked\r\n\r\n" +
+                                                                   std::string(size_hex) + "\r\n" + big + "\r\n0\r\n\r\n").bytes;
+  CHECK(chunked.find("got " + std::to_string(big.size())) != std::string::npos);
+  const std::string plain = exchange_until_close(srv.port(), "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " +
+                                                             std::to_string(big.size()) + "\r\n\r\n" + big).bytes;
+  CHECK(plain.find("got " + std::to_string(big.size())) != std::string::npos);
+  CHECK(handled == 2);
 }
