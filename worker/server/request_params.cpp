@@ -102,6 +102,9 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     if (s->is_string()) {
       g.stop = {s->get<std::string>()};
     } else if (s->is_array()) {
+      if (s->size() > k_max_stop_strings)
+        return "field 'stop': expected at most " + std::to_string(k_max_stop_strings) + " strings, got " +
+               std::to_string(s->size());
       for (const auto& x : *s) {
         if (!x.is_string()) return expected("stop", "a string or an array of strings", *s);
         g.stop.push_back(x.get<std::string>());
@@ -109,10 +112,17 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     } else {
       return expected("stop", "a string or an array of strings", *s);
     }
+    for (std::size_t i = 0; i < g.stop.size(); ++i)
+      if (g.stop[i].size() > k_max_stop_bytes)
+        return "field 'stop': expected strings of at most " + std::to_string(k_max_stop_bytes) + " bytes, got " +
+               std::to_string(g.stop[i].size()) + " bytes in stop[" + std::to_string(i) + "]";
   }
   if (const auto* s = get(body, "stop_token_ids")) {
     constexpr const char* what = "an array of token ids (integers in [0, 2147483647])";
     if (!s->is_array()) return expected("stop_token_ids", what, *s);
+    if (s->size() > k_max_stop_token_ids)
+      return "field 'stop_token_ids': expected at most " + std::to_string(k_max_stop_token_ids) + " ids, got " +
+             std::to_string(s->size());
     for (const auto& x : *s) {
       // note: a bare cast would read 2^32 as token 0, a real token that then stops the answer.
       if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX) ||

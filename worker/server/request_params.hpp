@@ -29,6 +29,13 @@ struct CommonParams {
 /// Maximum accepted top_logprobs / logprobs / prompt_logprobs (OpenAI allows 20).
 inline constexpr int k_max_top_logprobs = 20;
 
+/// Most stop strings, and bytes in one, a request may give (OpenAI allows 4 strings). Each
+/// generated token is matched against every stop string, so these bound that work per token.
+inline constexpr std::size_t k_max_stop_strings = 64;
+inline constexpr std::size_t k_max_stop_bytes = 4096;
+/// Most stop_token_ids a request may give (each generated token is looked up among them).
+inline constexpr std::size_t k_max_stop_token_ids = 1024;
+
 /// Reads `body` (an object) into `out`; temperature/top_p/top_k the body omits come from
 /// `defaults`. Returns an error message for the client, or nullopt.
 std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out,

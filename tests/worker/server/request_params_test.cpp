@@ -84,3 +84,23 @@ TEST_CASE("stop_token_ids outside int32 are refused, not truncated to another to
   REQUIRE(!parse_common_params(json{{"stop_token_ids", {0, 2147483647}}}, ApiKind::chat, ok));
   CHECK(ok.gen.stop_token_ids == std::vector<int32_t>{0, 2147483647});
 }
+
+TEST_CASE("stop strings and stop_token_ids are bounded in count and length, each generated token being matched against them") {
+  auto err = [](json body) {
+    CommonParams p;
+    return parse_common_params(body, ApiKind::chat, p).value_or("");
+  };
+  CHECK(err({{"stop", json(std::vector<std::string>(k_max_stop_strings + 1, "x"))}}) ==
+        "field 'stop': expected at most 64 strings, got 65");
+  CHECK(err({{"stop", std::string(k_max_stop_bytes + 1, 'x')}}) ==
+        "field 'stop': expected strings of at most 4096 bytes, got 4097 bytes in stop[0]");
+  CHECK(err({{"stop", {"a", std::string(k_max_stop_bytes + 1, 'x')}}}).find("in stop[1]") != std::string::npos);
+  CHECK(err({{"stop_token_ids", json(std::vector<int>(k_max_stop_token_ids + 1, 7))}}) ==
+        "field 'stop_token_ids': expected at most 1024 ids, got 1025");
+  CommonParams ok;
+  REQUIRE(!parse_common_params(json{{"stop", json(std::vector<std::string>(k_max_stop_strings, std::string(k_max_stop_bytes, 'x')))},
+                                    {"stop_token_ids", json(std::vector<int>(k_max_stop_token_ids, 7))}},
+                               ApiKind::chat, ok));
+  CHECK(ok.gen.stop.size() == k_max_stop_strings);
+  CHECK(ok.gen.stop_token_ids.size() == k_max_stop_token_ids);
+}
