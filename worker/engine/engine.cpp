@@ -184,9 +184,13 @@ std::optional<std::pair<FinishReason, std::string>> Engine::prefill(Job& job, Ge
   }
   if (all) result.prompt_logprobs.emplace_back(std::nullopt);
   const std::span<const int32_t> prompt(req.prompt);
-  for (std::size_t start = result.cached_tokens; start < n_prompt; start += options_.prefill_chunk) {
+  // Every row's logits come back for prompt_logprobs: bounded in bytes (EngineOptions).
+  const std::size_t step =
+      all ? std::min(options_.prefill_chunk, std::max<std::size_t>(1, options_.prompt_logits_bytes / (sizeof(float) * vocab)))
+          : options_.prefill_chunk;
+  for (std::size_t start = result.cached_tokens; start < n_prompt; start += step) {
     if (job.handle->cancelled()) return std::pair{FinishReason::cancelled, std::string()};
-    const std::size_t n = std::min(options_.prefill_chunk, n_prompt - start);
+    const std::size_t n = std::min(step, n_prompt - start);
     const auto chunk = prompt.subspan(start, n);
     if (auto err = reserve(start + n)) return std::pair{FinishReason::error, "prefill failed: " + *err};
     try {

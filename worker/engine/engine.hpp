@@ -63,6 +63,12 @@ struct EngineOptions {
   /// offloaded prefill's PCIe bytes grow with the number of chunks); smaller chunks stop sooner
   /// when the client leaves.
   std::size_t prefill_chunk = 4096;
+  /// Most bytes of fp32 logits one prefill pass returns for a prompt_logprobs request (every
+  /// prompt row's logits, not only the last): such a prefill runs in passes of at most
+  /// max(1, prompt_logits_bytes / (4 * vocab)) tokens when that is below prefill_chunk.
+  /// note: 4096 rows of Qwen3's 151936-token vocabulary would be 2.5 GB at once (host and
+  /// device); 256 MiB is 441 rows there, and cancellation is checked between the passes.
+  std::size_t prompt_logits_bytes = std::size_t{256} << 20;
   /// Reuse cached prefixes across requests (the default). false: every request prefills its
   /// whole prompt into private blocks and nothing is published (the benchmark's baseline,
   /// bench/agent_loop).

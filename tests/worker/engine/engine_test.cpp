@@ -229,6 +229,47 @@ TEST_CASE("logprobs and prompt_logprobs match the log-softmax of the backend's l
   }
 }
 
+TEST_CASE("a prompt_logprobs prefill runs in passes whose logits fit prompt_logits_bytes, with the same logprobs") {
+  FakeVocab vocab;
+  const GenerationRequest base = [&] {
+    GenerationRequest r = greedy(chat_prompt(vocab, "a prompt long enough for several passes of rows"), 2);
+    r.ignore_eos = true;
+    r.prompt_logprobs = 2;
+    return r;
+  }();
+  auto run_with = [&](std::size_t logits_bytes, std::vector<std::pair<std::size_t, std::size_t>>& passes) {
+    FakeBackend backend;
+    EngineOptions o = options();
+    o.prefill_chunk = 64;
+    o.prompt_logits_bytes = logits_bytes;
+    Engine engine(backend, vocab, o);
+    GenerationRequest req = base;
+    Collected c;
+    auto r = run(engine, req, c);
+    passes = backend.passes();
+    return r;
+  };
+  std::vector<std::pair<std::size_t, std::size_t>> whole, bounded;
+  const auto a = run_with(std::size_t{1} << 30, whole);
+  // Room for 5 rows of the fake vocabulary's logits: passes of 5 tokens, never more.
+  const auto b = run_with(5 * sizeof(float) * k_fake_vocab + 3, bounded);
+  REQUIRE(base.prompt.size() > 10);
+  CHECK(whole.front().second == std::min<std::size_t>(64, base.prompt.size()));
+  std::size_t prefill_tokens = 0;
+  for (std::size_t i = 0; i < bounded.size() && prefill_tokens < base.prompt.size(); ++i) {
+    CHECK(bounded[i].first == prefill_tokens);
+    CHECK(bounded[i].second <= 5);
+    prefill_tokens += bounded[i].second;
+  }
+  CHECK(prefill_tokens == base.prompt.size());
+  REQUIRE(a.prompt_logprobs.size() == b.prompt_logprobs.size());
+  for (std::size_t i = 1; i < a.prompt_logprobs.size(); ++i) {
+    REQUIRE(b.prompt_logprobs[i].has_value());
+    CHECK(b.prompt_logprobs[i]->logprob == doctest::Approx(a.prompt_logprobs[i]->logprob).epsilon(1e-6));
+    CHECK(b.prompt_logprobs[i]->top == a.prompt_logprobs[i]->top);
+  }
+}
+
 TEST_CASE("thinking_token_budget forces </think> once the reasoning block has used the budget") {
   FakeVocab vocab;
   // The model would think forever ('a' after 'a').
