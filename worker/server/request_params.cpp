@@ -70,8 +70,12 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   }
   std::optional<long long> max_tokens;
   if (auto e = read_int(body, "max_tokens", 1, 1LL << 40, max_tokens)) return e;
-  if (kind == ApiKind::chat && !max_tokens) {
-    if (auto e = read_int(body, "max_completion_tokens", 1, 1LL << 40, max_tokens)) return e;
+  if (kind == ApiKind::chat) {
+    // Both are read; max_completion_tokens (OpenAI's current name) wins, as in vLLM's
+    // `max_completion_tokens or max_tokens`.
+    std::optional<long long> max_completion_tokens;
+    if (auto e = read_int(body, "max_completion_tokens", 1, 1LL << 40, max_completion_tokens)) return e;
+    if (max_completion_tokens) max_tokens = max_completion_tokens;
   }
   if (max_tokens) {
     g.max_tokens = static_cast<std::size_t>(*max_tokens);

@@ -104,3 +104,17 @@ TEST_CASE("stop strings and stop_token_ids are bounded in count and length, each
   CHECK(ok.gen.stop.size() == k_max_stop_strings);
   CHECK(ok.gen.stop_token_ids.size() == k_max_stop_token_ids);
 }
+
+TEST_CASE("chat reads max_tokens and max_completion_tokens both: either one wrong is a 400, max_completion_tokens wins") {
+  CommonParams p;
+  CHECK(parse_common_params(json{{"max_tokens", 5}, {"max_completion_tokens", -3}}, ApiKind::chat, p).value_or("").find(
+            "field 'max_completion_tokens'") == 0);
+  CHECK(parse_common_params(json{{"max_tokens", "5"}, {"max_completion_tokens", 3}}, ApiKind::chat, p).value_or("").find(
+            "field 'max_tokens'") == 0);
+  CommonParams both;
+  REQUIRE(!parse_common_params(json{{"max_tokens", 5}, {"max_completion_tokens", 3}}, ApiKind::chat, both));
+  CHECK(both.gen.max_tokens == 3);
+  CommonParams only;
+  REQUIRE(!parse_common_params(json{{"max_tokens", 5}}, ApiKind::chat, only));
+  CHECK(only.gen.max_tokens == 5);
+}
