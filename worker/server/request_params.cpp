@@ -142,6 +142,8 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   if (budget) g.thinking_token_budget = static_cast<std::size_t>(*budget);
   if (auto e = read_int(body, "prompt_logprobs", 0, k_max_top_logprobs, prompt_logprobs)) return e;
   if (prompt_logprobs) g.prompt_logprobs = static_cast<int>(*prompt_logprobs);
+  if (prompt_logprobs && out.stream)
+    return "field 'prompt_logprobs': returned only in a non-streamed answer; expected \"stream\": false with it";
   if (auto e = read_bool(body, "return_tokens_as_token_ids", out.tokens_as_ids)) return e;
 
   if (kind == ApiKind::chat) {

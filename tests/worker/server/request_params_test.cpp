@@ -118,3 +118,13 @@ TEST_CASE("chat reads max_tokens and max_completion_tokens both: either one wron
   REQUIRE(!parse_common_params(json{{"max_tokens", 5}}, ApiKind::chat, only));
   CHECK(only.gen.max_tokens == 5);
 }
+
+TEST_CASE("prompt_logprobs with stream is refused: a streamed answer has no place for them") {
+  CommonParams p;
+  CHECK(parse_common_params(json{{"stream", true}, {"prompt_logprobs", 1}}, ApiKind::completions, p).value_or("") ==
+        "field 'prompt_logprobs': returned only in a non-streamed answer; expected \"stream\": false with it");
+  CHECK(parse_common_params(json{{"stream", true}, {"prompt_logprobs", 0}}, ApiKind::chat, p).has_value());
+  CommonParams ok;
+  CHECK_FALSE(parse_common_params(json{{"stream", false}, {"prompt_logprobs", 1}}, ApiKind::chat, ok).has_value());
+  CHECK_FALSE(parse_common_params(json{{"stream", true}, {"prompt_logprobs", nullptr}}, ApiKind::chat, ok).has_value());
+}
