@@ -63,7 +63,9 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
   if (auto e = read_bool(body, "stream", out.stream)) return e;
   if (const auto* so = get(body, "stream_options")) {
     if (!so->is_object()) return expected("stream_options", "an object", *so);
-    if (auto e = read_bool(*so, "include_usage", out.include_usage)) return "stream_options." + *e;
+    if (const auto* iu = get(*so, "include_usage"); iu && !iu->is_boolean())
+      return expected("stream_options.include_usage", "true or false", *iu);
+    if (auto e = read_bool(*so, "include_usage", out.include_usage)) return e;
   }
   if (const auto* n = get(body, "n")) {
     if (!n->is_number_integer() || n->get<long long>() != 1) return expected("n", "1 (this engine returns one choice)", *n);
