@@ -19,7 +19,8 @@ ResponsesResponder::ResponsesResponder(std::shared_ptr<http::Responder> client,
       store_turn_(std::move(store_turn)) {}
 
 void ResponsesResponder::store_if_completed() {
-  if (!store_turn_ || !request_->store) return;
+  // A failed answer (finish abort or error, a cut stream) is no turn to continue from.
+  if (!store_turn_ || !request_->store || translator_.status() == "failed") return;
   json messages = request_->chat.contains("messages") ? request_->chat["messages"] : json::array();
   for (auto& m : translator_.assistant_messages()) messages.push_back(m);
   store_turn_(id_, messages);
@@ -60,7 +61,7 @@ void ResponsesResponder::send(int status, std::string content_type, std::string 
   (void)translator_.on_chunk(chunk);
   (void)translator_.finish();
   json r = translator_.response();
-  if (r.value("status", "") != "failed") store_if_completed();
+  store_if_completed();
   client_->send(200, "application/json", dump_safe(r), std::move(extra_headers));
 }
 

@@ -64,6 +64,8 @@ class StreamTranslator {
   nlohmann::json response() const;
   /// True once finish() or fail() ran.
   bool ended() const { return ended_; }
+  /// "in_progress" until finish() or fail(); then "completed", "incomplete" or "failed".
+  const std::string& status() const { return status_; }
   /// The chat messages this response added (assistant turn), for previous_response_id storage.
   nlohmann::json assistant_messages() const;
 

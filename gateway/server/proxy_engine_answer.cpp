@@ -209,6 +209,7 @@ void ProxyCall::restart_attempt() {
   upstream_status_ = 0;
   not_sse_type_.clear();
   engine_text_.clear();
+  progressed_ = false;  // the failed attempt's last event is no progress of the new one
   send_upstream();
 }
 

@@ -4,10 +4,11 @@
 //
 // Deadlines:
 //   connect     — TCP connect (name resolution included);
-//   first byte  — from the request being written until the first body bytes arrive (for a
-//                 stream that is the first event, i.e. TTFT; for a non-streaming request the
-//                 whole generation);
-//   gap         — between two body reads after the first;
+//   first byte  — from the request being written until the first body read that made
+//                 progress (UpstreamCallbacks::made_progress; without it, any body bytes): for
+//                 the proxy's stream, a complete data event, i.e. TTFT; SSE comments and event
+//                 fragments do not count;
+//   gap         — between two body reads that made progress, after the first;
 //   total       — when set (a non-streaming request: ModelEntry::request_timeout_s), the whole
 //                 exchange from connect to the end of the body; it replaces the first-byte
 //                 deadline, which for a body that arrives at once would bound the generation.

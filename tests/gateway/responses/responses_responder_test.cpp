@@ -105,6 +105,30 @@ TEST_CASE("G32: an error event or a cut stream ends with response.failed, and no
   }
 }
 
+TEST_CASE("an answer the engine ended with finish abort is response.failed and is not stored, streamed or not") {
+  for (bool streamed : {true, false}) {
+    CAPTURE(streamed);
+    auto client = std::make_shared<RecordingResponder>();
+    bool stored = false;
+    ResponsesResponder r(client, request(true), "tiny", [&](const std::string&, const json&) { stored = true; });
+    if (streamed) {
+      r.start_stream(200);
+      r.write(chunk({{"content", "Hel"}}) + chunk(json::object(), "abort") + std::string(sse::k_done));
+      r.end();
+      auto types = client->event_types();
+      REQUIRE_FALSE(types.empty());
+      CHECK(types.back() == "response.failed");
+    } else {
+      r.send(200, "application/json",
+             json{{"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "Hel"}}},
+                                            {"finish_reason", "abort"}}})}}.dump(),
+             {});
+      CHECK(json::parse(client->body)["status"] == "failed");
+    }
+    CHECK_FALSE(stored);
+  }
+}
+
 TEST_CASE("hostile engine events: a non-string error message, an unparseable event cut inside a UTF-8 character") {
   auto client = std::make_shared<RecordingResponder>();
   ResponsesResponder r(client, request(false), "tiny", nullptr);

@@ -116,6 +116,25 @@ TEST_CASE("G09: an error after only the role chunk is retried once, transparentl
   CHECK(rig.engine.requests() == 2);
 }
 
+TEST_CASE("G09: the retried attempt gets its own first-byte deadline, not the failed attempt's gap") {
+  // The retry's engine sends only comments for 3 gaps' time (a long prefill), then answers: the
+  // first-byte deadline covers that wait; the failed attempt's error event is no progress of it.
+  Rig rig("glm53", 5000, [](registry::Registry& r) {
+    r.models[0].first_byte_timeout_ms = 8000;
+    r.models[0].max_gap_ms = 500;
+  });
+  rig.engine.push(test::sse_script({role_ev(), R"({"error":{"code":500,"message":"boom"}})"}));
+  Script s;
+  for (int i = 0; i < 10; ++i) s.pieces.push_back({": keepalive\n\n", 150});
+  s.pieces.push_back({"data: " + role_ev() + "\n\ndata: " + content_ev("ok") + "\n\ndata: " + finish_ev() + "\n\ndata: [DONE]\n\n", 0});
+  rig.engine.push(s);
+  auto r = stream(rig, chat());
+  CAPTURE(r.data);
+  CHECK(r.status == 200);
+  CHECK(r.done());
+  CHECK(rig.engine.requests() == 2);
+}
+
 TEST_CASE("G09: the retry happens once; a second failure gets a real status") {
   Rig rig;
   rig.engine.push(test::sse_script({role_ev(), R"({"error":{"code":500,"message":"boom"}})"}));
