@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #include "gateway/responses/request_translator.hpp"
@@ -15,6 +16,21 @@ static json load_fixture(const std::string& name) {
   ss << in.rdbuf();
   return json::parse(ss.str());
 }
+
+namespace {
+
+/// Each (body, message): translate_request refuses the body with exactly that message.
+void check_refusals(std::span<const std::pair<const char*, const char*>> cases) {
+  for (const auto& [body, message] : cases) {
+    INFO(body);
+    TranslatedRequest t;
+    const auto err = translate_request(json::parse(body), nullptr, t);
+    REQUIRE(err.has_value());
+    CHECK(*err == message);
+  }
+}
+
+}  // namespace
 
 TEST_CASE("G33: a Codex multi-turn request becomes chat messages, tools flattened, unknown output dropped") {
   json body = load_fixture("codex_multi_turn_request.json");
@@ -116,13 +132,7 @@ TEST_CASE("a top-level field of the wrong type is named with what was read and w
       {R"({"model":"tiny","input":"hi","reasoning":"x"})", "field 'reasoning' has the wrong type: expected an object, got string"},
       {R"({"model":"tiny","input":5})", "field 'input' has the wrong type: expected a string or an array, got number"},
   };
-  for (const auto& [body, message] : cases) {
-    INFO(body);
-    TranslatedRequest t;
-    const auto err = translate_request(json::parse(body), nullptr, t);
-    REQUIRE(err.has_value());
-    CHECK(*err == message);
-  }
+  check_refusals(cases);
   // null is absent; a well-typed request passes.
   TranslatedRequest t;
   CHECK_FALSE(translate_request(json::parse(R"({"model":"tiny","input":"hi","reasoning":null,"stream":null,"store":null,"previous_response_id":null,"max_output_tokens":16,"temperature":0.5})"), nullptr, t).has_value());
@@ -165,13 +175,7 @@ TEST_CASE("a field inside an input item, a tool or text.format of the wrong type
       {R"({"model":"tiny","input":"hi","tool_choice":{"type":"function","name":5}})", "field 'tool_choice.name' has the wrong type: expected a string, got number"},
       {R"({"model":"tiny","input":"hi","text":{"format":{"type":"json_schema","name":5}}})", "field 'text.format.name' has the wrong type: expected a string, got number"},
   };
-  for (const auto& [body, message] : cases) {
-    INFO(body);
-    TranslatedRequest t;
-    const auto err = translate_request(json::parse(body), nullptr, t);
-    REQUIRE(err.has_value());
-    CHECK(*err == message);
-  }
+  check_refusals(cases);
 }
 
 TEST_CASE("content parts without text (input_file, images in a tool output, nested arrays) are dropped with a warning, never silently") {
