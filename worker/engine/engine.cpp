@@ -110,6 +110,15 @@ std::optional<std::string> Engine::check(std::size_t prompt_tokens, std::size_t 
                       options_.kv_block_tokens);
 }
 
+std::optional<std::string> Engine::check(const LogitsAdjust& adjust) const {
+  const std::size_t vocab = backend_.vocab_size();
+  for (const auto& [id, bias] : adjust.bias)
+    if (id < 0 || static_cast<std::size_t>(id) >= vocab)
+      return "field 'logit_bias': token id " + std::to_string(id) + " is outside the vocabulary (" +
+             std::to_string(vocab) + " logits: ids 0.." + std::to_string(vocab - 1) + ")";
+  return std::nullopt;
+}
+
 std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest request, EventCallback on_event,
                                               DoneCallback on_done,
                                               std::shared_ptr<RequestHandle> handle) {
@@ -245,15 +254,26 @@ void Engine::generate(Job& job) {
 
   if (job.handle->cancelled()) return finish(FinishReason::cancelled);
   if (auto err = check(req.prompt.size(), req.max_tokens)) return finish(FinishReason::error, *err);
+  if (auto err = check(req.adjust)) return finish(FinishReason::error, *err);
 
   const std::size_t vocab = backend_.vocab_size();
   std::vector<float> logits;
   if (auto stopped = prefill(job, result, logits, forwards)) return finish(stopped->first, std::move(stopped->second));
 
   Sampler sampler(req.sampling);
-  // Greedy without logprobs needs only the pick: the backend may make it on its device
-  // (Backend::forward_greedy) instead of returning the row. `picked` holds it between steps.
-  const bool backend_picks = sampler.greedy() && req.logprobs < 0;
+  // Greedy without logprobs or logits changes needs only the pick: the backend may make it on its
+  // device (Backend::forward_greedy) instead of returning the row. `picked` holds it between steps.
+  const bool adjusting = req.adjust.active();
+  const bool backend_picks = sampler.greedy() && req.logprobs < 0 && !adjusting;
+  std::optional<LogitsAdjuster> adjuster;
+  std::vector<float> adjusted;  // the row the sampler reads when adjusting; logprobs read the raw one
+  if (adjusting) adjuster.emplace(req.adjust, req.prompt, vocab);
+  auto sample = [&]() -> int32_t {
+    if (!adjusting) return sampler.sample(std::span<const float>(logits.data(), vocab));
+    adjusted.assign(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
+    adjuster->apply(adjusted);
+    return sampler.sample(adjusted);
+  };
   std::optional<int32_t> picked;
   StopMatcher stops(req.stop);
   Utf8Holdback utf8;
@@ -270,7 +290,8 @@ void Engine::generate(Job& job) {
                            reasoning_count >= *req.thinking_token_budget;
     const int32_t token = force_end ? *options_.think_end_id
                           : picked        ? *picked
-                                          : sampler.sample(std::span<const float>(logits.data(), vocab));
+                                          : sample();
+    if (adjuster) adjuster->push(token);
     if (result.completion_tokens == 0) {
       first_token = clock_type::now();
       result.ttft_s = seconds_between(job.submitted, first_token);

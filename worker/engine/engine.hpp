@@ -45,6 +45,7 @@
 #include "worker/engine/backend.hpp"
 #include "worker/engine/kv_block_pool.hpp"
 #include "worker/engine/kv_sequence.hpp"
+#include "worker/engine/logits_adjust.hpp"
 #include "worker/engine/sampler.hpp"
 #include "worker/engine/vocab.hpp"
 
@@ -82,6 +83,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;                   // token ids, non-empty
   std::size_t max_tokens = 16;                   // generated tokens, >= 1
   SamplingParams sampling;
+  LogitsAdjust adjust;                           // logit_bias and penalties, before sampling
   std::vector<std::string> stop;                 // stop strings (never emitted)
   std::vector<int32_t> stop_token_ids;           // extra stop ids (their text not emitted)
   bool ignore_eos = false;
@@ -184,8 +186,11 @@ class Engine {
   /// Checks a request against the KV cap and max_model_len; nullopt when it fits, else the
   /// client error message (HTTP 400) with the numbers.
   std::optional<std::string> check(std::size_t prompt_tokens, std::size_t max_tokens) const;
+  /// Checks a request's logits changes against the backend's logits row: nullopt when every
+  /// logit_bias id is in [0, vocab), else the client error message (HTTP 400) naming the id.
+  std::optional<std::string> check(const LogitsAdjust& adjust) const;
 
-  /// Queues a request (which must pass check(); otherwise it finishes with FinishReason::error).
+  /// Queues a request (which must pass both checks; otherwise it finishes with FinishReason::error).
   /// `handle` lets the caller create the handle first (so a disconnect callback registered
   /// before submit() can cancel); null → a new one. Returns the handle.
   std::shared_ptr<RequestHandle> submit(GenerationRequest request, EventCallback on_event,

@@ -173,6 +173,8 @@ void handle_chat(const RouteContext& ctx, const http::Request& req, std::shared_
   }
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");
+  if (auto e = engine.check(gen.adjust))
+    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter", "logit_bias");
 
   OutputParserOptions po;
   po.reasoning = ctx.options.reasoning_parser;

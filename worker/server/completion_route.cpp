@@ -112,6 +112,8 @@ void handle_completions(const RouteContext& ctx, const http::Request& req, std::
   if (!state->params.max_tokens_given) gen.max_tokens = 16;  // the OpenAI completions default
   if (auto e = engine.check(gen.prompt.size(), gen.max_tokens))
     return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "context_length_exceeded");
+  if (auto e = engine.check(gen.adjust))
+    return reply_error(ctx, k_route, *res, 400, *e, "invalid_request_error", "invalid_parameter", "logit_bias");
   submit_generation(ctx, std::move(state), std::move(res), "cmpl-");
 }
 

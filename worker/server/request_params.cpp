@@ -55,6 +55,30 @@ std::optional<std::string> read_bool(const nlohmann::json& body, const char* key
   return std::nullopt;
 }
 
+/// logit_bias: {"<token id>": bias in [-100, 100], ...}, at most k_max_logit_bias entries. The
+/// ids are checked against the vocabulary later (Engine::check), which this does not know.
+std::optional<std::string> read_logit_bias(const nlohmann::json& body, LogitsAdjust& out) {
+  const auto* lb = get(body, "logit_bias");
+  if (!lb) return std::nullopt;
+  if (!lb->is_object()) return expected("logit_bias", "an object of token id → bias", *lb);
+  if (lb->size() > k_max_logit_bias)
+    return "field 'logit_bias': expected at most " + std::to_string(k_max_logit_bias) + " token ids, got " +
+           std::to_string(lb->size());
+  out.bias.reserve(lb->size());
+  for (const auto& [key, value] : lb->items()) {
+    // note: digits only, at most 10 of them, read as a number <= INT32_MAX: "1e3", "-1", " 5" and
+    // "99999999999" are refused rather than read as some other token.
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos && std::stoll(key) <= INT32_MAX;
+    const std::string shown = describe_value(nlohmann::json(key));
+    if (!digits) return "field 'logit_bias': expected keys that are token ids (decimal integers), got " + shown;
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100.0 || value.get<double>() > 100.0)
+      return "field 'logit_bias[" + shown + "]': expected a number in [-100, 100], got " + describe_value(value);
+    out.bias.emplace_back(static_cast<int32_t>(std::stoll(key)), static_cast<float>(value.get<double>()));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out,
@@ -67,9 +91,9 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
       return expected("stream_options.include_usage", "true or false", *iu);
     if (auto e = read_bool(*so, "include_usage", out.include_usage)) return e;
   }
-  if (const auto* n = get(body, "n")) {
-    if (!n->is_number_integer() || n->get<long long>() != 1) return expected("n", "1 (this engine returns one choice)", *n);
-  }
+  for (const char* key : {"n", "best_of"})
+    if (const auto* n = get(body, key); n && (!n->is_number_integer() || n->get<long long>() != 1))
+      return expected(key, "1 (this engine returns one choice)", *n);
   std::optional<long long> max_tokens;
   if (auto e = read_int(body, "max_tokens", 1, 1LL << 40, max_tokens)) return e;
   if (kind == ApiKind::chat) {
@@ -96,14 +120,18 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     if (!s->is_number_integer()) return expected("seed", "an integer", *s);
     g.sampling.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
-  {  // accepted and not applied (docs/worker.md "Not done"), but a wrong type is the client's 400
-    std::optional<double> ignored;
-    for (const char* key : {"frequency_penalty", "presence_penalty"})
-      if (auto e = read_number(body, key, -2.0, 2.0, ignored)) return e;
-    if (auto e = read_number(body, "repetition_penalty", 0.0, 100.0, ignored)) return e;
-    if (const auto* lb = get(body, "logit_bias"); lb && !lb->is_object()) return expected("logit_bias", "an object of token id → bias", *lb);
-    if (const auto* u = get(body, "user"); u && !u->is_string()) return expected("user", "a string", *u);
+  {
+    std::optional<double> presence, frequency, repetition;
+    if (auto e = read_number(body, "presence_penalty", -2.0, 2.0, presence)) return e;
+    if (auto e = read_number(body, "frequency_penalty", -2.0, 2.0, frequency)) return e;
+    if (auto e = read_number(body, "repetition_penalty", 0.0, 100.0, repetition)) return e;
+    if (repetition && *repetition <= 0.0) return expected("repetition_penalty", "a number in (0, 100]", body["repetition_penalty"]);
+    g.adjust.presence_penalty = static_cast<float>(presence.value_or(0.0));
+    g.adjust.frequency_penalty = static_cast<float>(frequency.value_or(0.0));
+    g.adjust.repetition_penalty = static_cast<float>(repetition.value_or(1.0));
   }
+  if (auto e = read_logit_bias(body, g.adjust)) return e;
+  if (const auto* u = get(body, "user"); u && !u->is_string()) return expected("user", "a string", *u);
   if (const auto* s = get(body, "stop")) {
     if (s->is_string()) {
       g.stop = {s->get<std::string>()};

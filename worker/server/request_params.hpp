@@ -36,6 +36,9 @@ inline constexpr std::size_t k_max_stop_bytes = 4096;
 /// Most stop_token_ids a request may give (each generated token is looked up among them).
 inline constexpr std::size_t k_max_stop_token_ids = 1024;
 
+/// Most logit_bias entries a request may give (each is applied to every sampled row).
+inline constexpr std::size_t k_max_logit_bias = 4096;
+
 /// Reads `body` (an object) into `out`; temperature/top_p/top_k the body omits come from
 /// `defaults`. Returns an error message for the client, or nullopt.
 std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKind kind, CommonParams& out,

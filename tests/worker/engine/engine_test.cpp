@@ -123,6 +123,68 @@ TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs a
   CHECK(engine.stats().kv_blocks.held == 0);
 }
 
+// logit_bias and the penalties change the row the sampler reads (worker/engine/logits_adjust.hpp),
+// so greedy decoding with them takes the row, not the backend's pick; the logprobs stay the raw
+// row's (vLLM's default).
+TEST_CASE("logit_bias and the penalties steer greedy decoding through the row; logprobs stay raw") {
+  FakeVocab vocab;
+  FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
+  Engine engine(backend, vocab, options());
+  const auto prompt = chat_prompt(vocab, "hello");
+  GenerationRequest plain = greedy(prompt, 4);
+  plain.logprobs = 0;
+  Collected a;
+  run(engine, plain, a);
+  CHECK(a.text == "Hi t");
+  backend.greedy_calls = 0;
+
+  GenerationRequest banned = greedy(prompt, 4);
+  banned.logprobs = 0;
+  banned.adjust.bias = {{'H', -100.0f}, {'Z', 50.0f}};  // the scripted peak is 20, the hash below 4
+  Collected b;
+  const auto rb = run(engine, banned, b);
+  CHECK(rb.finish == FinishReason::length);
+  CHECK(b.text == "ZZZZ");
+  CHECK(backend.greedy_calls == 0);
+  REQUIRE(b.events.size() == 4);
+  // The first token's logprob is the raw row's: 'Z' under the scripted peak on 'H' (20 against [0, 4)).
+  REQUIRE(b.events[0].logprob.has_value());
+  CHECK(b.events[0].logprob->logprob < -15.0f);
+  CHECK(b.events[0].logprob->rank > 1);
+
+  // A frequency penalty of 2 per occurrence against a +5 bias on 'Z' and 'Y': 'Z', then 'Y'
+  // (Z is now 2 lower), then they alternate while the counts stay level.
+  GenerationRequest freq = greedy(prompt, 4);
+  freq.adjust.bias = {{'Z', 30.0f}, {'Y', 29.0f}};
+  freq.adjust.frequency_penalty = 2.0f;
+  Collected c;
+  run(engine, freq, c);
+  CHECK(c.text == "ZYZY");
+  CHECK(backend.greedy_calls == 0);
+  CHECK(engine.stats().kv_blocks.held == 0);
+}
+
+TEST_CASE("a logit_bias id outside the backend's row is refused by Engine::check and by the scheduler") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  Engine engine(backend, vocab, options());
+  LogitsAdjust ok;
+  ok.bias = {{0, 1.0f}, {static_cast<int32_t>(k_fake_vocab) - 1, 1.0f}};
+  CHECK_FALSE(engine.check(ok).has_value());
+  LogitsAdjust bad;
+  bad.bias = {{5, 1.0f}, {static_cast<int32_t>(k_fake_vocab), 1.0f}};
+  const auto e = engine.check(bad);
+  REQUIRE(e.has_value());
+  CHECK(*e == "field 'logit_bias': token id 263 is outside the vocabulary (263 logits: ids 0..262)");
+  GenerationRequest req = greedy(chat_prompt(vocab, "hi"), 4);
+  req.adjust = bad;
+  Collected c;
+  const auto r = run(engine, req, c);  // submitted without the route's check: finishes with the error
+  CHECK(r.finish == FinishReason::error);
+  CHECK(r.error == *e);
+  CHECK(c.tokens.empty());
+}
+
 TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with an error naming it") {
   for (const int32_t bad : {static_cast<int32_t>(k_fake_vocab) + 5, static_cast<int32_t>(k_fake_vocab), -1}) {
     CAPTURE(bad);

@@ -67,3 +67,23 @@ TEST_CASE("chat without max_tokens whose prompt fills the context names the prom
                             "request has " + std::to_string(prompt) +
                             " input tokens, which leaves no room for output. Please reduce the length of the messages.");
 }
+
+TEST_CASE("logit_bias: an id outside the vocabulary is a 400 naming it; a valid bias steers the answer") {
+  Fixture f;
+  for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
+    CAPTURE(route);
+    const json bad_bias = {{"263", 1}};  // the fake vocabulary's 263 logits are ids 0..262
+    const json body = std::string(route) == "/v1/completions"
+                          ? json{{"prompt", "hi"}, {"max_tokens", 2}, {"logit_bias", bad_bias}}
+                          : chat_body("hi", false, {{"max_tokens", 2}, {"logit_bias", bad_bias}});
+    auto r = f.post(route, body.dump());
+    CHECK(r.status == 400);
+    CHECK(json::parse(r.body)["error"]["param"] == "logit_bias");
+    CHECK(error_message(r) == "field 'logit_bias': token id 263 is outside the vocabulary (263 logits: ids 0..262)");
+  }
+  // 'Q' (81) lifted far above every logit of the greedy row: the answer is that byte, repeated.
+  auto ok = f.post("/v1/completions",
+                   json{{"prompt", "hi"}, {"max_tokens", 3}, {"temperature", 0}, {"logit_bias", {{"81", 100}}}}.dump());
+  REQUIRE(ok.status == 200);
+  CHECK(json::parse(ok.body)["choices"][0]["text"] == "QQQ");
+}

@@ -48,17 +48,57 @@ TEST_CASE("bad fields are refused naming field, value and expectation") {
   CHECK(err({{"max_tokens", 0}}).find("field 'max_tokens'") == 0);
   CHECK(err({{"stop", {1, 2}}}).find("field 'stop'") == 0);
   CHECK(err({{"n", 2}}).find("field 'n'") == 0);
+  CHECK(err({{"best_of", 3}}, ApiKind::completions) == "field 'best_of': expected 1 (this engine returns one choice), got 3");
+  CHECK(err({{"best_of", 1}, {"n", 1}}, ApiKind::completions).empty());
   CHECK(err({{"top_logprobs", 50}}).find("field 'top_logprobs'") == 0);
   CHECK(err({{"logprobs", true}}, ApiKind::completions).find("field 'logprobs'") == 0);
   CHECK(err({{"stream_options", {{"include_usage", "yes"}}}}).find("field 'stream_options.include_usage': expected true or false") == 0);
   CHECK(err({{"top_p", 0}}).find("field 'top_p'") == 0);
-  // Accepted but not applied: still type- and range-checked.
   CHECK(err({{"frequency_penalty", "x"}}).find("field 'frequency_penalty': expected a number in [-2") == 0);
   CHECK(err({{"presence_penalty", json::array({1})}}).find("field 'presence_penalty'") == 0);
   CHECK(err({{"presence_penalty", 3}}).find("field 'presence_penalty'") == 0);
   CHECK(err({{"logit_bias", "x"}}).find("field 'logit_bias': expected an object") == 0);
   CHECK(err({{"user", 5}}).find("field 'user': expected a string, got 5") == 0);
+  CHECK(err({{"repetition_penalty", 0}}) == "field 'repetition_penalty': expected a number in (0, 100], got 0");
   CHECK(err({{"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"user", "u"}}).empty());
+}
+
+TEST_CASE("penalties and logit_bias are read into the request's logits changes") {
+  CommonParams p;
+  REQUIRE(!parse_common_params(json{{"presence_penalty", -0.5}, {"frequency_penalty", 1.5}, {"repetition_penalty", 1.1},
+                                    {"logit_bias", {{"42", -100}, {"7", 2.5}, {"0", 100}}}},
+                               ApiKind::completions, p));
+  const LogitsAdjust& a = p.gen.adjust;
+  CHECK(a.presence_penalty == -0.5f);
+  CHECK(a.frequency_penalty == 1.5f);
+  CHECK(a.repetition_penalty == doctest::Approx(1.1));
+  using Bias = std::vector<std::pair<int32_t, float>>;
+  CHECK(a.bias == Bias{{0, 100.0f}, {42, -100.0f}, {7, 2.5f}});  // nlohmann's object order: keys sorted as strings
+  CHECK(a.active());
+  CommonParams none;
+  REQUIRE(!parse_common_params(json{{"presence_penalty", nullptr}, {"logit_bias", nullptr}}, ApiKind::chat, none));
+  CHECK_FALSE(none.gen.adjust.active());
+}
+
+TEST_CASE("logit_bias keys must be token ids and values within [-100, 100], in a bounded count") {
+  auto err = [](json body) {
+    CommonParams p;
+    return parse_common_params(body, ApiKind::chat, p).value_or("");
+  };
+  for (const char* key : {"abc", "-1", "1e3", " 5", "", "2147483648", "99999999999", "12a"}) {
+    CAPTURE(key);
+    CHECK(err({{"logit_bias", {{key, 1}}}}) ==
+          "field 'logit_bias': expected keys that are token ids (decimal integers), got " + json(key).dump());
+  }
+  CHECK(err({{"logit_bias", {{"2147483647", 1}}}}).empty());  // the largest id; Engine::check knows the vocabulary
+  CHECK(err({{"logit_bias", {{"5", 100.5}}}}) == "field 'logit_bias[\"5\"]': expected a number in [-100, 100], got 100.5");
+  CHECK(err({{"logit_bias", {{"5", "high"}}}}) == "field 'logit_bias[\"5\"]': expected a number in [-100, 100], got \"high\"");
+  CHECK(err({{"logit_bias", {{"5", nullptr}}}}).find("field 'logit_bias[\"5\"]'") == 0);
+  json many = json::object();
+  for (std::size_t i = 0; i <= k_max_logit_bias; ++i) many[std::to_string(i)] = 1;
+  CHECK(err({{"logit_bias", many}}) == "field 'logit_bias': expected at most 4096 token ids, got 4097");
+  many.erase("0");
+  CHECK(err({{"logit_bias", many}}).empty());
 }
 
 TEST_CASE("an integer that would wrap is refused: above LLONG_MAX, or a top_k above INT_MAX") {
