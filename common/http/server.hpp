@@ -25,7 +25,7 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct Request {
   std::string method;                          // "GET", "POST", ...
-  std::string target;                          // path + query as sent
+  std::string target;                          // path + query as sent (an absolute-form target in origin form)
   std::string path;                            // target without the query string
   std::string query;                           // after '?', undecoded; empty when none
   std::map<std::string, std::string> headers;  // names lower-cased

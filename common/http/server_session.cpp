@@ -97,7 +97,7 @@ Request Session::make_head() const {
   const auto& msg = parser_->get();
   Request req;
   req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
+  req.target = detail::origin_form(msg.target());
   auto q = req.target.find('?');
   req.path = req.target.substr(0, q);
   if (q != std::string::npos) req.query = req.target.substr(q + 1);

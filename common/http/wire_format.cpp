@@ -36,4 +36,21 @@ std::string to_hex(std::size_t n) {
   return out;
 }
 
+std::string origin_form(std::string_view target) {
+  auto starts_ci = [&](std::string_view prefix) {
+    if (target.size() < prefix.size()) return false;
+    for (std::size_t i = 0; i < prefix.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(target[i])) != prefix[i]) return false;
+    return true;
+  };
+  std::size_t skip = 0;
+  if (starts_ci("http://")) skip = 7;
+  else if (starts_ci("https://")) skip = 8;
+  else return std::string(target);
+  const std::size_t end = target.find_first_of("/?", skip);  // the authority ends at the path or the query
+  if (end == std::string_view::npos) return "/";
+  if (target[end] == '?') return "/" + std::string(target.substr(end));
+  return std::string(target.substr(end));
+}
+
 }  // namespace servedeck::http::detail

@@ -79,6 +79,28 @@ TEST_CASE("server answers a request and the client reads status, headers and bod
   CHECK(j["auth"] == "Bearer t");
 }
 
+// RFC 9112 section 3.2.2: a server must accept the absolute form, which some clients and proxies send.
+TEST_CASE("an absolute-form target is served as its origin form: path and query, scheme and authority dropped") {
+  Server srv({}, [](Request req, std::shared_ptr<Responder> res) {
+    res->send(200, "text/plain", req.path + "|" + req.query + "|" + req.target);
+  });
+  srv.start();
+  const int port = srv.port();
+  const std::pair<const char*, const char*> cases[] = {
+      {"http://127.0.0.1:9/v1/models?x=1", "/v1/models|x=1|/v1/models?x=1"},
+      {"HTTP://example.org/health", "/health||/health"},
+      {"https://h", "/||/"},
+      {"http://h?q", "/|q|/?q"},
+      {"/plain?y", "/plain|y|/plain?y"},
+  };
+  for (const auto& [target, want] : cases) {
+    CAPTURE(target);
+    const std::string got = raw_exchange(port, std::string("GET ") + target + " HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", "\x01");  // read to the close
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.substr(got.find("\r\n\r\n") + 4) == want);
+  }
+}
+
 TEST_CASE("keep-alive serves several requests on one connection, pipelined too") {
   std::atomic<int> n{0};
   Server srv({}, [&](Request req, std::shared_ptr<Responder> res) {
