@@ -11,8 +11,9 @@
 //    seen, the conversation before it cached), with and without reuse.
 // 2. Decode tok/s against context (--contexts, default 1K, 8K, 32K, 64K): one prompt of the
 //    longest context prefilled once into the pool with its blocks published, then per context a
-//    sequence that reuses its first N positions and decodes --decode tokens (all resident; then
-//    0% hot, --decode-offloaded tokens), against the roofline
+//    sequence that reuses its first N positions and decodes --decode tokens (all resident,
+//    greedy; then all resident, sampled on the host as Qwen3's generation_config asks, the row
+//    copied back each step; then 0% hot, greedy, --decode-offloaded tokens), against the roofline
 //      PCIe bytes / UVA GB/s + (resident weights + hot experts read + KV rows read) / HBM GB/s,
 //    the KV rows read being every cached position's bf16 K and V of every layer; the GPU step
 //    alone (decode_step_us) against the same roofline. The ceilings are measured first, in the
@@ -271,15 +272,22 @@ int main(int argc, char** argv) {
       auto tp = clk::now();
       (void)forward_sequence(*backend, writer, ids, false);
       std::printf("\ndecode vs context: a %d-token prompt prefilled once (%.2f s, all resident), its blocks published; each row\n"
-                  "reuses its first N positions and decodes (greedy, forward_greedy)\n",
+                  "reuses its first N positions and decodes (greedy: forward_greedy; sampled: the row, T 0.7 / top-k 20 / top-p 0.8 on the host)\n",
                   max_ctx, seconds_since(tp));
     }
     const double block = static_cast<double>(backend->expert_block_bytes());
     const double dense_bytes = static_cast<double>(backend->resident_bytes()) - static_cast<double>(k_vocab) * 2048 * 2;
-    std::printf("%5s %7s %9s %11s %12s %10s %9s %10s %10s %12s\n", "hot", "context", "tok/s", "roofline", "achieved", "ms/token", "GPU ms",
-                "GPU achvd", "KV MB/tok", "PCIe MB/tok");
+    std::printf("%5s %7s %9s %11s %12s %10s %9s %10s %10s %12s %8s\n", "hot", "context", "tok/s", "roofline", "achieved", "ms/token", "GPU ms",
+                "GPU achvd", "KV MB/tok", "PCIe MB/tok", "mode");
     nlohmann::json js = nlohmann::json::array();
-    for (const int slots : {128, 0}) {
+    // "sampled": the row copied back and drawn on the host, as a request with Qwen3's
+    // generation_config sampling (T 0.7, top-k 20, top-p 0.8) decodes; "greedy": forward_greedy.
+    struct Mode {
+      int slots;
+      bool sampled;
+    };
+    for (const Mode mode : {Mode{128, false}, Mode{128, true}, Mode{0, false}}) {
+      const int slots = mode.slots;
       backend->set_hot_slots(slots);
       const int n = slots == 128 ? decode : decode_off;
       for (const int ctx : contexts) {
@@ -287,10 +295,16 @@ int main(int argc, char** argv) {
         const std::size_t reused = seq.attach_prefix(ids, static_cast<std::size_t>(ctx));
         if (reused != static_cast<std::size_t>(ctx / 16 * 16)) throw std::runtime_error("the sweep's prefix was evicted");
         int32_t next = ids[reused];
+        Sampler sampler(SamplingParams{0.7, 20, 0.8, 1});
         auto step = [&] {
           seq.reserve(seq.length() + 1);
           const int32_t in[1] = {next};
-          next = backend->forward_greedy(seq.view(), next);
+          if (mode.sampled) {
+            const std::vector<float> row = backend->forward(seq.view(), in, false);
+            next = sampler.sample(std::span<const float>(row.data(), k_vocab));
+          } else {
+            next = backend->forward_greedy(seq.view(), next);
+          }
           seq.append(in);
         };
         step();  // the first step (and the graph, on the very first) outside the timed ones
@@ -306,10 +320,12 @@ int main(int argc, char** argv) {
         const double roof_s = miss * block / (c.uva_gbs * 1e9) + (dense_bytes + hit * block + kv) / (c.hbm_gbs * 1e9);
         const double tok_s = n / sec;
         const double step_us = backend->decode_step_us(slots == 128 ? 16 : 2);
-        std::printf("%5s %7d %9.2f %11.2f %11.1f%% %10.3f %9.3f %9.1f%% %10.1f %12.1f\n", hot_label(slots), ctx, tok_s, 1 / roof_s,
-                    100 * roof_s * tok_s, 1000 * sec / n, step_us / 1000, 100 * roof_s * 1e6 / step_us, kv / 1e6, miss * block / 1e6);
+        const char* mode_name = mode.sampled ? "sampled" : "greedy";
+        std::printf("%5s %7d %9.2f %11.2f %11.1f%% %10.3f %9.3f %9.1f%% %10.1f %12.1f %8s\n", hot_label(slots), ctx, tok_s, 1 / roof_s,
+                    100 * roof_s * tok_s, 1000 * sec / n, step_us / 1000, 100 * roof_s * 1e6 / step_us, kv / 1e6, miss * block / 1e6,
+                    mode_name);
         std::fflush(stdout);
-        js.push_back({{"hot_slots", slots}, {"context", ctx}, {"decode_tok_s", tok_s}, {"roofline_tok_s", 1 / roof_s},
+        js.push_back({{"hot_slots", slots}, {"mode", mode_name}, {"context", ctx}, {"decode_tok_s", tok_s}, {"roofline_tok_s", 1 / roof_s},
                       {"achieved_fraction", roof_s * tok_s}, {"gpu_step_us", step_us}, {"gpu_achieved_fraction", roof_s * 1e6 / step_us},
                       {"kv_bytes_per_token_read", kv}, {"pcie_bytes_per_token", miss * block}});
       }
