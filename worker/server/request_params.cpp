@@ -131,6 +131,18 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     g.adjust.repetition_penalty = static_cast<float>(repetition.value_or(1.0));
   }
   if (auto e = read_logit_bias(body, g.adjust)) return e;
+  if (const auto* rf = get(body, "response_format")) {
+    const auto* type = rf->is_object() ? get(*rf, "type") : nullptr;
+    if (!type || !type->is_string())
+      return expected("response_format", "an object with a string \"type\"", *rf);
+    const auto& t = type->get_ref<const std::string&>();
+    // note: refused, not ignored: a client that asked for JSON would otherwise get free text
+    // and fail later, far from the cause.
+    if (t == "json_object" || t == "json_schema")
+      return "field 'response_format': type \"" + t +
+             "\" is not supported by this engine (no constrained decoding); expected \"text\" or no response_format";
+    if (t != "text") return expected("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", *type);
+  }
   if (const auto* u = get(body, "user"); u && !u->is_string()) return expected("user", "a string", *u);
   if (const auto* s = get(body, "stop")) {
     if (s->is_string()) {

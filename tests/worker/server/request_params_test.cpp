@@ -80,6 +80,24 @@ TEST_CASE("penalties and logit_bias are read into the request's logits changes")
   CHECK_FALSE(none.gen.adjust.active());
 }
 
+TEST_CASE("response_format: text is accepted; JSON modes are refused by name, not ignored") {
+  auto err = [](json body) {
+    CommonParams p;
+    return parse_common_params(body, ApiKind::chat, p).value_or("");
+  };
+  CHECK(err({{"response_format", {{"type", "text"}}}}).empty());
+  CHECK(err({{"response_format", nullptr}}).empty());
+  CHECK(err({{"response_format", {{"type", "json_object"}}}}) ==
+        "field 'response_format': type \"json_object\" is not supported by this engine (no constrained decoding); expected "
+        "\"text\" or no response_format");
+  CHECK(err({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}})
+            .find("type \"json_schema\" is not supported") != std::string::npos);
+  CHECK(err({{"response_format", {{"type", "yaml"}}}}) ==
+        "field 'response_format.type': expected \"text\", \"json_object\" or \"json_schema\", got \"yaml\"");
+  CHECK(err({{"response_format", "json"}}) == "field 'response_format': expected an object with a string \"type\", got \"json\"");
+  CHECK(err({{"response_format", {{"type", 3}}}}).find("field 'response_format': expected an object") == 0);
+}
+
 TEST_CASE("logit_bias keys must be token ids and values within [-100, 100], in a bounded count") {
   auto err = [](json body) {
     CommonParams p;
