@@ -66,10 +66,11 @@ std::optional<std::string> read_logit_bias(const nlohmann::json& body, LogitsAdj
            std::to_string(lb->size());
   out.bias.reserve(lb->size());
   for (const auto& [key, value] : lb->items()) {
-    // note: digits only, at most 10 of them, read as a number <= INT32_MAX: "1e3", "-1", " 5" and
-    // "99999999999" are refused rather than read as some other token.
-    const bool digits = !key.empty() && key.size() <= 10 &&
-                        key.find_first_not_of("0123456789") == std::string::npos && std::stoll(key) <= INT32_MAX;
+    // note: digits only, at most 10 of them, no leading zero, read as a number <= INT32_MAX:
+    // "1e3", "-1", " 5" and "99999999999" are refused rather than read as some other token, and
+    // "7" and "007" cannot both bias token 7 (their sum would leave [-100, 100]).
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+                        (key.size() == 1 || key[0] != '0') && std::stoll(key) <= INT32_MAX;
     const std::string shown = describe_value(nlohmann::json(key));
     if (!digits) return "field 'logit_bias': expected keys that are token ids (decimal integers), got " + shown;
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100.0 || value.get<double>() > 100.0)
@@ -124,8 +125,8 @@ std::optional<std::string> parse_common_params(const nlohmann::json& body, ApiKi
     std::optional<double> presence, frequency, repetition;
     if (auto e = read_number(body, "presence_penalty", -2.0, 2.0, presence)) return e;
     if (auto e = read_number(body, "frequency_penalty", -2.0, 2.0, frequency)) return e;
-    if (auto e = read_number(body, "repetition_penalty", 0.0, 100.0, repetition)) return e;
-    if (repetition && *repetition <= 0.0) return expected("repetition_penalty", "a number in (0, 100]", body["repetition_penalty"]);
+    // note: at least 0.01: a tiny penalty (1e-300 is 0 as a float) would divide logits into inf.
+    if (auto e = read_number(body, "repetition_penalty", 0.01, 100.0, repetition)) return e;
     g.adjust.presence_penalty = static_cast<float>(presence.value_or(0.0));
     g.adjust.frequency_penalty = static_cast<float>(frequency.value_or(0.0));
     g.adjust.repetition_penalty = static_cast<float>(repetition.value_or(1.0));

@@ -1,11 +1,13 @@
-// The scheduler with a FakeBackend: greedy and seeded generation, stop strings across token
+// The scheduler with a FakeBackend: greedy and seeded generation, logit_bias and penalties, stop strings across token
 // boundaries, EOS, max_tokens, logprobs and prompt_logprobs, thinking_token_budget forcing,
 // the KV cap refusal message, cancellation freeing the cache, FIFO order.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -126,18 +128,11 @@ TEST_CASE("greedy decoding without logprobs takes the backend's pick; logprobs a
 // logit_bias and the penalties change the row the sampler reads (worker/engine/logits_adjust.hpp),
 // so greedy decoding with them takes the row, not the backend's pick; the logprobs stay the raw
 // row's (vLLM's default).
-TEST_CASE("logit_bias and the penalties steer greedy decoding through the row; logprobs stay raw") {
+TEST_CASE("logit_bias steers greedy decoding; the logprobs stay the raw row's") {
   FakeVocab vocab;
   FakeBackend backend(scripted_answer(vocab.encode("Hi there")));
   Engine engine(backend, vocab, options());
   const auto prompt = chat_prompt(vocab, "hello");
-  GenerationRequest plain = greedy(prompt, 4);
-  plain.logprobs = 0;
-  Collected a;
-  run(engine, plain, a);
-  CHECK(a.text == "Hi t");
-  backend.greedy_calls = 0;
-
   GenerationRequest banned = greedy(prompt, 4);
   banned.logprobs = 0;
   banned.adjust.bias = {{'H', -100.0f}, {'Z', 50.0f}};  // the scripted peak is 20, the hash below 4
@@ -145,22 +140,56 @@ TEST_CASE("logit_bias and the penalties steer greedy decoding through the row; l
   const auto rb = run(engine, banned, b);
   CHECK(rb.finish == FinishReason::length);
   CHECK(b.text == "ZZZZ");
-  CHECK(backend.greedy_calls == 0);
   REQUIRE(b.events.size() == 4);
   // The first token's logprob is the raw row's: 'Z' under the scripted peak on 'H' (20 against [0, 4)).
   REQUIRE(b.events[0].logprob.has_value());
   CHECK(b.events[0].logprob->logprob < -15.0f);
   CHECK(b.events[0].logprob->rank > 1);
+  CHECK(engine.stats().kv_blocks.held == 0);
+}
 
-  // A frequency penalty of 2 per occurrence against a +5 bias on 'Z' and 'Y': 'Z', then 'Y'
-  // (Z is now 2 lower), then they alternate while the counts stay level.
-  GenerationRequest freq = greedy(prompt, 4);
-  freq.adjust.bias = {{'Z', 30.0f}, {'Y', 29.0f}};
-  freq.adjust.frequency_penalty = 2.0f;
+// Every step's token is the argmax of the backend's row for that context, adjusted by an
+// implementation of the formulas in worker/engine/logits_adjust.hpp written here, in the same
+// float operations: bias, repetition over prompt + output, frequency and presence over output.
+TEST_CASE("greedy decoding with logit_bias and all three penalties takes the adjusted row's argmax at every step, not the backend's pick") {
+  FakeVocab vocab;
+  FakeBackend backend;  // hash logits in [0, 4): close calls everywhere, so every change matters
+  Engine engine(backend, vocab, options());
+  const auto prompt = chat_prompt(vocab, "hello hello, abc");
+  GenerationRequest req = greedy(prompt, 40);
+  req.ignore_eos = true;
+  req.adjust.bias = {{'a', 2.0f}, {'b', 1.5f}, {'l', 1.0f}, {'c', -1.0f}};
+  req.adjust.repetition_penalty = 0.6f;  // below 1: the prompt's and the output's tokens are favoured,
+  req.adjust.frequency_penalty = 1.0f;   // and the penalties push repeats back down
+  req.adjust.presence_penalty = 0.5f;
   Collected c;
-  run(engine, freq, c);
-  CHECK(c.text == "ZYZY");
+  const auto r = run(engine, req, c);
+  CHECK(r.finish == FinishReason::length);
   CHECK(backend.greedy_calls == 0);
+  REQUIRE(c.tokens.size() == 40);
+
+  std::vector<int32_t> ctx = prompt;
+  std::map<int32_t, uint32_t> count;
+  std::size_t differs_from_raw = 0;
+  for (std::size_t step = 0; step < c.tokens.size(); ++step) {
+    CAPTURE(step);
+    std::vector<float> row = backend.logits_for(ctx);
+    const auto raw_best = std::max_element(row.begin(), row.end()) - row.begin();
+    for (const auto& [id, b] : req.adjust.bias) row[static_cast<std::size_t>(id)] += b;
+    std::vector<bool> seen(row.size(), false);
+    for (const int32_t t : prompt) seen[static_cast<std::size_t>(t)] = true;
+    for (const auto& [t, n] : count) seen[static_cast<std::size_t>(t)] = true;
+    for (std::size_t j = 0; j < row.size(); ++j)
+      if (seen[j]) row[j] = row[j] > 0.0f ? row[j] / 0.6f : row[j] * 0.6f;
+    for (const auto& [t, n] : count) row[static_cast<std::size_t>(t)] -= static_cast<float>(n) * 1.0f + 0.5f;
+    const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());  // lowest id on ties
+    CHECK(c.tokens[step] == best);
+    if (best != raw_best) ++differs_from_raw;
+    ctx.push_back(c.tokens[step]);
+    ++count[c.tokens[step]];
+  }
+  CAPTURE(differs_from_raw);
+  CHECK(differs_from_raw >= 10);  // the changes decided many of the steps, not a few
   CHECK(engine.stats().kv_blocks.held == 0);
 }
 

@@ -59,7 +59,9 @@ TEST_CASE("bad fields are refused naming field, value and expectation") {
   CHECK(err({{"presence_penalty", 3}}).find("field 'presence_penalty'") == 0);
   CHECK(err({{"logit_bias", "x"}}).find("field 'logit_bias': expected an object") == 0);
   CHECK(err({{"user", 5}}).find("field 'user': expected a string, got 5") == 0);
-  CHECK(err({{"repetition_penalty", 0}}) == "field 'repetition_penalty': expected a number in (0, 100], got 0");
+  for (const double tiny : {0.0, 1e-300, -1.0, 0.009})
+    CHECK(err({{"repetition_penalty", tiny}}).find("field 'repetition_penalty': expected a number in [0.010000, 100.000000]") == 0);
+  CHECK(err({{"repetition_penalty", 0.01}}).empty());
   CHECK(err({{"frequency_penalty", 0.5}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"user", "u"}}).empty());
 }
 
@@ -103,12 +105,12 @@ TEST_CASE("logit_bias keys must be token ids and values within [-100, 100], in a
     CommonParams p;
     return parse_common_params(body, ApiKind::chat, p).value_or("");
   };
-  for (const char* key : {"abc", "-1", "1e3", " 5", "", "2147483648", "99999999999", "12a"}) {
+  for (const char* key : {"abc", "-1", "1e3", " 5", "", "2147483648", "99999999999", "12a", "007", "00"}) {
     CAPTURE(key);
     CHECK(err({{"logit_bias", {{key, 1}}}}) ==
           "field 'logit_bias': expected keys that are token ids (decimal integers), got " + json(key).dump());
   }
-  CHECK(err({{"logit_bias", {{"2147483647", 1}}}}).empty());  // the largest id; Engine::check knows the vocabulary
+  CHECK(err({{"logit_bias", {{"2147483647", 1}, {"0", 1}, {"10", 1}}}}).empty());  // the largest id; Engine::check knows the vocabulary
   CHECK(err({{"logit_bias", {{"5", 100.5}}}}) == "field 'logit_bias[\"5\"]': expected a number in [-100, 100], got 100.5");
   CHECK(err({{"logit_bias", {{"5", "high"}}}}) == "field 'logit_bias[\"5\"]': expected a number in [-100, 100], got \"high\"");
   CHECK(err({{"logit_bias", {{"5", nullptr}}}}).find("field 'logit_bias[\"5\"]'") == 0);
