@@ -12,8 +12,9 @@
 // 2. Decode tok/s against context (--contexts, default 1K, 8K, 32K, 64K): one prompt of the
 //    longest context prefilled once into the pool with its blocks published, then per context a
 //    sequence that reuses its first N positions and decodes --decode tokens (all resident,
-//    greedy; then all resident, sampled on the host as Qwen3's generation_config asks, the row
-//    copied back each step; then 0% hot, greedy, --decode-offloaded tokens), against the roofline
+//    greedy; then all resident, sampled as Qwen3's generation_config asks, through the device's
+//    top-k selection and through the row copied back; then 0% hot, greedy, --decode-offloaded
+//    tokens), against the roofline
 //      PCIe bytes / UVA GB/s + (resident weights + hot experts read + KV rows read) / HBM GB/s,
 //    the KV rows read being every cached position's bf16 K and V of every layer; the GPU step
 //    alone (decode_step_us) against the same roofline. The ceilings are measured first, in the
@@ -272,7 +273,8 @@ int main(int argc, char** argv) {
       auto tp = clk::now();
       (void)forward_sequence(*backend, writer, ids, false);
       std::printf("\ndecode vs context: a %d-token prompt prefilled once (%.2f s, all resident), its blocks published; each row\n"
-                  "reuses its first N positions and decodes (greedy: forward_greedy; sampled: the row, T 0.7 / top-k 20 / top-p 0.8 on the host)\n",
+                  "reuses its first N positions and decodes (greedy: forward_greedy; top-k: forward_top_k + the host's draw; row: the row\n"
+                  "copied back + the host's draw; sampled at T 0.7 / top-k 20 / top-p 0.8)\n",
                   max_ctx, seconds_since(tp));
     }
     const double block = static_cast<double>(backend->expert_block_bytes());
@@ -280,13 +282,16 @@ int main(int argc, char** argv) {
     std::printf("%5s %7s %9s %11s %12s %10s %9s %10s %10s %12s %8s\n", "hot", "context", "tok/s", "roofline", "achieved", "ms/token", "GPU ms",
                 "GPU achvd", "KV MB/tok", "PCIe MB/tok", "mode");
     nlohmann::json js = nlohmann::json::array();
-    // "sampled": the row copied back and drawn on the host, as a request with Qwen3's
-    // generation_config sampling (T 0.7, top-k 20, top-p 0.8) decodes; "greedy": forward_greedy.
+    // Sampled as Qwen3's generation_config asks (T 0.7, top-k 20, top-p 0.8): "top-k", the
+    // engine's path (forward_top_k: the 20 best selected on the device, drawn on the host); "row",
+    // the path of a request with logprobs or logit changes (the row copied back, drawn on the
+    // host). "greedy": forward_greedy.
+    enum class Draw { greedy, top_k, row };
     struct Mode {
       int slots;
-      bool sampled;
+      Draw draw;
     };
-    for (const Mode mode : {Mode{128, false}, Mode{128, true}, Mode{0, false}}) {
+    for (const Mode mode : {Mode{128, Draw::greedy}, Mode{128, Draw::top_k}, Mode{128, Draw::row}, Mode{0, Draw::greedy}}) {
       const int slots = mode.slots;
       backend->set_hot_slots(slots);
       const int n = slots == 128 ? decode : decode_off;
@@ -299,9 +304,12 @@ int main(int argc, char** argv) {
         auto step = [&] {
           seq.reserve(seq.length() + 1);
           const int32_t in[1] = {next};
-          if (mode.sampled) {
+          if (mode.draw == Draw::row) {
             const std::vector<float> row = backend->forward(seq.view(), in, false);
             next = sampler.sample(std::span<const float>(row.data(), k_vocab));
+          } else if (mode.draw == Draw::top_k) {
+            const auto sel = backend->forward_top_k(seq.view(), next, 20);
+            next = sampler.sample_top(sel.best, sel.argmax);
           } else {
             next = backend->forward_greedy(seq.view(), next);
           }
@@ -320,7 +328,7 @@ int main(int argc, char** argv) {
         const double roof_s = miss * block / (c.uva_gbs * 1e9) + (dense_bytes + hit * block + kv) / (c.hbm_gbs * 1e9);
         const double tok_s = n / sec;
         const double step_us = backend->decode_step_us(slots == 128 ? 16 : 2);
-        const char* mode_name = mode.sampled ? "sampled" : "greedy";
+        const char* mode_name = mode.draw == Draw::row ? "row" : mode.draw == Draw::top_k ? "top-k" : "greedy";
         std::printf("%5s %7d %9.2f %11.2f %11.1f%% %10.3f %9.3f %9.1f%% %10.1f %12.1f %8s\n", hot_label(slots), ctx, tok_s, 1 / roof_s,
                     100 * roof_s * tok_s, 1000 * sec / n, step_us / 1000, 100 * roof_s * 1e6 / step_us, kv / 1e6, miss * block / 1e6,
                     mode_name);

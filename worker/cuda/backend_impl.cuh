@@ -146,7 +146,10 @@ struct CudaBackend::Impl {
   int32_t* h_scalars = nullptr;  // pinned: token, pos, the greedy pick
   int32_t* d_pick = nullptr;     // the decode step's argmax of the logits (launch_argmax_row)
   ArgmaxScratch argmax_scratch{};
-  float* h_logits = nullptr;     // pinned: vocab floats
+  unsigned long long* top_k_partial = nullptr;  // launch_top_k_row's keys: top_k_blocks(V) · k_max_device_top_k
+  TopKOut top_k_out{};                          // one allocation: k_max_device_top_k logits, ids, the count
+  static constexpr std::size_t top_k_out_bytes() { return k_max_device_top_k * (sizeof(float) + sizeof(int32_t)) + sizeof(int); }
+  float* h_logits = nullptr;     // pinned: vocab floats (or forward_top_k's copy, if larger)
   detail::PrefillBuffers pre;
   uint64_t staged_bytes = 0;     // host→device bytes copied by the prefill path
   std::size_t stage_group = 8;   // experts per staging buffer

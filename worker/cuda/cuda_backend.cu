@@ -186,7 +186,13 @@ void CudaBackend::Impl::allocate_activations() {
   dev(&argmax_scratch.indices, k_argmax_blocks * sizeof(int32_t));
   dev(&argmax_scratch.counter, sizeof(unsigned int));
   CUDA_CHECK(cudaMemset(argmax_scratch.counter, 0, sizeof(unsigned int)));
-  h_logits = static_cast<float*>(host_alloc(static_cast<std::size_t>(d.vocab_size) * sizeof(float)));
+  // Also forward_top_k's landing place: at least its one copy's bytes, for a tiny vocabulary.
+  h_logits = static_cast<float*>(host_alloc(std::max(static_cast<std::size_t>(d.vocab_size) * sizeof(float), top_k_out_bytes())));
+  dev(&top_k_partial, static_cast<std::size_t>(top_k_blocks(static_cast<int>(d.vocab_size))) * k_max_device_top_k *
+                          sizeof(unsigned long long));
+  dev(&top_k_out.logits, top_k_out_bytes());
+  top_k_out.ids = reinterpret_cast<int32_t*>(top_k_out.logits + k_max_device_top_k);
+  top_k_out.count = reinterpret_cast<int*>(top_k_out.ids + k_max_device_top_k);
 }
 
 StepSync CudaBackend::Impl::step_sync(int si) const {
@@ -476,6 +482,33 @@ int32_t CudaBackend::forward_greedy(const KvView& kv, int32_t token) {
   CUDA_CHECK(cudaMemcpyAsync(m.h_scalars + 2, m.d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return m.h_scalars[2];
+}
+
+int CudaBackend::max_top_k() const {
+  return std::min(k_max_device_top_k, 4096 / top_k_blocks(static_cast<int>(impl_->d.vocab_size)));
+}
+
+Backend::TopLogits CudaBackend::forward_top_k(const KvView& kv, int32_t token, int k) {
+  Impl& m = *impl_;
+  if (k < 1 || k > max_top_k())
+    throw std::invalid_argument("forward_top_k: k must be in [1, " + std::to_string(max_top_k()) + "], got " + std::to_string(k));
+  const int32_t one[1] = {token};
+  check_tokens(one, static_cast<std::size_t>(m.d.vocab_size));
+  m.use_table(kv, 1);
+  m.run_token(token, kv.length);
+  launch_top_k_row(m.logits, static_cast<int>(m.d.vocab_size), k, m.top_k_partial, m.top_k_out, m.stream);
+  // The pick (the graph's argmax) and the selection into the pinned row buffer, in one sync.
+  CUDA_CHECK(cudaMemcpyAsync(m.h_scalars + 2, m.d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  CUDA_CHECK(cudaMemcpyAsync(m.h_logits, m.top_k_out.logits, Impl::top_k_out_bytes(), cudaMemcpyDeviceToHost, m.stream));
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  const float* logits = m.h_logits;
+  const auto* ids = reinterpret_cast<const int32_t*>(logits + k_max_device_top_k);
+  const int count = *reinterpret_cast<const int*>(ids + k_max_device_top_k);
+  TopLogits out;
+  out.argmax = m.h_scalars[2];
+  out.best.reserve(static_cast<std::size_t>(count));
+  for (int i = 0; i < count && i < k; ++i) out.best.emplace_back(logits[i], ids[i]);
+  return out;
 }
 
 std::vector<float> CudaBackend::forward(const KvView& kv, std::span<const int32_t> tokens, bool all_logits) {

@@ -105,6 +105,11 @@ class CudaBackend : public Backend {
   /// The decode step's graph, whose last kernel picks the argmax on the device
   /// (launch_argmax_row): one int32 copied back instead of the logits row.
   int32_t forward_greedy(const KvView& kv, int32_t token) override;
+  /// The decode step's graph, then launch_top_k_row on its logits: k (logit, id) pairs and the
+  /// graph's argmax copied back instead of the row.
+  TopLogits forward_top_k(const KvView& kv, int32_t token, int k) override;
+  /// k_max_device_top_k, or less for a vocabulary whose blocks' candidates would not fit the merge.
+  int max_top_k() const override;
 
   /// Device and pinned host allocations this backend made since it was made (load, the pool,
   /// buffers): constant once the pool is allocated, however many requests run.

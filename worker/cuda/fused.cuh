@@ -244,4 +244,26 @@ struct ArgmaxScratch {
 void launch_argmax_row(const float* x, int n, const ArgmaxScratch& s, int32_t* out, cudaStream_t stream, bool pdl = false,
                        unsigned int* step_epoch = nullptr);
 
+/// Logits per block of launch_top_k_row's first pass, and the largest k it selects.
+constexpr int k_top_k_slice = 4096;
+constexpr int k_max_device_top_k = 64;
+
+/// Where launch_top_k_row writes (device): k logits and ids, best first, and how many of them
+/// are finite (the rest: logit 0, id -1). One allocation in CudaBackend, copied back at once.
+struct TopKOut {
+  float* logits;
+  int32_t* ids;
+  int* count;
+};
+
+/// Blocks of launch_top_k_row's first pass for a row of n logits (its scratch holds k keys each).
+int top_k_blocks(int n);
+
+/// The min(k, finite) best of x[0, n) by top_logits' rule (sampler.hpp: logit descending, lower
+/// id first on ties, NaN and ±inf never selected) into `out`; `partial` holds top_k_blocks(n) · k
+/// keys. Two kernels in stream order after the row's producer (no PDL). std::invalid_argument
+/// when n <= 0, k outside [1, k_max_device_top_k], or top_k_blocks(n) · k above 4096 (the merge's
+/// 32 KiB of shared memory).
+void launch_top_k_row(const float* x, int n, int k, unsigned long long* partial, const TopKOut& out, cudaStream_t stream);
+
 }  // namespace servedeck::worker::cuda

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace servedeck::worker {
@@ -89,6 +90,20 @@ class Backend {
   /// argmax; std::runtime_error when forward returns fewer than vocab_size() logits. Throws as
   /// forward.
   virtual int32_t forward_greedy(const KvView& kv, int32_t token);
+
+  /// Top-k sampling's step: runs `token` as forward_greedy does and returns what Sampler::
+  /// sample_top needs of its row: the min(k, finite) best logits by top_logits' rule (sampler.hpp)
+  /// and the row's argmax. k in [1, max_top_k()]; std::invalid_argument otherwise. A backend may
+  /// select them on its device and skip copying the row (the CUDA backend does). Default:
+  /// forward + top_logits + argmax; std::runtime_error when forward returns fewer than
+  /// vocab_size() logits. Throws as forward.
+  struct TopLogits {
+    std::vector<std::pair<float, int32_t>> best;  // (logit, id), best first
+    int32_t argmax = 0;
+  };
+  virtual TopLogits forward_top_k(const KvView& kv, int32_t token, int k);
+  /// The largest k forward_top_k takes (the default's: any up to the vocabulary).
+  virtual int max_top_k() const { return static_cast<int>(vocab_size()); }
 };
 
 }  // namespace servedeck::worker

@@ -265,10 +265,17 @@ void Engine::generate(Job& job) {
   // device (Backend::forward_greedy) instead of returning the row. `picked` holds it between steps.
   const bool adjusting = req.adjust.active();
   const bool backend_picks = sampler.greedy() && req.logprobs < 0 && !adjusting;
+  // Top-k sampling without logprobs or logits changes needs only the k best logits and the
+  // argmax (Sampler::sample_top): the backend may select them on its device.
+  const int top_k = req.sampling.top_k;
+  const bool backend_selects = !sampler.greedy() && req.logprobs < 0 && !adjusting && top_k > 0 &&
+                               static_cast<std::size_t>(top_k) < vocab && top_k <= backend_.max_top_k();
+  std::optional<Backend::TopLogits> selected;  // the step's candidates when backend_selects
   std::optional<LogitsAdjuster> adjuster;
   std::vector<float> adjusted;  // the row the sampler reads when adjusting; logprobs read the raw one
   if (adjusting) adjuster.emplace(req.adjust, req.prompt, vocab);
   auto sample = [&]() -> int32_t {
+    if (selected) return sampler.sample_top(selected->best, selected->argmax);
     if (!adjusting) return sampler.sample(std::span<const float>(logits.data(), vocab));
     adjusted.assign(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
     adjuster->apply(adjusted);
@@ -354,6 +361,24 @@ void Engine::generate(Job& job) {
         if (*picked < 0 || static_cast<std::size_t>(*picked) >= vocab) {
           result.decode_s = seconds_between(first_token, clock_type::now());
           return finish(FinishReason::error, "backend picked token " + std::to_string(*picked) +
+                                                 " outside the vocabulary of " + std::to_string(vocab));
+        }
+        continue;
+      }
+      if (backend_selects) {
+        if (!selected) std::vector<float>().swap(logits);
+        selected = backend_.forward_top_k(seq_.view(), token, top_k);
+        ++forwards;
+        seq_.append(one);
+        for (const auto& [logit, id] : selected->best)
+          if (id < 0 || static_cast<std::size_t>(id) >= vocab) {
+            result.decode_s = seconds_between(first_token, clock_type::now());
+            return finish(FinishReason::error, "backend selected token " + std::to_string(id) +
+                                                   " outside the vocabulary of " + std::to_string(vocab));
+          }
+        if (selected->argmax < 0 || static_cast<std::size_t>(selected->argmax) >= vocab) {
+          result.decode_s = seconds_between(first_token, clock_type::now());
+          return finish(FinishReason::error, "backend picked token " + std::to_string(selected->argmax) +
                                                  " outside the vocabulary of " + std::to_string(vocab));
         }
         continue;

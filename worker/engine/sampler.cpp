@@ -7,6 +7,8 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 namespace servedeck::worker {
 
@@ -44,6 +46,28 @@ struct ByLogit {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   }
 };
+
+// The best min(k, finite) candidates into `out`, in ByLogit order: a heap of the kept ones,
+// worst on top, in one pass.
+void top_logits_into(std::span<const float> logits, std::size_t k, std::vector<Candidate>& out) {
+  out.clear();
+  out.reserve(k);
+  const ByLogit better;
+  for (std::size_t i = 0; i < logits.size() && k > 0; ++i) {
+    const float x = logits[i];
+    if (!std::isfinite(x)) continue;
+    const Candidate c(x, static_cast<int32_t>(i));
+    if (out.size() < k) {
+      out.push_back(c);
+      std::push_heap(out.begin(), out.end(), better);
+    } else if (x >= out.front().first && better(c, out.front())) {
+      std::pop_heap(out.begin(), out.end(), better);
+      out.back() = c;
+      std::push_heap(out.begin(), out.end(), better);
+    }
+  }
+  std::sort_heap(out.begin(), out.end(), better);
+}
 
 // 2^(j / 256) for j in [0, 256].
 const std::vector<double>& octave_fractions() {
@@ -136,6 +160,22 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(at);
 }
 
+std::vector<std::pair<float, int32_t>> top_logits(std::span<const float> logits, std::size_t k) {
+  std::vector<Candidate> out;
+  top_logits_into(logits, k, out);
+  return out;
+}
+
+int32_t Sampler::sample_top(std::span<const std::pair<float, int32_t>> best, int32_t argmax_pick) {
+  if (greedy() || params_.top_k <= 0)
+    throw std::logic_error("Sampler::sample_top: needs a sampled (not greedy) top_k, got temperature " +
+                           std::to_string(params_.temperature) + ", top_k " + std::to_string(params_.top_k));
+  if (best.empty()) return argmax_pick;
+  const std::size_t n = std::min(best.size(), static_cast<std::size_t>(params_.top_k));
+  scratch_.assign(best.begin(), best.begin() + static_cast<std::ptrdiff_t>(n));
+  return draw_sorted(1.0 / params_.temperature);
+}
+
 bool Sampler::greedy() const { return params_.temperature <= k_greedy_temperature || params_.top_k == 1; }
 
 int32_t Sampler::sample(std::span<const float> logits) {
@@ -145,26 +185,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   const double inv_t = 1.0 / params_.temperature;
   scratch_.clear();
   if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < logits.size()) {
-    // The best min(top_k, finite) candidates, in order: a heap of the kept ones, worst on top, in
-    // one pass (fewer than top_k finite logits: all of them, as the sorted draw keeps then).
-    const auto keep = static_cast<std::size_t>(params_.top_k);
-    scratch_.reserve(keep);
-    const ByLogit better;
-    for (std::size_t i = 0; i < logits.size(); ++i) {
-      const float x = logits[i];
-      if (!std::isfinite(x)) continue;
-      const Candidate c(x, static_cast<int32_t>(i));
-      if (scratch_.size() < keep) {
-        scratch_.push_back(c);
-        std::push_heap(scratch_.begin(), scratch_.end(), better);
-      } else if (x >= scratch_.front().first && better(c, scratch_.front())) {
-        std::pop_heap(scratch_.begin(), scratch_.end(), better);
-        scratch_.back() = c;
-        std::push_heap(scratch_.begin(), scratch_.end(), better);
-      }
-    }
+    top_logits_into(logits, static_cast<std::size_t>(params_.top_k), scratch_);
     if (scratch_.empty()) return argmax(logits);
-    std::sort_heap(scratch_.begin(), scratch_.end(), better);
     return draw_sorted(inv_t);
   }
 

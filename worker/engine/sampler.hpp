@@ -64,6 +64,12 @@ class Sampler {
   /// full sort at T 0.7-1.0; a flat row (T = 2, top_p 0.95: most of V in the nucleus) still sorts
   /// most of V, about as slow as before.
   int32_t sample(std::span<const float> logits);
+  /// The token sample(row) returns, given only what it reads of the row when top_k is set:
+  /// `best` = top_logits(row, top_k) and `argmax_pick` = argmax(row) (taken when `best` is empty:
+  /// no finite logit). Requires 0 < top_k and !greedy(); the same generator draw as sample().
+  /// Lets a backend select the candidates on its device (Backend::forward_top_k) instead of
+  /// copying the row back.
+  int32_t sample_top(std::span<const std::pair<float, int32_t>> best, int32_t argmax_pick);
   /// True when sample() is argmax (temperature <= 1e-5 or top_k == 1): no draw, so a backend's
   /// own greedy pick (Backend::forward_greedy) gives the same token.
   bool greedy() const;
@@ -113,6 +119,11 @@ class Sampler {
 /// Index of the largest logit (lowest index on ties; NaN never wins, except a NaN at index 0,
 /// which nothing compares larger than). O(V): two passes, SSE where the target has it.
 int32_t argmax(std::span<const float> logits);
+
+/// The min(k, finite count) largest finite logits of `logits` as (logit, id), by logit
+/// descending and, on ties, lower id first: the candidates Sampler::sample keeps for top_k = k.
+/// NaN and ±inf are never among them. O(V log k).
+std::vector<std::pair<float, int32_t>> top_logits(std::span<const float> logits, std::size_t k);
 
 /// log_softmax(logits)[id] and the `top_n` most likely tokens (top_n may be 0).
 TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n);

@@ -245,6 +245,41 @@ TEST_CASE("decode step: forward_greedy is forward's argmax; every sequence repla
   std::filesystem::remove_all(dir);
 }
 
+// Top-k sampling's step through the device's selection against top_logits of forward()'s row,
+// two sequences fed the same tokens, as the greedy case above; the replayed graph is the same one.
+TEST_CASE("decode step: forward_top_k is top_logits and argmax of forward()'s row") {
+  gpu_test::skip_without_gpu();
+  const std::string dir = gpu_test::temp_dir("test");
+  write_model(dir, gpu_test::small_moe());
+  Checkpoint ck = Checkpoint::open(dir);
+  cuda::CudaBackendOptions o;
+  o.staged_prefill = false;
+  auto be = cuda::make_cuda_backend(ck, o);
+  CHECK(be->max_top_k() == 64);
+  auto pool = gpu_test::make_pool(*be, 256);
+  const auto ids = prompt(20, 4096);
+  gpu_test::Seq ca(*be, pool), cb(*be, pool);
+  auto row = ca.forward(ids, false);
+  cb.forward(ids, false);
+  int32_t next = servedeck::worker::argmax(row);
+  for (int i = 0; i < 10; ++i) {
+    const int k = i % 2 ? 20 : 64;
+    CAPTURE(i);
+    row = ca.forward(std::vector<int32_t>{next}, false);
+    REQUIRE(cb.seq.reserve(cb.seq.length() + 1));
+    const auto sel = be->forward_top_k(cb.seq.view(), next, k);
+    const int32_t one[1] = {next};
+    cb.seq.append(one);
+    const auto want = servedeck::worker::top_logits(row, static_cast<std::size_t>(k));
+    CHECK(sel.best == want);
+    CHECK(sel.argmax == servedeck::worker::argmax(row));
+    next = sel.best.back().second;  // not the argmax: the sequences leave the greedy path
+  }
+  CHECK(be->graph_captures() == 1);
+  CHECK_THROWS_AS(be->forward_top_k(cb.seq.view(), next, 65), std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
 // The flash attention kernel is within ~1e-3 of a double-precision reference on its own
 // (flash_attention_test.cpp), as the decode attention the token-by-token path runs. End to end,
 // the prefill path also rounds every GEMM input to bf16: on a dense model both prefill paths

@@ -8,11 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
 #include "tests/worker/cuda/gpu_test_support.hpp"
+#include "worker/cuda/fused.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/engine/sampler.hpp"
 #include "worker/cuda/prefill.cuh"
 
 using namespace servedeck::worker::cuda;
@@ -331,4 +334,53 @@ TEST_CASE("moe scatter rows: the stable expert order from host ranks and offsets
   CHECK_THROWS_AS(launch_moe_scatter_rows(dids.ptr, rank_dev, offset_dev, rows, K, 5000, slot.ptr, src.ptr, nullptr), std::invalid_argument);
   CUDA_CHECK(cudaFreeHost(rank));
   CUDA_CHECK(cudaFreeHost(offset));
+}
+
+// The device's top-k selection against the sampler's own (top_logits): the same (logit, id)
+// pairs in the same order, bit for bit, on rows with ties, NaN, ±inf, and fewer finite logits
+// than k; at slice boundaries (4096) and Qwen3's vocabulary.
+TEST_CASE("launch_top_k_row selects top_logits' candidates: ties, NaN, inf, short rows, Qwen3's vocabulary") {
+  gpu_test::skip_without_gpu();
+  using servedeck::worker::cuda::TopKOut;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int checked = 0;
+  for (const int n : {1, 7, 100, 4096, 4097, 20000, 151936}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      auto row = gpu_test::random_floats(static_cast<std::size_t>(n), 1000 + n + variant, 4.f);
+      if (variant == 1)  // many exact ties: values on a grid of 0.5
+        for (auto& v : row) v = std::round(v * 2.f) / 2.f;
+      if (variant == 2)  // non-finite values, a -0.0 and a +0.0
+        for (int i = 0; i < n; i += 3) row[static_cast<std::size_t>(i)] = i % 2 ? nan : (i % 9 ? inf : -inf);
+      if (variant == 3) {  // only a few finite values
+        for (auto& v : row) v = nan;
+        for (int i = 0; i < n; i += 997) row[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) - 2.f;
+        row[0] = -0.0f;
+      }
+      gpu_test::DeviceBuffer<float> x(row);
+      gpu_test::DeviceBuffer<unsigned long long> partial(static_cast<std::size_t>(servedeck::worker::cuda::top_k_blocks(n)) * 64);
+      gpu_test::DeviceBuffer<float> logits(64);
+      gpu_test::DeviceBuffer<int32_t> ids(64);
+      gpu_test::DeviceBuffer<int> count(1);
+      for (const int k : {1, 2, 20, 64}) {
+        CAPTURE(n);
+        CAPTURE(variant);
+        CAPTURE(k);
+        servedeck::worker::cuda::launch_top_k_row(x.ptr, n, k, partial.ptr, TopKOut{logits.ptr, ids.ptr, count.ptr}, nullptr);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        const auto want = servedeck::worker::top_logits(row, static_cast<std::size_t>(k));
+        const int got_n = count.get()[0];
+        REQUIRE(got_n == static_cast<int>(want.size()));
+        const auto gl = logits.get();
+        const auto gi = ids.get();
+        for (int i = 0; i < got_n; ++i) {
+          CHECK(std::memcmp(&gl[static_cast<std::size_t>(i)], &want[static_cast<std::size_t>(i)].first, 4) == 0);
+          CHECK(gi[static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)].second);
+        }
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 7 * 4 * 4);
+  CHECK_THROWS_AS(servedeck::worker::cuda::launch_top_k_row(nullptr, 10, 65, nullptr, TopKOut{}, nullptr), std::invalid_argument);
+  CHECK_THROWS_AS(servedeck::worker::cuda::launch_top_k_row(nullptr, 0, 5, nullptr, TopKOut{}, nullptr), std::invalid_argument);
 }

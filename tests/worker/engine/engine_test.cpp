@@ -214,6 +214,37 @@ TEST_CASE("a logit_bias id outside the backend's row is refused by Engine::check
   CHECK(c.tokens.empty());
 }
 
+// Top-k sampling needs only the k best logits and the argmax (Sampler::sample_top): the engine
+// asks the backend for them (Backend::forward_top_k, selected on the CUDA backend's device), and
+// the tokens are those of the row path, draw for draw.
+TEST_CASE("top-k sampling takes the backend's selection, with the row path's tokens; logprobs or top_k 0 take the row") {
+  FakeVocab vocab;
+  FakeBackend backend;
+  Engine engine(backend, vocab, options());
+  const auto prompt = chat_prompt(vocab, "hello");
+  GenerationRequest sel = greedy(prompt, 24);
+  sel.ignore_eos = true;
+  sel.sampling = SamplingParams{0.9, 20, 0.95, 77};
+  Collected a;
+  run(engine, sel, a);
+  CHECK(backend.top_k_calls == 23);  // every token after the prefill's
+  CHECK(backend.greedy_calls == 0);
+  backend.top_k_calls = 0;
+  GenerationRequest row = sel;
+  row.logprobs = 0;  // the row is needed: no selection
+  Collected b;
+  run(engine, row, b);
+  CHECK(backend.top_k_calls == 0);
+  CHECK(a.tokens == b.tokens);
+  GenerationRequest all = sel;
+  all.sampling.top_k = 0;  // no top_k: the row
+  Collected c;
+  run(engine, all, c);
+  CHECK(backend.top_k_calls == 0);
+  CHECK(c.tokens.size() == 24);
+  CHECK(engine.stats().kv_blocks.held == 0);
+}
+
 TEST_CASE("a backend's greedy pick outside the vocabulary ends the request with an error naming it") {
   for (const int32_t bad : {static_cast<int32_t>(k_fake_vocab) + 5, static_cast<int32_t>(k_fake_vocab), -1}) {
     CAPTURE(bad);

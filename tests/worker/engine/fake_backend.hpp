@@ -137,6 +137,12 @@ class FakeBackend final : public Backend {
     return bad_pick ? *bad_pick : picked;
   }
 
+  /// Counts the engine's top-k steps; the default's forward + top_logits + argmax.
+  TopLogits forward_top_k(const KvView& kv, int32_t token, int k) override {
+    ++top_k_calls;
+    return Backend::forward_top_k(kv, token, k);
+  }
+
   /// (start position, tokens) of every forward pass so far.
   std::vector<std::pair<std::size_t, std::size_t>> passes() const {
     std::lock_guard lock(passes_mutex_);
@@ -173,6 +179,7 @@ class FakeBackend final : public Backend {
   int delay_ms = 0;
   std::atomic<int> fail_after_calls{-1};  // >= 0: forward() throws once this many calls were made
   std::atomic<std::size_t> greedy_calls{0};  // forward_greedy calls
+  std::atomic<std::size_t> top_k_calls{0};   // forward_top_k calls
   std::optional<int32_t> bad_pick;           // set before submitting: forward_greedy returns this id
 
  private:

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -354,4 +355,42 @@ TEST_CASE("draws decided among light tokens (e^-10.5 .. e^-11.5 of the top's) ma
     }
   }
   CHECK(light_hits > 0);  // the case this test is for did occur
+}
+
+// Sampler::sample_top reads only top_logits(row, top_k) and the row's argmax: fed those, it gives
+// sample()'s token for the same generator, draw for draw (what a backend's device selection
+// relies on: Backend::forward_top_k).
+TEST_CASE("top_logits are the reference's top-k candidates; sample_top on them gives sample()'s tokens") {
+  std::mt19937_64 g(20261207);
+  std::uniform_int_distribution<std::size_t> size(1, 3000);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int checked = 0;
+  for (int set = 0; set < 12; ++set) {
+    const std::size_t n = set == 11 ? 151936 : size(g);
+    std::vector<float> row = make_row(g, n, set % 3 == 0 ? 0.3 : 3.0, set % 5, set % 4 == 0 ? 0.5 : 0.0, set % 2 ? n / 10 + 1 : 0);
+    if (set == 7) row.assign(n, nan);            // nothing finite: the argmax decides
+    if (set == 8) row[n / 2] = inf;              // +inf is never a candidate
+    for (const int k : {2, 20, 64, 1000}) {
+      if (static_cast<std::size_t>(k) >= n) continue;
+      CAPTURE(set);
+      CAPTURE(k);
+      const auto best = top_logits(row, static_cast<std::size_t>(k));
+      const auto ref = reference_candidates(row, k);
+      REQUIRE(best.size() == ref.size());
+      for (std::size_t i = 0; i < best.size(); ++i) CHECK((best[i].first == ref[i].first && best[i].second == ref[i].second));
+      for (const double t : {0.6, 1.0, 1.7})
+        for (const double p : {0.8, 0.95, 1.0}) {
+          const SamplingParams params{t, k, p, static_cast<uint64_t>(set * 100 + k)};
+          Sampler whole(params), selected(params);
+          for (int draw = 0; draw < 5; ++draw) CHECK(selected.sample_top(best, argmax(row)) == whole.sample(row));
+          ++checked;
+        }
+    }
+  }
+  CHECK(checked > 250);
+  Sampler greedy_one(SamplingParams{0.0, 20, 1.0, 1});
+  const std::vector<std::pair<float, int32_t>> one = {{1.0f, 3}};
+  CHECK_THROWS_AS(greedy_one.sample_top(one, 3), std::logic_error);
+  Sampler no_k(SamplingParams{0.7, 0, 1.0, 1});
+  CHECK_THROWS_AS(no_k.sample_top(one, 3), std::logic_error);
 }
