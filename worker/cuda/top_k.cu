@@ -3,9 +3,10 @@
 // k (logit, id) pairs instead of the 608 KB row and skips the host's pass over it.
 //
 // Each logit becomes a 64-bit key that orders as the sampler does: the float's bits mapped so
-// unsigned order is numeric order, in the high word, and 0xffffffff − id in the low word (a
-// lower id wins a tie); a NaN or ±inf becomes key 0, which no finite logit maps to (the least
-// finite key is −FLT_MAX's, 0x00800000 in the high word). Pass 1: block b sorts its slice of
+// unsigned order is numeric order (-0.0 read as +0.0, its equal), in the high word, and
+// 0xffffffff − id in the low word (a lower id wins a tie); a NaN or ±inf becomes key 0, which no
+// finite logit maps to (the least finite key is −FLT_MAX's, 0x00800000 in the high word). The
+// selected logits are read back from the row by id. Pass 1: block b sorts its slice of
 // k_top_k_slice keys in shared memory (bitonic, descending) and writes its first k. Pass 2: one
 // block sorts the blocks' k · blocks keys the same way and writes the first k, decoded, and how
 // many of them are finite. Sorting networks: every key is compared, so the result does not depend
@@ -25,15 +26,10 @@ constexpr int k_merge_threads = 1024;
 
 __device__ __forceinline__ unsigned long long key_of(float v, int i) {
   if (!isfinite(v)) return 0ull;
-  const unsigned int b = __float_as_uint(v);
+  // -0.0 and +0.0 are one value to the sampler (a tie, the lower id first): one key.
+  const unsigned int b = v == 0.f ? 0u : __float_as_uint(v);
   const unsigned int ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return (static_cast<unsigned long long>(ordered) << 32) | (0xffffffffu - static_cast<unsigned int>(i));
-}
-
-__device__ __forceinline__ float logit_of(unsigned long long key) {
-  const unsigned int ordered = static_cast<unsigned int>(key >> 32);
-  const unsigned int b = (ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered;
-  return __uint_as_float(b);
 }
 
 /// Sorts s[0, n) descending, n a power of two, with the block's threads (bitonic network).
@@ -66,8 +62,8 @@ __global__ void __launch_bounds__(k_slice_threads) top_k_slice_kernel(const floa
   for (int i = threadIdx.x; i < k; i += blockDim.x) partial[static_cast<std::size_t>(blockIdx.x) * k + i] = s[i];
 }
 
-__global__ void __launch_bounds__(k_merge_threads) top_k_merge_kernel(const unsigned long long* __restrict__ partial, int m, int k,
-                                                                     TopKOut out) {
+__global__ void __launch_bounds__(k_merge_threads) top_k_merge_kernel(const float* __restrict__ x, const unsigned long long* __restrict__ partial,
+                                                                     int m, int k, TopKOut out) {
   extern __shared__ unsigned long long sm[];
   int n = 1;
   while (n < m) n *= 2;
@@ -75,8 +71,9 @@ __global__ void __launch_bounds__(k_merge_threads) top_k_merge_kernel(const unsi
   bitonic_desc(sm, n);
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const unsigned long long key = sm[i];
-    out.logits[i] = key == 0ull ? 0.f : logit_of(key);
-    out.ids[i] = key == 0ull ? -1 : static_cast<int32_t>(0xffffffffu - static_cast<unsigned int>(key & 0xffffffffull));
+    const int32_t id = key == 0ull ? -1 : static_cast<int32_t>(0xffffffffu - static_cast<unsigned int>(key & 0xffffffffull));
+    out.logits[i] = id < 0 ? 0.f : __ldcg(x + id);  // the row's own value: -0.0 stays -0.0
+    out.ids[i] = id;
   }
   if (threadIdx.x == 0) {
     int finite = 0;
@@ -103,7 +100,7 @@ void launch_top_k_row(const float* x, int n, int k, unsigned long long* partial,
                       " bytes of shared memory, more than 32 KiB (n " + std::to_string(n) + ", k " + std::to_string(k) + ")");
   top_k_slice_kernel<<<blocks, k_slice_threads, 0, stream>>>(x, n, k, partial);
   detail::check_launch();
-  top_k_merge_kernel<<<1, k_merge_threads, smem, stream>>>(partial, m, k, out);
+  top_k_merge_kernel<<<1, k_merge_threads, smem, stream>>>(x, partial, m, k, out);
   detail::check_launch();
 }
 
