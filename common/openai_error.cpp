@@ -11,12 +11,12 @@ std::string_view to_string(ErrorSource s) {
 }
 
 nlohmann::json make_error(std::string_view message, std::string_view type, std::string_view code,
-                          ErrorSource source) {
+                          ErrorSource source, std::string_view param) {
   return nlohmann::json{{"error",
                          {{"message", message},
                           {"type", type},
                           {"code", code},
-                          {"param", nullptr},
+                          {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
                           {"source", to_string(source)}}}};
 }
 

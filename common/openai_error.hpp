@@ -19,7 +19,8 @@ std::string_view to_string(ErrorSource s);
 /// Builds the envelope. `type` follows OpenAI's vocabulary: "invalid_request_error",
 /// "authentication_error", "not_found_error", "server_error", "timeout_error", "overloaded_error".
 /// `code` is a short machine-readable reason (e.g. "model_not_running", "upstream_closed").
+/// `param`: the request field at fault ("" → null).
 nlohmann::json make_error(std::string_view message, std::string_view type, std::string_view code,
-                          ErrorSource source = ErrorSource::servedeck);
+                          ErrorSource source = ErrorSource::servedeck, std::string_view param = {});
 
 }  // namespace servedeck

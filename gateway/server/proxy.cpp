@@ -259,7 +259,7 @@ void ProxyCall::fail(int status, const std::string& message, const std::string& 
   heartbeat_.cancel();
   http::Headers headers = client_headers_;
   for (auto& h : extra_headers) headers.push_back(std::move(h));
-  job_.res->send(status, "application/json", dump_safe(make_error(message, type, code, source)), std::move(headers));
+  job_.res->send(status, "application/json", dump_safe(make_error(message, type, code, source, error_param_)), std::move(headers));
   record(status);
 }
 

@@ -146,6 +146,7 @@ void ProxyCall::on_engine_error(const json& err) {
     return;
   }
   if (!client_started_) {
+    error_param_ = engine_param(err);
     return fail(status_for_engine_error(err), engine_message(err), engine_type(err), engine_code(err),
                 ErrorSource::engine);
   }
@@ -164,6 +165,13 @@ std::string ProxyCall::engine_message(const json& err) {
 std::string ProxyCall::engine_type(const json& err) {
   if (err.is_object() && err.contains("type") && err["type"].is_string()) return err["type"].get<std::string>();
   return "server_error";
+}
+
+std::string ProxyCall::engine_param(const json& err) {
+  if (!err.is_object()) return {};
+  auto p = err.find("param");
+  if (p == err.end() || !p->is_string()) return {};
+  return p->get_ref<const std::string&>().substr(0, 256);
 }
 
 std::string ProxyCall::engine_code(const json& err) {
@@ -323,6 +331,7 @@ void ProxyCall::answer_engine_error_body() {
                                                               : engine_text_.substr(0, 2000))
                                       : engine_message(err);
   int status = upstream_status_ >= 400 && upstream_status_ <= 599 ? upstream_status_ : 502;
+  error_param_ = engine_param(err);
   fail(status, message, err.is_null() ? "server_error" : engine_type(err),
        err.is_null() ? "engine_http_" + std::to_string(upstream_status_) : engine_code(err), ErrorSource::engine);
 }
@@ -335,6 +344,7 @@ void ProxyCall::answer_body() {
                 ErrorSource::engine);
   if (body.contains("error")) {
     const json err = body["error"];
+    error_param_ = engine_param(err);
     return fail(status_for_engine_error(err), engine_message(err), engine_type(err), engine_code(err),
                 ErrorSource::engine);
   }

@@ -116,6 +116,8 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   static std::string engine_message(const json& err);
   static std::string engine_type(const json& err);
   static std::string engine_code(const json& err);
+  /// The engine error's `param` when it is a string (cut at 256 bytes), else "".
+  static std::string engine_param(const json& err);
   void finish_stream();
   void on_upstream_end(UpstreamFailure f, const std::string& detail);
   /// Starts the G09 retry's second attempt: fresh parser and normaliser, a new upstream call.
@@ -163,6 +165,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   int64_t prompt_estimate_ = -1;  // estimate_request_tokens(engine_body_), for a synthesised usage (G12)
   std::optional<double> ttft_ms_;
   std::string error_code_;
+  std::string error_param_;  // the engine error's param, passed on in the client's envelope
   int upstream_status_ = 0;
   bool chat_ = true;
   bool stream_ = false;

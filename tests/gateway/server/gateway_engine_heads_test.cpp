@@ -94,6 +94,40 @@ TEST_CASE("an engine error sent as a JSON body to a streamed request keeps its s
   CHECK(e["error"]["source"] == "engine");
 }
 
+// The OpenAI SDKs expose error.param; the engine's (a string, cut at 256 bytes) reaches the client.
+TEST_CASE("an engine error's param is passed on, streamed or not, from an error status or a 200 body") {
+  const std::string long_param(300, 'p');
+  struct Case {
+    bool streamed;
+    int status;
+    std::string param_json;
+    json want;
+    int client_status = 400;  // a 200 body's error has a string code here: no status in it, so 502
+  };
+  const Case cases[] = {
+      {false, 400, R"("logit_bias")", "logit_bias"},
+      {true, 400, R"("logit_bias")", "logit_bias"},
+      {true, 200, R"("max_tokens")", "max_tokens", 502},  // {"error": …} as a 200 body to a stream
+      {false, 400, "null", nullptr},
+      {false, 400, "7", nullptr},                    // not a string: null
+      {false, 400, "\"" + long_param + "\"", long_param.substr(0, 256)},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.streamed);
+    CAPTURE(c.param_json);
+    Rig rig;
+    rig.engine.push(json_script(c.status, R"({"error":{"message":"bad field","type":"invalid_request_error","code":"invalid_parameter","param":)" +
+                                              c.param_json + "}}"));
+    auto r = rig.post("/v1/chat/completions", chat("glm53-flash", c.streamed));
+    CAPTURE(r.body);
+    CHECK(r.status == c.client_status);
+    const json e = json::parse(r.body);
+    CHECK(e["error"]["message"] == "bad field");
+    CHECK(e["error"]["code"] == "invalid_parameter");
+    CHECK(e["error"]["param"] == c.want);
+  }
+}
+
 TEST_CASE("a stream whose body ends by its framing before a finish chunk says how it ended") {
   for (bool chunked : {true, false}) {
     CAPTURE(chunked);
