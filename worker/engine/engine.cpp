@@ -281,12 +281,20 @@ void Engine::generate(Job& job) {
     adjuster->apply(adjusted);
     return sampler.sample(adjusted);
   };
+  // A token the backend chose on its device outside the vocabulary ends the request, naming it.
+  auto outside = [&](int32_t id) { return id < 0 || static_cast<std::size_t>(id) >= vocab; };
   std::optional<int32_t> picked;
   StopMatcher stops(req.stop);
   Utf8Holdback utf8;
   bool in_reasoning = prompt_opens_reasoning(req.prompt, options_.think_start_id, options_.think_end_id);
   std::size_t reasoning_count = 0;
   clock_type::time_point first_token{};
+
+  auto fail_outside = [&](const char* how, int32_t id) {
+    result.decode_s = seconds_between(first_token, clock_type::now());
+    return finish(FinishReason::error, std::string("backend ") + how + " token " + std::to_string(id) +
+                                           " outside the vocabulary of " + std::to_string(vocab));
+  };
 
   for (;;) {
     if (job.handle->cancelled()) {
@@ -358,11 +366,7 @@ void Engine::generate(Job& job) {
         picked = backend_.forward_greedy(seq_.view(), token);
         ++forwards;
         seq_.append(one);
-        if (*picked < 0 || static_cast<std::size_t>(*picked) >= vocab) {
-          result.decode_s = seconds_between(first_token, clock_type::now());
-          return finish(FinishReason::error, "backend picked token " + std::to_string(*picked) +
-                                                 " outside the vocabulary of " + std::to_string(vocab));
-        }
+        if (outside(*picked)) return fail_outside("picked", *picked);
         continue;
       }
       if (backend_selects) {
@@ -371,16 +375,8 @@ void Engine::generate(Job& job) {
         ++forwards;
         seq_.append(one);
         for (const auto& [logit, id] : selected->best)
-          if (id < 0 || static_cast<std::size_t>(id) >= vocab) {
-            result.decode_s = seconds_between(first_token, clock_type::now());
-            return finish(FinishReason::error, "backend selected token " + std::to_string(id) +
-                                                   " outside the vocabulary of " + std::to_string(vocab));
-          }
-        if (selected->argmax < 0 || static_cast<std::size_t>(selected->argmax) >= vocab) {
-          result.decode_s = seconds_between(first_token, clock_type::now());
-          return finish(FinishReason::error, "backend picked token " + std::to_string(selected->argmax) +
-                                                 " outside the vocabulary of " + std::to_string(vocab));
-        }
+          if (outside(id)) return fail_outside("selected", id);
+        if (outside(selected->argmax)) return fail_outside("picked", selected->argmax);
         continue;
       }
       logits = backend_.forward(seq_.view(), one, false);
