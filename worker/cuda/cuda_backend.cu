@@ -244,15 +244,15 @@ void CudaBackend::Impl::step() {
         launch_router_folded(L.router_folded, xin, attn, E, H, q_dim(), router_logits, sync, static_cast<int>(d.num_heads), stream, pdl);
         launch_moe_gate_up_normed(store->table(si), xout, L.post_norm, eps, E, K, d.moe.norm_topk_prob, ro, sync, act, stream, pdl);
         if (store->format() != ExpertFormat::bf16)
-          launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
+          launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
         else
           launch_moe_down_fused(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
       } else if (store->format() != ExpertFormat::bf16) {
         // Quantised experts under an unfolded router: gate/up and the down dequantising in
-        // registers (quant_moe.cuh), launched without PDL.
+        // registers (quant_moe.cuh).
         route();
-        launch_moe_gate_up_quant(store->table(si), xn, route_ids, K, act, stream);
-        launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream);
+        launch_moe_gate_up_quant(store->table(si), xn, route_ids, K, act, stream, pdl);
+        launch_moe_down_quant(store->table(si), act, route_ids, route_w, K, xout, stream, pdl);
       } else {
         route();
         launch_moe_gate_up_fused(store->table(si), xn, route_ids, K, act, stream, pdl);

@@ -50,8 +50,8 @@
 //     block 0 finally for the o-proj's completion, after publishing.
 // H4. Gate/up's ids -> the down. Producer: gate/up's block 0 writes the ranked ids, then (after
 //     its barrier) thread 0 __threadfence, before its PDL wait and the trigger that follows it.
-//     Consumer: the down's blocks read the ids (__ldcg) before their own wait and stage their
-//     experts' rows. Ordering: the down launches only after every gate/up block triggered, block
+//     Consumer: the down's blocks (bf16 and quantised) read the ids (__ldcg) before their own
+//     wait and start loading their experts' rows. Ordering: the down launches only after every gate/up block triggered, block
 //     0's trigger follows its fence, and the fence completes once the ids are performed at device
 //     scope (L2), which the down's loads read. PDL's documented guarantee covers only reads after
 //     griddepcontrol.wait; this read relies on the fence instead (an acquire poll would add an L2

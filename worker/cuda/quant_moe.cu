@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable
                                                                      const int32_t* __restrict__ ids, int k,
                                                                      float* __restrict__ act) {
   SERVEDECK_TRACE_BLOCK();
-  detail::wait_for_predecessor();  // launched without PDL: returns at once (trace builds: marks the block's start)
+  detail::wait_for_predecessor();  // the router wrote ids and xn
   extern __shared__ float xs[];
   __shared__ const uint8_t* blocks[32];
   const QuantLayout L = layout_of(t);
@@ -114,99 +114,115 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_quant_kernel(ExpertTable
 /// consecutive rows, which are contiguous in the block (weights, and nvfp4's scales).
 constexpr int k_down_rows = 8;
 
+/// Uint4 chunks in flight per lane in the quantised down: at inter 768 a warp's whole span of
+/// k_down_rows rows at once (nvfp4 192 chunks, fp8 384); wider experts take several batches.
+template <ExpertFormat F>
+constexpr int down_batch() { return F == ExpertFormat::fp8_block ? 12 : 6; }
+
 /// Shared memory of the quantised down, in floats: act (k, inter) in chunked_x_index order per
 /// expert, then per warp the partial dot of each chunk of its rows (k_down_rows · chunks per
-/// row), then per warp nvfp4's scales of its rows (k_down_rows · inter / 16 bytes, as floats).
+/// row), then per warp nvfp4's scales of one batch (2 bytes per chunk: 32 · down_batch chunks).
 struct DownSmem {
   int act, part, scales;  // floats: act's, each warp's partials, each warp's scales
   std::size_t bytes;
   __host__ __device__ DownSmem(ExpertFormat f, int k, int inter) {
     act = k * inter;
     part = k_down_rows * (inter / (f == ExpertFormat::fp8_block ? 16 : 32));
-    scales = f == ExpertFormat::nvfp4 ? k_down_rows * inter / 16 / 4 : 0;
+    scales = f == ExpertFormat::nvfp4 ? 32 * down_batch<ExpertFormat::nvfp4>() / 2 : 0;
     bytes = (static_cast<std::size_t>(act) + static_cast<std::size_t>(k_warps) * (part + scales)) * sizeof(float);
   }
 };
 
-/// Uint4 chunks in flight per lane in the quantised down: a warp's span of k_down_rows rows of
-/// inter 768 at once (nvfp4 192 chunks, fp8 384).
-template <ExpertFormat F>
-constexpr int down_batch() { return F == ExpertFormat::fp8_block ? 12 : 6; }
-
 // Block b: hidden rows h0 = b · k_down_rows .. + k_down_rows. Warp w takes the experts j = w,
 // w + k_warps, ...: the span of its rows h0.. of expert j's down is contiguous (rows of
-// inter / chunk_cols uint4 each), read as uint4 chunks lane, lane + 32, ... (every load of the
-// warp 512 contiguous bytes, whole 128-byte lines over PCIe, where a warp per row read 384-byte
-// rows and 48-byte scale runs); nvfp4's scales of the span (contiguous too, 2 bytes per chunk)
-// as uint4 by the first lanes, through shared memory. Each chunk's dot against act_j goes to
-// shared memory; lane r < k_down_rows sums row r's chunks in order; then thread r sums
-// weights[j] · row r of expert j over j = 0..k-1 in order and adds it to out[h0 + r].
+// inter / chunk_cols uint4 each), read in batches of uint4 chunks c0 + lane + 32 b, b < B
+// (every load of the warp 512 contiguous bytes, whole 128-byte lines over PCIe); nvfp4's scales
+// of a batch (contiguous too, 2 bytes per chunk) as one uint4 per lane of the first 4 B lanes,
+// issued with the batch's weights and passed on through shared memory. Launched with PDL, the
+// block reads the ids (written by gate/up's block 0 before it triggered, or by the unfolded
+// router two launches back: handshakes.cuh H4), its first expert's pointer and that expert's
+// first batch BEFORE its wait, so the down's weights stream while gate/up's last blocks finish;
+// act and the routing weights only after. Each chunk's dot against act_j goes to shared memory;
+// lane r < k_down_rows sums row r's chunks in order; then thread r sums weights[j] · row r of
+// expert j over j = 0..k-1 in order and adds it to out[h0 + r].
 template <ExpertFormat F>
 __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t, const float* __restrict__ act,
                                                                   const int32_t* __restrict__ ids,
                                                                   const float* __restrict__ weights, int k,
                                                                   float* __restrict__ out) {
   SERVEDECK_TRACE_BLOCK();
-  detail::wait_for_predecessor();  // as gate/up's
   extern __shared__ float as[];
-  __shared__ const uint8_t* blocks[32];
   __shared__ float w[32];
   __shared__ float rowdot[32][k_down_rows];
+  constexpr bool fp8 = F == ExpertFormat::fp8_block;
   constexpr int per = chunk_cols<F>(), B = down_batch<F>();
+  static_assert(fp8 || 4 * B <= 32, "a batch's nvfp4 scales are one uint4 per lane");
   const QuantLayout L = layout_of(t);
   const DownSmem S(F, k, t.inter);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int n = t.inter / per, h0 = blockIdx.x * k_down_rows, rows = min(k_down_rows, t.hidden - h0), span = rows * n;
-  for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[(i / t.inter) * t.inter + chunked_x_index<F>(i % t.inter, t.inter)] = act[i];
-  if (threadIdx.x < k) {
-    blocks[threadIdx.x] = reinterpret_cast<const uint8_t*>(t.experts[ids[threadIdx.x]]);
-    w[threadIdx.x] = weights[threadIdx.x];
+  RowRef d{};
+  uint4 v[B];
+  float s8[fp8 ? B : 1];  // fp8: each chunk's scale_inv, loaded with it
+  uint4 s4 = make_uint4(0, 0, 0, 0);  // nvfp4: this lane's uint4 of the batch's scales
+  auto select = [&](int j) { d = row_of<F>(reinterpret_cast<const uint8_t*>(t.experts[__ldcg(ids + j)]), L, 2, h0); };
+  auto load = [&](int c0) {
+    const uint4* wv = reinterpret_cast<const uint4*>(d.w);
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      const int c = c0 + lane + 32 * b;
+      v[b] = c < span ? wv[c] : make_uint4(0, 0, 0, 0);
+      if constexpr (fp8) s8[b] = c < span ? reinterpret_cast<const float*>(d.s)[(16 * (c % n)) / L.bc] : 0.f;
+    }
+    if constexpr (!fp8) {
+      // The span's scales are span / 8 uint4 (span = 8 n: rows is k_down_rows, hidden % 32 == 0).
+      const int q = c0 / 8 + lane;
+      if (lane < 4 * B && q < span / 8) s4 = reinterpret_cast<const uint4*>(d.s)[q];
+    }
+  };
+  if (warp < k) {
+    select(warp);
+    load(0);
   }
+  detail::wait_for_predecessor();
+  for (int i = threadIdx.x; i < k * t.inter; i += blockDim.x) as[(i / t.inter) * t.inter + chunked_x_index<F>(i % t.inter, t.inter)] = act[i];
+  if (threadIdx.x < k) w[threadIdx.x] = weights[threadIdx.x];
   __syncthreads();
   float* part = as + S.act + warp * S.part;
   uint4* sc = reinterpret_cast<uint4*>(as + S.act + k_warps * S.part + warp * S.scales);
   const int gs = 4 * n;
   for (int j = warp; j < k; j += k_warps) {
-    const RowRef d = row_of<F>(blocks[j], L, 2, h0);
-    const uint4* wv = reinterpret_cast<const uint4*>(d.w);
+    if (j != warp) select(j);
     const float* xj = as + j * t.inter;
-    if constexpr (F == ExpertFormat::nvfp4) {
-      // The span's scales: 2 bytes per chunk, span / 8 uint4.
-      for (int q = lane; q < span / 8; q += 32) sc[q] = reinterpret_cast<const uint4*>(d.s)[q];
-    }
     for (int c0 = 0; c0 < span; c0 += 32 * B) {
-      uint4 v[B];
-      float s8[F == ExpertFormat::fp8_block ? B : 1];  // fp8: each chunk's scale_inv, loaded with it
-#pragma unroll
-      for (int b = 0; b < B; ++b) {
-        const int c = c0 + lane + 32 * b;
-        v[b] = c < span ? wv[c] : make_uint4(0, 0, 0, 0);
-        if constexpr (F == ExpertFormat::fp8_block) s8[b] = c < span ? reinterpret_cast<const float*>(d.s)[(16 * (c % n)) / L.bc] : 0.f;
+      if (j != warp || c0 > 0) load(c0);
+      if constexpr (!fp8) {
+        if (lane < 4 * B) sc[lane] = s4;
+        __syncwarp();
       }
-      __syncwarp();  // nvfp4: the scales stored by the lanes that loaded them
 #pragma unroll
       for (int b = 0; b < B; ++b) {
         const int c = c0 + lane + 32 * b;
         if (c < span) {
           const int i = c % n;
           float p;
-          if constexpr (F == ExpertFormat::fp8_block) {
+          if constexpr (fp8) {
             p = dot16_fp8(v[b], s8[b], xj + 4 * i, gs);
           } else {
-            const uint16_t s2 = reinterpret_cast<const uint16_t*>(sc)[c];
+            const uint16_t s2 = reinterpret_cast<const uint16_t*>(sc)[lane + 32 * b];
             p = dot32_fp4_stored(v[b], s2, d.g, xj + 4 * i, gs);
           }
           part[c] = p;
         }
       }
+      __syncwarp();  // nvfp4: sc is rewritten by the next batch
     }
-    __syncwarp();
     if (lane < rows) {
       float acc = 0.f;
       for (int i = 0; i < n; ++i) acc += part[lane * n + i];
       rowdot[j][lane] = acc;
     }
-    __syncwarp();  // part and sc are rewritten for the warp's next expert
+    __syncwarp();  // part is rewritten for the warp's next expert
   }
   __syncthreads();
   if (threadIdx.x < rows) {
@@ -274,21 +290,21 @@ int grid_of(int warps) { return (warps + k_warps - 1) / k_warps; }
 }  // namespace
 
 void launch_moe_gate_up_quant(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool pdl) {
   require_quantised(table, k, "launch_moe_gate_up_quant");
   detail::require(table.hidden <= 8192 && detail::aligned16(xn), "launch_moe_gate_up_quant",
                   "hidden must be <= 8192 and xn 16-byte aligned, got " + std::to_string(table.hidden));
   const std::size_t smem = static_cast<std::size_t>(table.hidden) * sizeof(float);
   const int grid = grid_of(k * table.inter);
   if (table.format == ExpertFormat::fp8_block)
-    gate_up_quant_kernel<ExpertFormat::fp8_block><<<grid, k_warps * 32, smem, stream>>>(table, xn, ids, k, act);
+    detail::launch(gate_up_quant_kernel<ExpertFormat::fp8_block>, grid, k_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
   else
-    gate_up_quant_kernel<ExpertFormat::nvfp4><<<grid, k_warps * 32, smem, stream>>>(table, xn, ids, k, act);
+    detail::launch(gate_up_quant_kernel<ExpertFormat::nvfp4>, grid, k_warps * 32, smem, stream, pdl, table, xn, ids, k, act);
   detail::check_launch();
 }
 
 void launch_moe_down_quant(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream) {
+                           float* out, cudaStream_t stream, bool pdl) {
   require_quantised(table, k, "launch_moe_down_quant");
   detail::require(table.format != ExpertFormat::fp8_block || table.block_rows % k_down_rows == 0, "launch_moe_down_quant",
                   "fp8 block rows must be a multiple of " + std::to_string(k_down_rows) + ", got " + std::to_string(table.block_rows));
@@ -305,7 +321,7 @@ void launch_moe_down_quant(const ExpertTable& table, const float* act, const int
     detail::require(detail::fits_smem(kernel, S.bytes), "launch_moe_down_quant",
                     "k * inter = " + std::to_string(k * table.inter) + " needs " + std::to_string(S.bytes) +
                         " bytes of shared memory per block, more than the device allows");
-    kernel<<<grid, k_warps * 32, S.bytes, stream>>>(table, act, ids, weights, k, out);
+    detail::launch(kernel, grid, k_warps * 32, S.bytes, stream, pdl, table, act, ids, weights, k, out);
   };
   detail::require(static_cast<long long>(k) * table.inter <= 12288, "launch_moe_down_quant",
                   "k * inter must be <= 12288 (act in shared memory), got " + std::to_string(k * table.inter));

@@ -24,13 +24,18 @@ namespace servedeck::worker::cuda {
 /// act[j, r] = silu(gate_j[r] · xn) * (up_j[r] · xn) for the k routed experts (ids on the
 /// device). table: a quantised ExpertTable (fp8_block or nvfp4); xn: (hidden) fp32, 16-byte
 /// aligned; act: (k, inter). hidden <= 8192; k in (0, 32] (std::invalid_argument otherwise).
+/// pdl: launched with programmatic dependent launch (fused_launch.cuh); everything is read after
+/// the block's wait.
 void launch_moe_gate_up_quant(const ExpertTable& table, const float* xn, const int32_t* ids, int k, float* act,
-                              cudaStream_t stream);
+                              cudaStream_t stream, bool pdl = false);
 
 /// out[h] += sum_j weights[j] * (down_j[h] · act_j), j = 0..k-1 in order. act: (k, inter) fp32
-/// with k * inter <= 12288 (it lives in shared memory).
+/// with k * inter <= 12288 (it lives in shared memory). pdl: launched with programmatic
+/// dependent launch; ids and the experts' first rows are then read before the block's wait, so
+/// ids must have been written two launches back or by a predecessor that fenced them before it
+/// triggered (handshakes.cuh H4); act, weights and out only after it.
 void launch_moe_down_quant(const ExpertTable& table, const float* act, const int32_t* ids, const float* weights, int k,
-                           float* out, cudaStream_t stream);
+                           float* out, cudaStream_t stream, bool pdl = false);
 
 /// Writes the expert block at `block` (device memory, the table's layout) as a bf16 block
 /// [gate; up; down] into `out` (3 * inter * hidden bf16), for the prefill's cuBLAS GEMMs.

@@ -76,8 +76,10 @@ struct Bound {
 
 /// Writes `o`, runs `n` prompt positions on the CPU and on the CUDA backend's decode path and
 /// prefill path (logits of every position), and checks both against the CPU within `bound`.
-/// Then one more decode step on each backend: the same top-1.
-void check_against_cpu(const TinyModelOptions& o, const char* what, std::size_t n = 40, Bound bound = {}) {
+/// Then one more decode step on each backend: the same top-1. experts: the format the CUDA
+/// backend must keep the routed experts in (a quantised checkpoint's stays quantised).
+void check_against_cpu(const TinyModelOptions& o, const char* what, std::size_t n = 40, Bound bound = {},
+                       cuda::ExpertFormat experts = cuda::ExpertFormat::bf16) {
   const std::string dir = gpu_test::temp_dir("glm");
   write_model(dir, o);
   Checkpoint ck = Checkpoint::open(dir);
@@ -95,6 +97,7 @@ void check_against_cpu(const TinyModelOptions& o, const char* what, std::size_t 
     opt.staged_prefill = staged;
     opt.flash_attention_min_keys = 0;
     auto gpu = cuda::make_cuda_backend(ck, opt);
+    CHECK(gpu->expert_format() == experts);
     auto pg = gpu_test::make_pool(*gpu, n + 16);
     gpu_test::Seq sg(*gpu, pg);
     const auto got = sg.forward(ids, true);
@@ -252,6 +255,18 @@ TEST_CASE("glm4_moe on CUDA: the shared expert") {
   TinyModelOptions o = glm_base();
   o.n_shared_experts = 1;
   check_against_cpu(o, "shared expert");
+}
+
+TEST_CASE("glm4_moe on CUDA: NVFP4 and FP8 experts through the unfolded router (gate/up and down launched with PDL)") {
+  gpu_test::skip_without_gpu();
+  // The CPU dequantises the same checkpoint at load; the sigmoid router never folds, so the
+  // decode step runs launch_moe_gate_up_quant and launch_moe_down_quant after it.
+  TinyModelOptions o = glm_base();
+  o.n_shared_experts = 1;
+  o.quantize = WeightFormat::nvfp4;
+  check_against_cpu(o, "nvfp4 experts, shared expert", 40, {}, cuda::ExpertFormat::nvfp4);
+  o.quantize = WeightFormat::fp8_block;
+  check_against_cpu(o, "fp8 experts, shared expert", 40, {}, cuda::ExpertFormat::fp8_block);
 }
 
 TEST_CASE("glm4_moe on CUDA: the first layer dense (first_k_dense_replace)") {
