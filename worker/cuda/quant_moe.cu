@@ -232,46 +232,50 @@ __global__ void __launch_bounds__(k_warps * 32) down_quant_kernel(ExpertTable t,
   }
 }
 
-/// One thread per 16 (fp8) or 32 (nvfp4) weights of the block, written as bf16 [gate; up; down].
+/// One thread per 8 consecutive weights of the block (8 fp8 bytes or 4 nvfp4 bytes in, one
+/// 16-byte store of 8 bf16 out: a warp writes 512 contiguous bytes), written as bf16
+/// [gate; up; down]. Each value is __float2bfloat16_rn(q · scale), the decode kernels' q · scale.
 template <ExpertFormat F>
 __global__ void dequantize_kernel(QuantLayout L, const uint8_t* __restrict__ block, __nv_bfloat16* __restrict__ out) {
-  constexpr int per = F == ExpertFormat::fp8_block ? 16 : 32;
-  const std::size_t ih = L.ih(), chunks_per_matrix = ih / per;
+  const std::size_t ih = L.ih(), chunks_per_matrix = ih / 8;
   for (std::size_t c = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; c < 3 * chunks_per_matrix;
        c += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const int m = static_cast<int>(c / chunks_per_matrix);
-    const std::size_t e0 = (c % chunks_per_matrix) * per;  // first element in the matrix
+    const std::size_t e0 = (c % chunks_per_matrix) * 8;  // first element in the matrix
     const int cols = m == 2 ? L.inter : L.hidden;
     const int r = static_cast<int>(e0 / cols), col = static_cast<int>(e0 % cols);
     const RowRef ref = row_of<F>(block, L, m, r);
-    __nv_bfloat16* o = out + static_cast<std::size_t>(m) * ih + e0;
+    float f[8];
     if constexpr (F == ExpertFormat::fp8_block) {
-      const uint4 v = *reinterpret_cast<const uint4*>(ref.w + col);
+      const uint2 v = *reinterpret_cast<const uint2*>(ref.w + col);
       const float s = reinterpret_cast<const float*>(ref.s)[col / L.bc];
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      const uint32_t words[2] = {v.x, v.y};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 2; ++i) {
         const float2 a = e4m3x2(static_cast<uint16_t>(words[i] & 0xffffu));
         const float2 b = e4m3x2(static_cast<uint16_t>(words[i] >> 16));
-        o[4 * i] = __float2bfloat16_rn(a.x * s);
-        o[4 * i + 1] = __float2bfloat16_rn(a.y * s);
-        o[4 * i + 2] = __float2bfloat16_rn(b.x * s);
-        o[4 * i + 3] = __float2bfloat16_rn(b.y * s);
+        f[4 * i] = a.x * s;
+        f[4 * i + 1] = a.y * s;
+        f[4 * i + 2] = b.x * s;
+        f[4 * i + 3] = b.y * s;
       }
     } else {
-      const uint4 v = *reinterpret_cast<const uint4*>(ref.w + col / 2);
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(ref.w + col / 2);
+      const float s = e4m3(ref.s[col / 16]) * ref.g;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float s = e4m3(ref.s[col / 16 + (i < 2 ? 0 : 1)]) * ref.g;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const float2 f = e2m1x2_scaled((words[i] >> (8 * b)) & 0xffu);
-          o[8 * i + 2 * b] = __float2bfloat16_rn(f.x * s);
-          o[8 * i + 2 * b + 1] = __float2bfloat16_rn(f.y * s);
-        }
+      for (int b = 0; b < 4; ++b) {
+        const float2 q = e2m1x2_scaled((v >> (8 * b)) & 0xffu);
+        f[2 * b] = q.x * s;
+        f[2 * b + 1] = q.y * s;
       }
     }
+    union {
+      __nv_bfloat162 h[4];
+      uint4 u;
+    } packed;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) packed.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<uint4*>(out + static_cast<std::size_t>(m) * ih + e0) = packed.u;
   }
 }
 
@@ -334,9 +338,9 @@ void launch_moe_down_quant(const ExpertTable& table, const float* act, const int
 
 void launch_dequantize_expert(const ExpertTable& table, const void* block, __nv_bfloat16* out, cudaStream_t stream) {
   require_quantised(table, 1, "launch_dequantize_expert");
+  detail::require(detail::aligned16(out), "launch_dequantize_expert", "out must be 16-byte aligned");
   const QuantLayout L = layout_of(table);
-  const int per = table.format == ExpertFormat::fp8_block ? 16 : 32;
-  const std::size_t chunks = 3 * L.ih() / static_cast<std::size_t>(per);
+  const std::size_t chunks = 3 * L.ih() / 8;
   const int grid = static_cast<int>(std::min<std::size_t>((chunks + 255) / 256, 4096));
   const auto* b = static_cast<const uint8_t*>(block);
   if (table.format == ExpertFormat::fp8_block)

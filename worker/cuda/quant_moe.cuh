@@ -38,7 +38,8 @@ void launch_moe_down_quant(const ExpertTable& table, const float* act, const int
                            float* out, cudaStream_t stream, bool pdl = false);
 
 /// Writes the expert block at `block` (device memory, the table's layout) as a bf16 block
-/// [gate; up; down] into `out` (3 * inter * hidden bf16), for the prefill's cuBLAS GEMMs.
+/// [gate; up; down] into `out` (3 * inter * hidden bf16, 16-byte aligned: std::invalid_argument
+/// otherwise), for the prefill's cuBLAS GEMMs.
 void launch_dequantize_expert(const ExpertTable& table, const void* block, __nv_bfloat16* out, cudaStream_t stream);
 
 }  // namespace servedeck::worker::cuda
