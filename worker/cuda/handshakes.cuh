@@ -57,7 +57,11 @@
 //     griddepcontrol.wait; this read relies on the fence instead (an acquire poll would add an L2
 //     round trip to the down's pre-wait critical path). No counter, nothing to reset: layer l+1's
 //     gate/up rewrites the ids only after the down of layer l completed (it starts after q|k|v of
-//     layer l+1 passed its wait). Deadlock: nothing waits.
+//     layer l+1 passed its wait). Under the unfolded router the producer is the router, two
+//     launches back: the down launches only after every gate/up block triggered, and gate/up
+//     (launch_moe_gate_up_fused, launch_moe_gate_up_quant) triggers only after its own wait, i.e.
+//     after the router completed; such a gate/up must never trigger before that wait.
+//     Deadlock: nothing waits.
 // tests/worker/cuda/handshake_stress_test.cpp replays the step many times while kernels on
 // another stream occupy random SMs for random times, and checks the logits bit for bit.
 #pragma once
